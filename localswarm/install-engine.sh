@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs a Docker Engine new enough for GPU swarms (>= DOCKER_MIN_VERSION) for the
+# local rehearsal, without touching the system's docker packages.
+#
+# Debian bookworm ships docker.io 20.10, which rejects tasks that combine generic
+# resources with an overlay network (moby#44378). Debian trixie's dockerd and
+# containerd run on bookworm (its runc needs glibc 2.38, so bookworm's runc stays),
+# so we fetch those signed packages through apt and unpack them under PREFIX.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=../cloud-init/versions.env
+. "$here/../cloud-init/versions.env"
+PREFIX=${GPU_SWARM_ENGINE_PREFIX:-/opt/gpu-swarm/docker}
+SUITE=${GPU_SWARM_ENGINE_SUITE:-trixie}
+
+version_ok() {  # version_ok BINARY: true when BINARY reports a version >= DOCKER_MIN_VERSION
+  local v
+  v=$("$1" --version 2>/dev/null | sed -n 's/.*version \([0-9][0-9.]*\).*/\1/p' | head -n1)
+  [ -n "$v" ] && [ "$(printf '%s\n%s\n' "$DOCKER_MIN_VERSION" "$v" | sort -V | head -n1)" = "$DOCKER_MIN_VERSION" ]
+}
+
+for candidate in "$PREFIX/usr/sbin/dockerd" "$(command -v dockerd || true)"; do
+  if [ -n "$candidate" ] && [ -x "$candidate" ] && version_ok "$candidate"; then
+    echo "engine: $candidate ($("$candidate" --version)) is new enough"
+    exit 0
+  fi
+done
+
+echo "engine: no dockerd >= $DOCKER_MIN_VERSION found; fetching Debian $SUITE's docker.io into $PREFIX"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/lists/partial" "$work/cache/archives/partial"
+echo "deb http://deb.debian.org/debian $SUITE main" >"$work/sources.list"
+apt_opts=(-o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
+  -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o "APT::Sandbox::User=root")
+apt-get "${apt_opts[@]}" update -qq
+(cd "$work" && apt-get "${apt_opts[@]}" download docker.io docker-cli containerd)
+rm -rf "$PREFIX.new"
+mkdir -p "$PREFIX.new"
+for deb in "$work"/*.deb; do dpkg-deb -x "$deb" "$PREFIX.new"; done
+# docker-init is a relative link to tini-static, which comes from bookworm's tini package.
+ln -sf /usr/bin/tini-static "$PREFIX.new/usr/bin/docker-init"
+rm -rf "$PREFIX"
+mv "$PREFIX.new" "$PREFIX"
+version_ok "$PREFIX/usr/sbin/dockerd" || { echo "engine: $PREFIX/usr/sbin/dockerd is still too old" >&2; exit 1; }
+echo "engine: installed $("$PREFIX/usr/sbin/dockerd" --version)"
