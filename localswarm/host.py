@@ -1,0 +1,102 @@
+"""What the rehearsal needs from this machine: root, kernel features and a new enough engine.
+
+Each check fails with a message that says what is missing and how to get it,
+before anything is created.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ENGINE_PREFIX = Path(os.environ.get("GPU_SWARM_ENGINE_PREFIX", "/opt/gpu-swarm/docker"))
+SETUP_HINT = "run `sudo ./scripts/setup.sh` (it installs everything the rehearsal needs)"
+
+
+class RehearsalError(RuntimeError):
+    """A problem the user can fix; printed without a traceback."""
+
+
+def run(cmd: list[str], *, check: bool = True, env: dict | None = None, input: str | None = None,
+        timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run a command, capturing output; a failure raises RehearsalError with its stderr."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, input=input, timeout=timeout)
+    if check and proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip()
+        raise RehearsalError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}): {detail}")
+    return proc
+
+
+def min_docker_version() -> tuple[int, ...]:
+    text = (REPO / "cloud-init" / "versions.env").read_text()
+    return _version(re.search(r"^DOCKER_MIN_VERSION=(\S+)", text, re.M).group(1))
+
+
+def _version(text: str) -> tuple[int, ...]:
+    match = re.search(r"(\d+)\.(\d+)\.(\d+)", text)
+    return tuple(int(p) for p in match.groups()) if match else (0, 0, 0)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A dockerd/docker pair and the PATH that lets dockerd find its containerd and runc."""
+
+    dockerd: str
+    docker: str
+    version: str
+    path: str
+
+    def env(self, sock: str | None = None) -> dict:
+        env = dict(os.environ, PATH=self.path)
+        if sock:
+            env["DOCKER_HOST"] = f"unix://{sock}"
+        return env
+
+
+def find_engine() -> Engine:
+    """The first dockerd >= the minimum: our own install under ENGINE_PREFIX, then PATH."""
+    minimum = min_docker_version()
+    seen = []
+    candidates = [ENGINE_PREFIX / "usr/sbin/dockerd", ENGINE_PREFIX / "usr/bin/dockerd"]
+    if shutil.which("dockerd"):
+        candidates.append(Path(shutil.which("dockerd")))
+    for dockerd in candidates:
+        if not dockerd.exists():
+            continue
+        out = run([str(dockerd), "--version"], check=False).stdout.strip()
+        if _version(out) < minimum:
+            seen.append(f"{dockerd} ({out or 'unknown version'})")
+            continue
+        bin_dirs = [str(dockerd.parent), str(dockerd.parent.parent / "bin")]
+        path = os.pathsep.join(dict.fromkeys(bin_dirs + os.environ.get("PATH", "").split(os.pathsep)))
+        docker = shutil.which("docker", path=path)
+        if not docker:
+            raise RehearsalError(f"found {dockerd} but no docker CLI next to it; {SETUP_HINT}")
+        return Engine(str(dockerd), docker, out, path)
+    want = ".".join(map(str, minimum))
+    found = "; found only " + ", ".join(seen) if seen else ""
+    raise RehearsalError(
+        f"no Docker Engine >= {want} here{found}. Older engines reject GPU tasks on overlay "
+        f"networks (moby#44378). {SETUP_HINT}"
+    )
+
+
+def check_host() -> None:
+    """Root, the tools we call, and the kernel features a swarm of namespaces needs."""
+    if os.geteuid() != 0:
+        raise RehearsalError("the rehearsal creates network namespaces and engines: run it as root (sudo)")
+    for tool in ("ip", "iptables", "nsenter", "unshare", "docker-registry", "busybox"):
+        if not shutil.which(tool):
+            raise RehearsalError(f"`{tool}` is not installed; {SETUP_HINT}")
+    if "overlay" not in Path("/proc/filesystems").read_text():
+        raise RehearsalError("the kernel has no overlay filesystem (modprobe overlay), which dockerd needs")
+    # Overlay networks are VXLAN; without it every `docker stack deploy` fails later, obscurely.
+    probe = "lswprobe0"
+    made = run(["ip", "link", "add", probe, "type", "vxlan", "id", "4242", "dstport", "4789"], check=False)
+    if made.returncode != 0:
+        raise RehearsalError(f"the kernel cannot create VXLAN links (modprobe vxlan): {made.stderr.strip()}")
+    run(["ip", "link", "del", probe], check=False)

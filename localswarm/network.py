@@ -1,0 +1,95 @@
+"""The rehearsal's network: one bridge, one namespace per node on a veth pair.
+
+Nodes see each other on one L2 segment as EC2 instances in a subnet do; the
+host keeps the bridge address, where the local registry listens.
+"""
+from __future__ import annotations
+
+import ipaddress
+import shutil
+import time
+
+from localswarm.host import run
+
+BRIDGE = "lswbr0"
+SUBNET = ipaddress.ip_network("192.168.213.0/24")
+BRIDGE_ADDR = str(SUBNET.network_address + 1)
+NETNS_PREFIX = "lsw-"
+
+
+def node_addr(index: int) -> str:
+    return str(SUBNET.network_address + 10 + index)
+
+
+def netns_name(node: str) -> str:
+    return NETNS_PREFIX + node
+
+
+def _veth(index: int) -> str:
+    return f"lswv{index}"  # interface names are limited to 15 characters
+
+
+# Lets nodes talk across the bridge even when FORWARD drops by default; a host dockerd
+# puts its own policy in front of FORWARD, and DOCKER-USER is where it lets us in.
+_CHAINS = ("FORWARD", "DOCKER-USER")
+
+
+def _rule(chain: str) -> list[str]:
+    return [chain, "-i", BRIDGE, "-o", BRIDGE, "-j", "ACCEPT", "-m", "comment", "--comment", "localswarm"]
+
+
+def create_bridge() -> None:
+    run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+    run(["ip", "addr", "add", f"{BRIDGE_ADDR}/{SUBNET.prefixlen}", "dev", BRIDGE])
+    run(["ip", "link", "set", BRIDGE, "up"])
+    for chain in _CHAINS:
+        if run(["iptables", "-nL", chain], check=False).returncode == 0:
+            run(["iptables", "-I", *_rule(chain)])
+
+
+def create_node_netns(node: str, index: int) -> None:
+    ns = netns_name(node)
+    run(["ip", "netns", "add", ns])
+    run(["ip", "link", "add", _veth(index), "type", "veth", "peer", "name", "eth0", "netns", ns])
+    run(["ip", "link", "set", _veth(index), "master", BRIDGE, "up"])
+    run(["ip", "-n", ns, "addr", "add", f"{node_addr(index)}/{SUBNET.prefixlen}", "dev", "eth0"])
+    run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+    run(["ip", "-n", ns, "link", "set", "lo", "up"])
+    run(["ip", "-n", ns, "route", "add", "default", "via", BRIDGE_ADDR])
+
+
+def our_netns() -> list[str]:
+    out = run(["ip", "netns", "list"], check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(NETNS_PREFIX)]
+
+
+def netns_pids(ns: str) -> list[int]:
+    out = run(["ip", "netns", "pids", ns], check=False).stdout
+    return [int(p) for p in out.split()]
+
+
+def _our_links() -> list[str]:
+    out = run(["ip", "-o", "link", "show"], check=False).stdout
+    return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines()
+            if line.split(":")[1].strip().startswith(("lswv", BRIDGE))]
+
+
+def our_rules() -> list[str]:
+    """The iptables rules the rehearsal added, as `iptables -S` prints them."""
+    out = run(["iptables", "-S"], check=False).stdout if shutil.which("iptables") else ""
+    return [line for line in out.splitlines() if "localswarm" in line]
+
+
+def teardown_network() -> None:
+    """Remove namespaces, bridge and rules; each step tolerates what is already gone."""
+    for ns in our_netns():
+        run(["ip", "netns", "del", ns], check=False)  # deleting a namespace deletes its veth too
+    run(["ip", "link", "del", BRIDGE], check=False)
+    # The kernel frees a deleted namespace's veth asynchronously; wait so `down` is complete
+    # when it returns.
+    deadline = time.monotonic() + 10
+    while _our_links() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for chain in _CHAINS:
+        while shutil.which("iptables") and run(["iptables", "-C", *_rule(chain)], check=False).returncode == 0:
+            run(["iptables", "-D", *_rule(chain)], check=False)

@@ -1,0 +1,187 @@
+"""One rehearsal node: a namespace with its own dockerd, configured by the real GPU agent."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from localswarm.host import REPO, Engine, RehearsalError, run
+from localswarm.network import BRIDGE_ADDR, netns_name, netns_pids, node_addr
+from swarm.commands import NodePaths
+
+STATE_ROOT = Path("/var/lib/localswarm")
+RUN_ROOT = Path("/run/localswarm")
+REGISTRY = f"{BRIDGE_ADDR}:5000"
+AGENT = REPO / "cloud-init" / "gpu_agent.py"
+
+# Keys the rehearsal owns in each node's daemon.json. The agent merges its keys into
+# this file and must keep these, which the re-detection test checks.
+BASE_DAEMON_CONFIG = {
+    "insecure-registries": [REGISTRY],  # the local registry speaks plain HTTP
+    "shutdown-timeout": 3,  # `down` should not wait 15 s per engine for sleeping tasks
+    "log-opts": {"max-size": "1m"},
+}
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    index: int
+    role: str  # "manager" | "worker"
+
+    @property
+    def address(self) -> str:
+        return node_addr(self.index)
+
+    @property
+    def state_dir(self) -> Path:
+        return STATE_ROOT / self.name
+
+    @property
+    def run_dir(self) -> Path:
+        return RUN_ROOT / self.name
+
+    @property
+    def daemon_json(self) -> Path:
+        return self.state_dir / "daemon.json"
+
+    @property
+    def inventory(self) -> Path:
+        return self.state_dir / "gpus.json"
+
+    @property
+    def toolkit_config(self) -> Path:
+        # There is no toolkit here, but the agent still writes the swarm-resource key
+        # where the toolkit would read it, so the rehearsal shows the whole configuration.
+        return self.state_dir / "nvidia-container-runtime" / "config.toml"
+
+    @property
+    def sock(self) -> str:
+        return str(self.run_dir / "docker.sock")
+
+    @property
+    def pidfile(self) -> Path:
+        return self.run_dir / "dockerd.pid"
+
+    @property
+    def log(self) -> Path:
+        return self.state_dir / "dockerd.log"
+
+    @property
+    def paths(self) -> NodePaths:
+        """Where the swarm join step looks on this node (there is no cloud-init here)."""
+        return NodePaths(daemon_json=str(self.daemon_json), bootstrap_log=str(self.log),
+                         bootstrap_done=None, wait_for_cloud_init=False)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def simulated_gpus(count: int, model: str = "Simulated NVIDIA H100") -> list[dict]:
+    """An inventory in the agent's --inventory format, with fresh full UUIDs."""
+    return [{"index": i, "uuid": f"GPU-{uuid.uuid4()}", "name": model, "memory_mib": 81559, "mig": False}
+            for i in range(count)]
+
+
+def prepare(node: Node) -> None:
+    for d in (node.state_dir, node.run_dir, node.toolkit_config.parent):
+        d.mkdir(parents=True, exist_ok=True)
+    if not node.daemon_json.exists():
+        node.daemon_json.write_text(json.dumps(BASE_DAEMON_CONFIG, indent=2) + "\n")
+
+
+def run_agent(node: Node, gpus: list[dict], kind: str) -> dict:
+    """Write the node's inventory and let the real agent turn it into daemon.json."""
+    node.inventory.write_text(json.dumps(gpus, indent=2) + "\n")
+    # --no-runtime: simulated nodes have no nvidia-container-runtime, and making it the
+    # default runtime would stop every container from starting.
+    proc = run([sys.executable, str(AGENT), "--inventory", str(node.inventory),
+                "--daemon-json", str(node.daemon_json), "--toolkit-config", str(node.toolkit_config),
+                "--kind", kind, "--no-runtime", "--json"], check=False)
+    if proc.returncode != 0:
+        raise RehearsalError(f"GPU agent failed on {node.name} (exit {proc.returncode}): {proc.stderr.strip()}")
+    return json.loads(proc.stdout)
+
+
+def start_dockerd(node: Node, engine: Engine) -> int:
+    """Start the node's engine inside its namespace, under its own hostname."""
+    if is_running(node):
+        return read_pid(node)
+    for stale in (node.pidfile, Path(node.sock)):
+        stale.unlink(missing_ok=True)
+    cmd = ["nsenter", f"--net=/var/run/netns/{netns_name(node.name)}", "--",
+           # A UTS namespace gives each engine its own hostname, so `docker node ls` reads well.
+           "unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', node.name,
+           engine.dockerd, "--config-file", str(node.daemon_json),
+           "--data-root", str(node.state_dir / "docker"), "--exec-root", str(node.run_dir / "exec"),
+           "--pidfile", str(node.pidfile), "-H", f"unix://{node.sock}"]
+    with open(node.log, "ab") as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                env=engine.env(), start_new_session=True)
+    return proc.pid
+
+
+def wait_ready(node: Node, engine: Engine, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if docker(node, engine, "info", "--format", "{{.ID}}", check=False).returncode == 0:
+            return
+        time.sleep(0.1)
+    tail = "\n".join(node.log.read_text(errors="replace").splitlines()[-15:]) if node.log.exists() else ""
+    raise RehearsalError(f"dockerd on {node.name} did not come up in {timeout:.0f} s; last log lines:\n{tail}")
+
+
+def read_pid(node: Node) -> int | None:
+    try:
+        return int(node.pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def is_running(node: Node) -> bool:
+    pid = read_pid(node)
+    if pid is None:
+        return False
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return False
+    return comm == "dockerd"
+
+
+def stop_dockerd(node: Node, timeout: float = 30) -> None:
+    """Stop the node's engine by its own pid, then anything it left in its namespace."""
+    pid = read_pid(node)
+    if pid and is_running(node):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while is_running(node) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if is_running(node):
+            os.kill(pid, signal.SIGKILL)
+    # containerd shims outlive an engine that was killed; they are in the node's namespace.
+    for leftover in netns_pids(netns_name(node.name)):
+        try:
+            os.kill(leftover, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def docker(node: Node, engine: Engine, *args: str, check: bool = True, input: str | None = None,
+           timeout: float = 120) -> subprocess.CompletedProcess:
+    return run([engine.docker, "-H", f"unix://{node.sock}", *args], check=check, input=input,
+               env=engine.env(), timeout=timeout)
+
+
+def run_script(node: Node, engine: Engine, script: str, *, stdin: str | None = None) -> str:
+    """Run one of swarm.commands' scripts against this node's engine, as SSH would on AWS."""
+    proc = run(["bash", "-c", script], env=engine.env(node.sock), input=stdin, check=False)
+    if proc.returncode != 0:
+        raise RehearsalError(f"on {node.name}: {(proc.stderr or proc.stdout).strip()}")
+    return proc.stdout
