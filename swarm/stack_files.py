@@ -1,0 +1,229 @@
+"""Checks a compose file for `docker stack deploy` on a GPU swarm, before anything is deployed.
+
+Pure Python + PyYAML, so `pulumi preview` and the local rehearsal run the same
+checks. Every mistake below deploys without complaint and then fails quietly:
+tasks that never schedule, or tasks that see GPUs the scheduler did not give them.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import yaml
+
+_GOOD_SHAPE = """\
+    deploy:
+      resources:
+        reservations:
+          generic_resources:
+            - discrete_resource_spec:
+                kind: "{kind}"
+                value: 1"""
+
+
+class StackFileError(ValueError):
+    """A stack file that would not schedule GPU tasks as written; lists every problem."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = tuple(problems)
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{source}: {len(problems)} problem(s):\n{lines}")
+
+
+@dataclass(frozen=True)
+class ServiceInfo:
+    name: str
+    image: str
+    replicas: int | None  # None for `mode: global`
+    gpus: int  # GPUs reserved per replica (0: the task sees no GPU)
+
+
+@dataclass(frozen=True)
+class StackInfo:
+    services: tuple[ServiceInfo, ...]
+
+    @property
+    def gpu_services(self) -> tuple[ServiceInfo, ...]:
+        return tuple(s for s in self.services if s.gpus)
+
+
+def validate_stack_file(
+    text: str, *, kind: str, max_gpus_per_node: int, source: str = "<stack>"
+) -> StackInfo:
+    """Parse a compose file and check its GPU reservations against the cluster.
+
+    `kind` is the cluster's generic resource kind (gpu-swarm:gpuKind) and
+    `max_gpus_per_node` the largest GPU count of any node pool: a replica that
+    reserves more can never be placed. Raises StackFileError listing all problems.
+    """
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise StackFileError(source, [f"is not valid YAML: {exc}"]) from None
+    if not isinstance(doc, dict):
+        raise StackFileError(source, ["must be a mapping with a top-level `services:` key"])
+    services = doc.get("services")
+    if not isinstance(services, dict) or not services:
+        raise StackFileError(source, ["has no services: add a top-level `services:` mapping"])
+
+    problems: list[str] = []
+    infos = []
+    for name, service in services.items():
+        where = f"services.{name}"
+        if not isinstance(service, dict):
+            problems.append(f"{where}: must be a mapping")
+            continue
+        image = service.get("image")
+        if not isinstance(image, str) or not image.strip():
+            problems.append(
+                f"{where}: has no `image`; `docker stack deploy` cannot build images, "
+                "so push one to a registry and name it here"
+            )
+            image = ""
+        gpus = _check_resources(where, service, kind, max_gpus_per_node, problems)
+        _check_service_keys(where, service, problems)
+        _check_environment(where, service.get("environment"), problems)
+        infos.append(ServiceInfo(str(name), image, _replicas(where, service, problems), gpus))
+
+    if problems:
+        raise StackFileError(source, problems)
+    return StackInfo(tuple(infos))
+
+
+def _replicas(where: str, service: dict, problems: list[str]) -> int | None:
+    deploy = service.get("deploy") or {}
+    if not isinstance(deploy, dict):
+        return 1
+    if deploy.get("mode") == "global":
+        return None
+    replicas = deploy.get("replicas", 1)
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+        problems.append(f"{where}.deploy.replicas: expected a whole number >= 0, got {replicas!r}")
+        return 0
+    return replicas
+
+
+def _check_resources(
+    where: str, service: dict, kind: str, max_gpus: int, problems: list[str]
+) -> int:
+    """Check the reservations; return the GPUs one replica reserves."""
+    deploy = service.get("deploy")
+    if deploy is None:
+        return 0
+    if not isinstance(deploy, dict):
+        problems.append(f"{where}.deploy: must be a mapping")
+        return 0
+    resources = deploy.get("resources") or {}
+    reservations = resources.get("reservations") if isinstance(resources, dict) else None
+    if not isinstance(reservations, dict):
+        return 0
+    where = f"{where}.deploy.resources.reservations"
+
+    if "devices" in reservations:
+        problems.append(
+            f"{where}.devices: swarm cannot use device reservations; `docker stack deploy` "
+            "rejects them (docker/cli#3051). Reserve GPUs as generic resources instead:\n"
+            + _GOOD_SHAPE.format(kind=kind)
+        )
+
+    entries = reservations.get("generic_resources")
+    if entries is None:
+        return 0
+    if not isinstance(entries, list):
+        problems.append(f"{where}.generic_resources: must be a list of `- discrete_resource_spec:` entries")
+        return 0
+
+    gpus = 0
+    for i, entry in enumerate(entries):
+        at = f"{where}.generic_resources[{i}]"
+        if not isinstance(entry, dict):
+            problems.append(f"{at}: must be a mapping with a `discrete_resource_spec` key")
+            continue
+        if "named_resource_spec" in entry:
+            problems.append(
+                f"{at}.named_resource_spec: swarm refuses named resources in a service "
+                "(\"invalid argument for resource\"); a service reserves a count and the "
+                "scheduler picks the GPUs. Use:\n" + _GOOD_SHAPE.format(kind=kind)
+            )
+            continue
+        spec = entry.get("discrete_resource_spec")
+        if spec is None and ("kind" in entry or "value" in entry):
+            # The layout some guides print: kind/value one level too shallow, which
+            # leaves discrete_resource_spec null and the reservation silently empty.
+            problems.append(
+                f"{at}: `kind` and `value` sit beside `discrete_resource_spec` instead of "
+                "under it, so the reservation is empty. Indent them under it:\n"
+                + _GOOD_SHAPE.format(kind=kind)
+            )
+            continue
+        if not isinstance(spec, dict):
+            problems.append(
+                f"{at}: needs `discrete_resource_spec:` with `kind` and `value` under it:\n"
+                + _GOOD_SHAPE.format(kind=kind)
+            )
+            continue
+        extra = sorted(set(entry) - {"discrete_resource_spec"})
+        if extra:
+            problems.append(f"{at}: unexpected key(s) {', '.join(extra)} beside discrete_resource_spec")
+        entry_kind, value = spec.get("kind"), spec.get("value")
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)  # the compose schema allows a quoted number
+        if entry_kind != kind:
+            problems.append(
+                f"{at}.discrete_resource_spec.kind: is {entry_kind!r}, but this cluster's nodes "
+                f"advertise {kind!r} (gpu-swarm:gpuKind); tasks would never be scheduled"
+            )
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            problems.append(
+                f"{at}.discrete_resource_spec.value: expected a whole number of GPUs >= 1, got {value!r}"
+            )
+            continue
+        if gpus:
+            problems.append(f"{at}: {kind} is reserved twice in one service; reserve it once with the total")
+            continue
+        if value > max_gpus:
+            problems.append(
+                f"{at}.discrete_resource_spec.value: {value} GPUs per replica, but the largest "
+                f"node pool has {max_gpus} per node; the tasks would stay Pending forever"
+            )
+            continue
+        gpus = value
+    return gpus
+
+
+def _check_service_keys(where: str, service: dict, problems: list[str]) -> None:
+    if "gpus" in service:
+        problems.append(
+            f"{where}.gpus: swarm services ignore `gpus`; reserve GPUs under "
+            "deploy.resources.reservations.generic_resources"
+        )
+    if "runtime" in service:
+        problems.append(
+            f"{where}.runtime: swarm services cannot choose a runtime; every node already "
+            "runs nvidia as its default runtime, so remove the key"
+        )
+
+
+_ENV_NAME = "NVIDIA_VISIBLE_DEVICES"
+
+
+def _check_environment(where: str, env, problems: list[str]) -> None:
+    if isinstance(env, dict):
+        found = _ENV_NAME in env
+        value = env.get(_ENV_NAME)
+    elif isinstance(env, list):
+        matches = [e for e in env if isinstance(e, str) and re.match(rf"{_ENV_NAME}(=|$)", e)]
+        found = bool(matches)
+        value = matches[-1].partition("=")[2] if matches else None
+    else:
+        return
+    # "void" and "none" ask for no GPU, which never defeats the scheduler's choice.
+    if found and str(value).strip().lower() not in ("void", "none"):
+        problems.append(
+            f"{where}.environment: sets {_ENV_NAME}={value}. The swarm gives each task "
+            "the GPUs it reserved; this variable asks for others behind the scheduler's "
+            "back (and on a service without a reservation it exposes GPUs other tasks "
+            "own). Remove it and reserve GPUs with generic_resources"
+        )
