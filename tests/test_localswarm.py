@@ -1,0 +1,211 @@
+"""Integration tests: a real swarm of namespaced dockerds with simulated GPUs.
+
+They need root and a Docker Engine >= 25.0.3 (scripts/setup.sh installs one).
+In CI (CI=true) a missing prerequisite fails the run instead of skipping it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from localswarm import network
+from localswarm.host import REPO, RehearsalError, find_engine
+from localswarm.nodes import RUN_ROOT, STATE_ROOT, Node, docker
+
+pytestmark = pytest.mark.integration
+KIND = "NVIDIA-GPU"
+
+
+def _prerequisites() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root"
+    try:
+        find_engine()
+    except RehearsalError as e:
+        return str(e)
+    return None
+
+
+@pytest.fixture(scope="module")
+def engine():
+    missing = _prerequisites()
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the rehearsal tests: {missing}")
+        pytest.skip(missing)
+    return find_engine()
+
+
+def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "localswarm", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"localswarm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def status() -> dict:
+    return json.loads(cli("status", "--json").stdout)
+
+
+def wait_for(predicate, timeout: float, what: str) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        view = status()
+        if predicate(view):
+            return view
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}:\n{json.dumps(view, indent=1)}")
+        time.sleep(0.5)
+
+
+def tasks_of(view: dict, service: str) -> list[dict]:
+    return next((s["tasks"] for s in view["services"] if s["name"] == service), [])
+
+
+def advertised(view: dict) -> dict[str, set[str]]:
+    return {n["name"]: set(n["gpus"]) for n in view["nodes"]}
+
+
+MANAGER = Node("node-1", 1, "manager")
+
+
+@pytest.fixture(scope="module")
+def rehearsal(engine):
+    cli("down")  # a leftover from an interrupted run must not fail the suite
+    up = cli("up", "--nodes", "3", "--gpus-per-node", "2", "--json")
+    yield json.loads(up.stdout)
+    cli("down")
+
+
+def test_seven_one_gpu_replicas_on_six_gpus(rehearsal):
+    """3 nodes x 2 GPUs, 7 one-GPU replicas: 6 run on distinct GPUs, 1 waits for resources."""
+    tasks = tasks_of(rehearsal, "smoke_gpu")
+    assert len(tasks) == 7
+    running = [t for t in tasks if t["state"] == "running"]
+    pending = [t for t in tasks if t["state"] == "pending"]
+    assert len(running) == 6 and len(pending) == 1
+    assert "insufficient resources" in pending[0]["error"]
+    pairs = [(t["node"], gpu) for t in running for gpu in t["gpus"]]
+    assert all(len(t["gpus"]) == 1 for t in running)
+    assert len(set(pairs)) == 6
+    offered = advertised(rehearsal)
+    assert all(gpu in offered[node] for node, gpu in pairs), "a task holds a GPU its node does not advertise"
+    assert {n["name"]: n["role"] for n in rehearsal["nodes"]} == {
+        "node-1": "manager", "node-2": "worker", "node-3": "worker"}
+    timings = rehearsal["timings"]
+    assert 0 < timings["nodes_ready_s"] <= timings["swarm_ready_s"] <= timings["stack_converged_s"]
+
+
+def test_up_on_top_of_a_running_rehearsal_is_refused(rehearsal):
+    proc = cli("up", check=False)
+    assert proc.returncode == 1
+    assert "down" in proc.stderr and "already up" in proc.stderr
+
+
+def _service(engine, name: str, gpus: int, replicas: int, *extra: str) -> None:
+    docker(MANAGER, engine, "service", "create", "--detach", "--name", name, "--replicas", str(replicas),
+           "--generic-resource", f"{KIND}={gpus}", *extra, "192.168.213.1:5000/gpu-swarm/standin:1")
+
+
+def test_two_gpu_replica_lands_only_where_two_gpus_are_free(rehearsal, engine):
+    docker(MANAGER, engine, "service", "scale", "--detach", "smoke_gpu=0")
+    wait_for(lambda v: not tasks_of(v, "smoke_gpu"), 60, "smoke_gpu to scale to 0")
+    # One GPU taken on node-1 and on node-2 leaves node-3 as the only node with two free.
+    _service(engine, "one", 1, 2, "--constraint", "node.hostname!=node-3", "--replicas-max-per-node", "1")
+    _service(engine, "two", 2, 1)
+    try:
+        view = wait_for(lambda v: [t["state"] for t in tasks_of(v, "two")] == ["running"]
+                        and sorted(t["state"] for t in tasks_of(v, "one")) == ["running", "running"],
+                        60, "the 2-GPU task to run")
+        (task,) = tasks_of(view, "two")
+        assert task["node"] == "node-3"
+        assert set(task["gpus"]) == advertised(view)["node-3"] and len(task["gpus"]) == 2
+        # A second 2-GPU replica has nowhere to go: every node now has at most one free GPU.
+        docker(MANAGER, engine, "service", "scale", "--detach", "two=2")
+        view = wait_for(lambda v: any(t["state"] == "pending" and t["error"] for t in tasks_of(v, "two")),
+                        60, "the second 2-GPU replica to be pending")
+        pending = [t for t in tasks_of(view, "two") if t["state"] == "pending"]
+        assert "insufficient resources" in pending[0]["error"]
+    finally:
+        docker(MANAGER, engine, "service", "rm", "one", "two")
+
+
+def test_stopped_node_tasks_move_to_free_gpus_and_node_rejoins(rehearsal, engine):
+    docker(MANAGER, engine, "service", "scale", "--detach", "smoke_gpu=3")
+    view = wait_for(lambda v: sorted(t["state"] for t in tasks_of(v, "smoke_gpu")) == ["running"] * 3,
+                    60, "3 smoke tasks to run")
+    victim = next(t["node"] for t in tasks_of(view, "smoke_gpu") if t["node"] != "node-1")
+    before = advertised(view)[victim]
+    cli("node", "stop", victim)
+    started = time.monotonic()
+    view = wait_for(
+        lambda v: all(t["state"] == "running" and t["node"] not in ("", victim) for t in tasks_of(v, "smoke_gpu"))
+        and len(tasks_of(v, "smoke_gpu")) == 3,
+        90, f"tasks of {victim} to be rescheduled")
+    moved_in = time.monotonic() - started
+    pairs = {(t["node"], t["gpus"][0]) for t in tasks_of(view, "smoke_gpu")}
+    assert len(pairs) == 3 and all(g in advertised(view)[n] for n, g in pairs)
+    assert next(n for n in view["nodes"] if n["name"] == victim)["state"] == "down"
+    assert moved_in < 90
+
+    cli("node", "start", victim)
+    view = wait_for(lambda v: next(n for n in v["nodes"] if n["name"] == victim)["state"] == "ready",
+                    60, f"{victim} to rejoin")
+    assert advertised(view)[victim] == before
+
+
+def test_redetection_updates_the_swarm_and_keeps_other_daemon_keys(rehearsal, engine):
+    daemon_json = STATE_ROOT / "node-2" / "daemon.json"
+    before = json.loads(daemon_json.read_text())
+    report = json.loads(cli("node", "redetect", "node-2", "--gpus", "3").stdout)
+    assert report["changed"] is True and len(report["gpus"]) == 3
+    cli("node", "stop", "node-2")
+    cli("node", "start", "node-2")
+    new = {g["uuid"] for g in report["gpus"]}
+    view = wait_for(lambda v: advertised(v)["node-2"] == new, 60, "the swarm to see node-2's new GPUs")
+    assert advertised(view)["node-2"] == new
+    after = json.loads(daemon_json.read_text())
+    for key in ("insecure-registries", "shutdown-timeout", "log-opts"):
+        assert after[key] == before[key], f"the agent lost {key}"
+    assert sorted(after["node-generic-resources"]) == sorted(f"{KIND}={u}" for u in new)
+
+
+def test_down_removes_everything(engine):
+    """Runs last in this module: the rehearsal fixture's own teardown then finds nothing to do."""
+    cli("down")
+    cli("up", "--nodes", "2", "--gpus-per-node", "1")
+    pids_before = _our_processes()
+    assert pids_before, "up started no processes?"
+    cli("down")
+    assert network.our_netns() == []
+    assert "lswbr0" not in subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
+    assert network.our_rules() == []
+    assert _our_processes() == []
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert str(STATE_ROOT) not in mounts and str(RUN_ROOT) not in mounts
+    assert not STATE_ROOT.exists() and not RUN_ROOT.exists()
+    assert cli("down").returncode == 0  # a second down is harmless
+
+
+def _our_processes() -> list[str]:
+    """Live (non-zombie) processes whose command line points into the rehearsal's directories."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "/localswarm" in cmdline and "pytest" not in cmdline:
+            found.append(f"{proc.name}: {cmdline}")
+    return found
