@@ -130,7 +130,8 @@ def start_dockerd(node: Node, engine: Engine) -> int:
 def wait_ready(node: Node, engine: Engine, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if docker(node, engine, "info", "--format", "{{.ID}}", check=False).returncode == 0:
+        # `docker info --format` exits 0 even when the engine is unreachable; `version` does not.
+        if docker(node, engine, "version", "--format", "{{.Server.Version}}", check=False).returncode == 0:
             return
         time.sleep(0.1)
     tail = "\n".join(node.log.read_text(errors="replace").splitlines()[-15:]) if node.log.exists() else ""

@@ -54,6 +54,13 @@ def _node_id(value: str) -> str:
     return value
 
 
+# `docker info --format` exits 0 with empty output when the engine is down, so check it.
+_SWARM_STATE = (
+    'state=$(docker info --format "{{.Swarm.LocalNodeState}}" 2>/dev/null); '
+    '[ -n "$state" ] || { echo "gpu-swarm: cannot reach the Docker engine" >&2; exit 1; }'
+)
+
+
 def _script(*lines: str) -> str:
     return "\n".join(("set -eu", *lines)) + "\n"
 
@@ -62,7 +69,7 @@ def init_swarm(advertise_addr: str) -> str:
     """Make this node the first manager; a node already in a swarm is left as it is."""
     addr = shlex.quote(_addr(advertise_addr))
     return _script(
-        'state=$(docker info --format "{{.Swarm.LocalNodeState}}")',
+        _SWARM_STATE,
         'if [ "$state" = active ]; then',
         '  if [ "$(docker info --format "{{.Swarm.ControlAvailable}}")" != true ]; then',
         '    echo "this node is in a swarm but is not a manager; refusing to init" >&2; exit 1',
@@ -138,7 +145,7 @@ def join_swarm(
     return wait + _script(
         "IFS= read -r token || true",
         '[ -n "$token" ] || { echo "gpu-swarm: no join token on stdin" >&2; exit 1; }',
-        'state=$(docker info --format "{{.Swarm.LocalNodeState}}")',
+        _SWARM_STATE,
         'case "$state" in',
         "  active) ;;",
         f'  inactive) docker swarm join --token "$token" --advertise-addr {addr} {mgr} >/dev/null ;;',
