@@ -1,0 +1,119 @@
+"""Read-only AWS lookups that settings.py checks the stack configuration against.
+
+They are synchronous invokes, so every check runs, and fails, before the first
+resource is registered: a bad value stops `pulumi preview` with nothing created.
+Each lookup raises LookupError carrying AWS's own words; settings.py adds the
+config key and the fix.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi_aws as aws
+
+# Public SSM parameters that always name the newest image of each kind (amd64).
+UBUNTU_AMI_PARAMETER = "/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id"
+DEEP_LEARNING_AMI_PARAMETER = (
+    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-24.04/latest/ami-id"
+)
+
+
+@dataclass(frozen=True)
+class InstanceTypeFacts:
+    name: str
+    architectures: tuple[str, ...]
+    nvidia_gpus: int  # per instance; 0 when the type has no NVIDIA GPU
+    gpu_model: str  # e.g. "L40S"; "" without NVIDIA GPUs
+    other_gpus: str  # non-NVIDIA GPUs, named for error messages (e.g. "AMD Radeon Pro V520")
+
+
+@dataclass(frozen=True)
+class AmiFacts:
+    id: str
+    architecture: str
+    root_snapshot_gib: int  # the root volume may not be smaller
+
+
+@dataclass(frozen=True)
+class SubnetFacts:
+    id: str
+    vpc_id: str
+    availability_zone: str
+
+
+def _aws_error(exc: Exception) -> LookupError:
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return LookupError(first_line)
+
+
+def describe_instance_type(name: str) -> InstanceTypeFacts:
+    try:
+        result = aws.ec2.get_instance_type(instance_type=name)
+    except Exception as exc:  # the invoke's error is the only description of what went wrong
+        raise _aws_error(exc) from None
+    gpus = result.gpuses or []
+    nvidia = [g for g in gpus if g.manufacturer == "NVIDIA"]
+    return InstanceTypeFacts(
+        name=name,
+        architectures=tuple(result.supported_architectures or ()),
+        nvidia_gpus=sum(g.count for g in nvidia),
+        gpu_model="+".join(sorted({g.name for g in nvidia})),
+        other_gpus=", ".join(f"{g.manufacturer} {g.name}" for g in gpus if g.manufacturer != "NVIDIA"),
+    )
+
+
+def zones_offering(instance_types: list[str]) -> dict[str, frozenset[str]]:
+    """For each instance type, the availability zones (names) of this region that offer it."""
+    try:
+        result = aws.ec2.get_instance_type_offerings(
+            location_type="availability-zone",
+            filters=[{"name": "instance-type", "values": sorted(set(instance_types))}],
+        )
+    except Exception as exc:
+        raise _aws_error(exc) from None
+    offered: dict[str, set[str]] = {t: set() for t in instance_types}
+    for instance_type, zone in zip(result.instance_types, result.locations):
+        offered.setdefault(instance_type, set()).add(zone)
+    return {t: frozenset(zones) for t, zones in offered.items()}
+
+
+def available_zones() -> tuple[str, ...]:
+    """The region's availability zones this account can use; Local and Wavelength Zones left out."""
+    try:
+        result = aws.get_availability_zones(
+            state="available", filters=[{"name": "zone-type", "values": ["availability-zone"]}]
+        )
+    except Exception as exc:
+        raise _aws_error(exc) from None
+    return tuple(sorted(result.names))
+
+
+def ssm_parameter(name: str) -> str:
+    try:
+        # insecure_value: an AMI id is not a secret, and `value` is always marked as one.
+        return aws.ssm.get_parameter(name=name).insecure_value
+    except Exception as exc:
+        raise _aws_error(exc) from None
+
+
+def describe_ami(ami_id: str) -> AmiFacts:
+    try:
+        result = aws.ec2.get_ami(
+            filters=[{"name": "image-id", "values": [ami_id]}], include_deprecated=True
+        )
+    except Exception as exc:
+        raise _aws_error(exc) from None
+    root = next(
+        (m for m in result.block_device_mappings or [] if m.device_name == result.root_device_name),
+        None,
+    )
+    size = int((root.ebs or {}).get("volume_size", 0)) if root else 0
+    return AmiFacts(id=ami_id, architecture=result.architecture, root_snapshot_gib=size)
+
+
+def describe_subnet(subnet_id: str) -> SubnetFacts:
+    try:
+        result = aws.ec2.get_subnet(id=subnet_id)
+    except Exception as exc:
+        raise _aws_error(exc) from None
+    return SubnetFacts(id=subnet_id, vpc_id=result.vpc_id, availability_zone=result.availability_zone)
