@@ -121,6 +121,12 @@ class Node:
         env = {"PATH": str(self.bin), "FAKE_PYNVML": json.dumps(self.nvml)}
         if pynvml:
             env["PYTHONPATH"] = str(FAKE_NVML_DIR)
+        else:
+            # Hide a real nvidia-ml-py too (the GPU machine has one), so "no pynvml" holds anywhere.
+            hidden = self.bin.parent / "no-pynvml"
+            hidden.mkdir(exist_ok=True)
+            (hidden / "pynvml.py").write_text("raise ImportError('pynvml hidden by the test')\n")
+            env["PYTHONPATH"] = str(hidden)
         return subprocess.run([sys.executable, str(AGENT), *self.paths(), *args],
                               capture_output=True, text=True, env=env, timeout=60)
 
