@@ -1,0 +1,49 @@
+# shellcheck shell=bash source-path=SCRIPTDIR
+# Sourced by bootstrap.sh and each step. Paths default to the node's (tests override them).
+set -euo pipefail
+: "${GPU_SWARM_LOG:=/var/log/gpu-swarm/bootstrap.log}" "${GPU_SWARM_STATE:=/var/lib/gpu-swarm}"
+: "${GPU_SWARM_VERSIONS:=/opt/gpu-swarm/versions.env}" "${GPU_SWARM_NODE_ENV:=/etc/gpu-swarm/node.env}"
+: "${GPU_SWARM_VENV:=/opt/gpu-swarm/venv}" "${DOCKER_DAEMON_JSON:=/etc/docker/daemon.json}"
+export GPU_SWARM_LOG GPU_SWARM_STATE GPU_SWARM_VERSIONS GPU_SWARM_NODE_ENV GPU_SWARM_VENV DOCKER_DAEMON_JSON
+# shellcheck source=versions.env
+. "$GPU_SWARM_VERSIONS"
+# shellcheck source=/dev/null
+if [ -f "$GPU_SWARM_NODE_ENV" ]; then . "$GPU_SWARM_NODE_ENV"; fi
+export DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1
+
+log() { printf '%s %s\n' "$(date -u +%FT%TZ)" "$*"; }
+die() { log "ERROR: $*" >&2; exit 1; }
+# Ends the step as "skipped": its work was already done.
+skip() {
+  log "skipped: $*"
+  if [ -n "${STEP_STATUS_FILE:-}" ]; then echo skipped >"$STEP_STATUS_FILE"; fi
+  exit 0
+}
+version_ge() { printf '%s\n%s\n' "$2" "$1" | sort -V -C; } # A >= B
+retry() {
+  local n=1
+  until "$@"; do
+    ((n++ < 5)) || return 1
+    log "retry $n/5: $*" >&2
+    sleep $((n * 5))
+  done
+}
+# No conffile prompts (no terminal at boot); wait out apt-daily's lock on first boot.
+apt_get() {
+  apt-get -qy -o DPkg::Lock::Timeout=300 -o Acquire::Retries=5 \
+    -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "$@"
+}
+apt_install() { retry apt_get install "$@"; }
+# An AMI that already lists the repo keeps its entry: a second one with another
+# signed-by keyring makes apt-get update fail.
+has_apt_source() { grep -rqsE "^[^#]*${1//./\\.}" /etc/apt/sources.list /etc/apt/sources.list.d; }
+fetch_key() { install -d -m 0755 "${2%/*}" && retry curl -fsSL "$1" -o "$2" && chmod 0644 "$2"; }
+# shellcheck source=/dev/null
+os_release() { (. /etc/os-release && printf '%s\n' "${!1:-}"); }
+docker_version() {
+  if command -v dockerd >/dev/null; then dockerd --version | sed -nE '1s/^Docker version ([0-9.]+).*/\1/p'; fi
+}
+toolkit_version() {
+  if command -v nvidia-ctk >/dev/null; then nvidia-ctk --version | sed -nE '1s/.*version ([0-9.]+).*/\1/p'; fi
+}
+driver_version() { nvidia-smi --query-gpu=driver_version --format=csv,noheader | sed -n 1p; }

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# NVIDIA driver, unless one works. A pinned -server branch rather than `ubuntu-drivers
+# install --gpgpu`, whose choice varies by release: every node gets one branch, which
+# Ubuntu's nvidia-fabricmanager-BRANCH matches version for version. Modules prebuilt for
+# the running kernel (no compiler, no reboot); DKMS only when Ubuntu has none.
+# NVIDIA_KERNEL_MODULES: open (Turing+, required by Blackwell) or proprietary (Volta-).
+# shellcheck source-path=SCRIPTDIR source=common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi -L >/dev/null 2>&1 || modprobe nvidia || :
+  nvidia-smi -L >/dev/null 2>&1 || die "nvidia-smi cannot reach the driver on kernel $(uname -r)"
+  skip "NVIDIA driver $(driver_version)"
+fi
+[ "${GPU_SWARM_IMAGE:-}" != deep-learning ] || die "no nvidia-smi on a Deep Learning AMI: check the AMI id"
+branch=$NVIDIA_DRIVER_BRANCH-server flavor=$NVIDIA_DRIVER_BRANCH-server
+if [ "${NVIDIA_KERNEL_MODULES:-open}" = open ]; then flavor+=-open; fi
+kernel=$(uname -r)
+retry apt_get update
+pkgs=("nvidia-utils-$branch")
+if apt-cache show "linux-modules-nvidia-$flavor-$kernel" >/dev/null 2>&1; then
+  # the flavour's metapackage (...-aws) follows kernel upgrades
+  meta=linux-modules-nvidia-$flavor-${kernel#*-*-}
+  pkgs+=("linux-modules-nvidia-$flavor-$kernel" "nvidia-headless-no-dkms-$flavor")
+  if apt-cache show "$meta" >/dev/null 2>&1; then pkgs+=("$meta"); fi
+else
+  log "no prebuilt modules for kernel $kernel: using DKMS"
+  pkgs+=("nvidia-headless-$flavor" "linux-headers-$kernel")
+fi
+apt_install "${pkgs[@]}"
+modprobe -r nouveau 2>/dev/null || :
+modprobe nvidia
+nvidia-smi -L || die "nvidia-smi fails after installing driver $flavor"

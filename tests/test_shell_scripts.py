@@ -1,0 +1,316 @@
+"""Every shell script in the repo passes shellcheck and bash -n; the bootstrap runner and the
+steps' already-done paths (the Deep Learning AMI fast path) run for real in bash, with the
+node's paths pointed at a temp dir and fake nvidia-smi/dockerd/systemctl on PATH."""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import cloud_config
+
+REPO = Path(__file__).resolve().parent.parent
+CLOUD_INIT = REPO / "cloud-init"
+BOOTSTRAP = CLOUD_INIT / "bootstrap.sh"
+COMMON = CLOUD_INIT / "common.sh"
+
+
+def shell_scripts() -> list[Path]:
+    """Every *.sh in the working tree that git does not ignore (so never .venv)."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "*.sh"],
+                                cwd=REPO, capture_output=True, text=True, check=True).stdout
+        paths = [REPO / name for name in listed.split("\0") if name]
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout
+        paths = [p for p in REPO.rglob("*.sh") if not {".git", ".venv"} & set(p.relative_to(REPO).parts)]
+    return sorted(p for p in paths if p.is_file())
+
+
+SCRIPTS = shell_scripts()
+
+
+def require_tool(name: str) -> str:
+    """The tool's path; without it the test fails in CI (CI=true) and skips elsewhere."""
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed (Debian package {name})"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message}; CI must install it")
+        pytest.skip(message)
+    return path
+
+
+def test_our_scripts_are_found():
+    assert {BOOTSTRAP, COMMON, CLOUD_INIT / "install-docker.sh"} <= set(SCRIPTS)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_shellcheck_clean(script):
+    shellcheck = require_tool("shellcheck")
+    # -x follows `source` (the steps source common.sh); paths resolve from the script's folder.
+    result = subprocess.run([shellcheck, "-x", script.name], cwd=script.parent, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_bash_syntax(script):
+    result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("script", sorted(CLOUD_INIT.glob("*.sh")), ids=lambda p: p.name)
+def test_bootstrap_scripts_are_strict(script):
+    # Steps get `set -euo pipefail` from common.sh, which every one of them sources first.
+    text = script.read_text()
+    assert "set -euo pipefail" in text or '. "$(dirname "${BASH_SOURCE[0]}")/common.sh"' in text
+
+
+class Node:
+    """A fake node in tmp_path: the bootstrap's paths, a steps folder and a bin of fakes."""
+
+    def __init__(self, tmp_path: Path):
+        self.root = tmp_path
+        self.steps = tmp_path / "steps"
+        self.state = tmp_path / "state"
+        self.log = tmp_path / "log" / "bootstrap.log"
+        self.bin = tmp_path / "bin"
+        self.calls = tmp_path / "calls"
+        self.daemon_json = tmp_path / "docker" / "daemon.json"
+        self.node_env = tmp_path / "node.env"
+        for folder in (self.steps, self.bin):
+            folder.mkdir()
+        self.env = {
+            **os.environ,
+            "PATH": f"{self.bin}:{os.environ['PATH']}",
+            "GPU_SWARM_LOG": str(self.log), "GPU_SWARM_STATE": str(self.state),
+            "GPU_SWARM_VERSIONS": str(CLOUD_INIT / "versions.env"), "GPU_SWARM_NODE_ENV": str(self.node_env),
+            "GPU_SWARM_STEPS": str(self.steps), "GPU_SWARM_VENV": str(tmp_path / "venv"),
+            "DOCKER_DAEMON_JSON": str(self.daemon_json), "FAKE_CALLS": str(self.calls),
+        }
+        self.env.pop("STEP_STATUS_FILE", None)
+
+    def step(self, name: str, body: str) -> None:
+        """A fake step that, like the real ones, sources common.sh."""
+        self.write(self.steps / f"{name}.sh", f'#!/usr/bin/env bash\n. "{COMMON}"\n{body}\n')
+
+    def real_step(self, name: str) -> None:
+        shutil.copy(CLOUD_INIT / f"{name}.sh", self.steps / f"{name}.sh")
+        shutil.copy(COMMON, self.steps / "common.sh")
+
+    def fake(self, command: str, body: str) -> None:
+        """A fake command that records its arguments, then runs body."""
+        self.write(self.bin / command, f'#!/usr/bin/env bash\necho "{command} $*" >>"$FAKE_CALLS"\n{body}\n')
+
+    @staticmethod
+    def write(path: Path, text: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        path.chmod(0o755)
+
+    def bootstrap(self, *steps: str, **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(BOOTSTRAP), *steps], env={**self.env, **env},
+                              capture_output=True, text=True, timeout=60)
+
+    def timings(self) -> dict:
+        return json.loads((self.state / "bootstrap-timings.json").read_text())
+
+    def statuses(self) -> dict[str, str]:
+        return {name: record["status"] for name, record in self.timings().items()}
+
+    def called(self) -> list[str]:
+        return self.calls.read_text().splitlines() if self.calls.exists() else []
+
+
+@pytest.fixture
+def node(tmp_path) -> Node:
+    return Node(tmp_path)
+
+
+def test_runner_records_logs_and_stops_at_the_first_failure(node):
+    node.step("first", 'echo "first ran"')
+    node.step("second", 'skip "nothing to do"')
+    node.step("third", 'echo "third broke"; exit 3')
+    node.step("fourth", 'echo "fourth ran"')
+
+    result = node.bootstrap("first", "second", "third", "fourth")
+
+    assert result.returncode == 1
+    assert node.statuses() == {"first": "done", "second": "skipped", "third": "failed"}
+    assert all(isinstance(r["seconds"], float) and r["seconds"] >= 0 for r in node.timings().values())
+    log = node.log.read_text()
+    assert "first ran" in log and "skipped: nothing to do" in log and "third broke" in log
+    assert "fourth ran" not in log
+    assert (node.state / Path(cloud_config.BOOTSTRAP_FAILED).name).read_text() == "third\n"
+    assert not (node.state / Path(cloud_config.BOOTSTRAP_DONE).name).exists()
+    assert "third broke" in result.stderr  # the log's tail, for cloud-init-output.log
+
+
+def test_runner_rerun_skips_done_work_and_marks_completion(node):
+    made = node.root / "made"
+    node.step("make", f'if [ -e "{made}" ]; then skip "already made"; fi; echo once >>"{made}"')
+    node.step("flaky", f'[ -e "{node.root}/fixed" ] || exit 1')
+
+    assert node.bootstrap("make", "flaky").returncode == 1
+    (node.root / "fixed").touch()
+    first = node.bootstrap("make", "flaky")
+    second = node.bootstrap("make", "flaky")
+
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    assert made.read_text() == "once\n"
+    assert node.statuses() == {"make": "skipped", "flaky": "done"}
+    assert (node.state / "bootstrap-done").exists()
+    assert not (node.state / "bootstrap-failed").exists()
+    assert node.log.read_text().count("== make: start") == 3  # the log keeps every run
+
+
+def test_runner_times_each_step(node):
+    node.step("slow", "sleep 0.3")
+    assert node.bootstrap("slow").returncode == 0
+    assert 0.3 <= node.timings()["slow"]["seconds"] < 10
+
+
+def test_runner_refuses_unknown_steps_before_running_any(node):
+    node.step("first", 'echo "first ran"')
+    result = node.bootstrap("first", "no-such-step")
+    assert result.returncode == 1
+    assert "unknown step 'no-such-step'" in result.stderr
+    assert not (node.state / "bootstrap-timings.json").exists()
+
+
+def test_runner_refuses_to_run_twice_at_once(node):
+    node.step("first", "true")
+    node.state.mkdir()
+    with open(node.state / "bootstrap.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        result = node.bootstrap("first")
+    assert result.returncode == 1
+    assert "another bootstrap" in result.stderr
+
+
+def test_runner_paths_are_the_ones_cloud_config_exports(node):
+    node.step("first", "true")
+    assert node.bootstrap("first").returncode == 0
+    for path in (cloud_config.BOOTSTRAP_TIMINGS, cloud_config.BOOTSTRAP_DONE):
+        assert (node.state / Path(path).name).exists()
+
+
+@pytest.mark.parametrize("have, need, ok", [
+    ("25.0.3", "25.0.3", True), ("26.1.5", "25.0.3", True), ("25.0.10", "25.0.3", True),
+    ("25.0.2", "25.0.3", False), ("20.10.24", "25.0.3", False),
+    ("1.19.0", "1.19.0", True), ("1.20.0", "1.19.0", True), ("1.18.1", "1.19.0", False),
+])
+def test_version_ge(node, have, need, ok):
+    result = subprocess.run(["bash", "-c", f'. "{COMMON}"; version_ge "$1" "$2"', "-", have, need], env=node.env)
+    assert (result.returncode == 0) is ok
+
+
+def fake_nvidia_smi(node: Node) -> None:
+    node.fake("nvidia-smi", """case "$*" in
+  -L) echo "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-48f73d5c-653c-94b5-f00e-d5bba41a1cfb)" ;;
+  *driver_version*) echo 580.95.05; echo 580.95.05 ;;
+esac""")
+
+
+@pytest.mark.parametrize("version", ["Docker version 27.3.1, build ce12230", "Docker version 26.1.5+dfsg1, build a72d7cd"])
+def test_install_docker_skips_a_new_enough_engine(node, version):
+    node.real_step("install-docker")
+    node.fake("dockerd", f'echo "{version}"')
+    result = node.bootstrap("install-docker")
+    assert result.returncode == 0, node.log.read_text()
+    assert node.statuses() == {"install-docker": "skipped"}
+
+
+def test_install_driver_skips_a_working_driver(node):
+    node.real_step("install-nvidia-driver")
+    fake_nvidia_smi(node)
+    assert node.bootstrap("install-nvidia-driver").returncode == 0, node.log.read_text()
+    assert node.statuses() == {"install-nvidia-driver": "skipped"}
+    assert "NVIDIA driver 580.95.05" in node.log.read_text()
+
+
+def test_install_driver_will_not_layer_a_driver_onto_a_deep_learning_ami(node):
+    node.real_step("install-nvidia-driver")
+    node.node_env.write_text("GPU_SWARM_IMAGE=deep-learning\n")
+    env_path = ":".join(p for p in node.env["PATH"].split(":") if not (Path(p) / "nvidia-smi").exists())
+    assert node.bootstrap("install-nvidia-driver", PATH=env_path).returncode == 1
+    assert node.statuses() == {"install-nvidia-driver": "failed"}
+    assert "Deep Learning AMI" in node.log.read_text()
+
+
+def test_install_fabric_manager_skips_when_running(node):
+    node.real_step("install-fabric-manager")
+    fake_nvidia_smi(node)
+    node.fake("systemctl", "exit 0")
+    assert node.bootstrap("install-fabric-manager").returncode == 0, node.log.read_text()
+    assert node.statuses() == {"install-fabric-manager": "skipped"}
+
+
+def test_toolkit_step_sets_default_runtime_once_and_keeps_other_keys(node):
+    node.real_step("install-container-toolkit")
+    node.fake("nvidia-ctk", """case "$1" in
+  --version) echo "NVIDIA Container Toolkit CLI version 1.19.0"; echo "commit: 1a2b3c" ;;
+  runtime) python3 - "$DOCKER_DAEMON_JSON" <<'PY'
+import json, sys
+path = sys.argv[1]
+config = json.load(open(path))
+config["runtimes"] = {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}
+config["default-runtime"] = "nvidia"
+json.dump(config, open(path, "w"), indent=4)
+PY
+  ;;
+esac""")
+    node.write(node.daemon_json, '{"log-driver": "json-file"}\n')
+
+    assert node.bootstrap("install-container-toolkit").returncode == 0, node.log.read_text()
+    assert node.statuses() == {"install-container-toolkit": "done"}
+    assert json.loads(node.daemon_json.read_text())["log-driver"] == "json-file"
+    assert node.bootstrap("install-container-toolkit").returncode == 0
+    assert node.statuses() == {"install-container-toolkit": "skipped"}
+    assert [c for c in node.called() if c.startswith("nvidia-ctk runtime")] == [
+        "nvidia-ctk runtime configure --runtime=docker --set-as-default"]
+
+
+def test_gpu_agent_step_enables_and_runs_the_unit(node):
+    node.real_step("install-gpu-agent")
+    node.write(node.root / "venv" / "bin" / "python", "#!/bin/sh\nexit 0\n")  # pynvml importable
+    node.fake("systemctl", "exit 0")
+    assert node.bootstrap("install-gpu-agent").returncode == 0, node.log.read_text()
+    assert node.called() == ["systemctl daemon-reload", "systemctl enable gpu-swarm-agent.service",
+                             "systemctl start gpu-swarm-agent.service"]
+
+
+def test_gpu_agent_step_fails_loudly_with_the_agents_journal(node):
+    node.real_step("install-gpu-agent")
+    node.write(node.root / "venv" / "bin" / "python", "#!/bin/sh\nexit 0\n")
+    node.fake("systemctl", '[ "$1" != start ]')
+    node.fake("journalctl", 'echo "agent: NVML failed"')
+    assert node.bootstrap("install-gpu-agent").returncode == 1
+    assert node.statuses() == {"install-gpu-agent": "failed"}
+    assert "agent: NVML failed" in node.log.read_text()
+
+
+def test_apply_docker_config_drops_live_restore_and_restarts_only_on_change(node):
+    node.real_step("apply-docker-config")
+    node.fake("systemctl", "exit 0")
+    node.write(node.daemon_json, '{"live-restore": true, "default-runtime": "nvidia"}\n')
+
+    assert node.bootstrap("apply-docker-config").returncode == 0, node.log.read_text()
+    assert json.loads(node.daemon_json.read_text()) == {"default-runtime": "nvidia"}
+    assert node.statuses() == {"apply-docker-config": "done"}
+    assert node.bootstrap("apply-docker-config").returncode == 0
+    assert node.statuses() == {"apply-docker-config": "skipped"}
+    node.write(node.daemon_json, '{"default-runtime": "nvidia", "node-generic-resources": []}\n')
+    assert node.bootstrap("apply-docker-config").returncode == 0
+    assert node.called().count("systemctl restart docker") == 2
+
+
+def test_apply_docker_config_creates_a_missing_daemon_json(node):
+    node.real_step("apply-docker-config")
+    node.fake("systemctl", "exit 0")
+    assert node.bootstrap("apply-docker-config").returncode == 0, node.log.read_text()
+    assert json.loads(node.daemon_json.read_text()) == {}
