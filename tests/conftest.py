@@ -6,9 +6,12 @@ secret markers and resource options are only visible there.
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
+import runpy
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pulumi
@@ -152,15 +155,26 @@ def command_stdout(name: str, create: str) -> str:
 
 
 class RecordingMonitor(pulumi_mocks.MockMonitor):
-    """Keeps every RegisterResource request by resource name."""
+    """Keeps every RegisterResource request by resource name, and every registered output."""
 
     def __init__(self, mocks: pulumi_mocks.Mocks):
         super().__init__(mocks)
         self.requests = {}
+        self.duplicate_names = []
+        self.outputs = {}
 
     def RegisterResource(self, request):
+        if request.name in self.requests:
+            self.duplicate_names.append(request.name)
         self.requests[request.name] = request
         return super().RegisterResource(request)
+
+    def RegisterResourceOutputs(self, request):
+        self.outputs[request.urn] = json_format.MessageToDict(request.outputs)
+        return super().RegisterResourceOutputs(request)
+
+    def stack_outputs(self) -> dict:
+        return next(v for urn, v in self.outputs.items() if urn.split("::")[2] == "pulumi:pulumi:Stack")
 
 
 def use_mocks(config: dict[str, str], secret_keys: tuple[str, ...] = (), stack: str = "test") -> RecordingMonitor:
@@ -170,6 +184,34 @@ def use_mocks(config: dict[str, str], secret_keys: tuple[str, ...] = (), stack: 
     pulumi_mocks.set_mocks(mocks, project="gpu-swarm", stack=stack, preview=False, monitor=monitor)
     pulumi.runtime.set_all_config(dict(config), list(secret_keys))
     return monitor
+
+
+@dataclass
+class ProgramRun:
+    monitor: RecordingMonitor
+    exports: dict = field(default_factory=dict)  # stack outputs, resolved
+    secret_exports: set = field(default_factory=set)
+
+
+def run_program(config: dict[str, str], secret_keys: tuple[str, ...] = (), stack: str = "test") -> ProgramRun:
+    """Run __main__.py under the mocks, as `pulumi up` would, and collect its stack outputs."""
+    run = ProgramRun(use_mocks(config, secret_keys, stack))
+
+    async def collect(outputs: dict) -> None:
+        for name, value in outputs.items():
+            out = pulumi.Output.from_input(value)
+            run.exports[name] = await out.future()
+            if await out.is_secret():
+                run.secret_exports.add(name)
+
+    @pulumi.runtime.test
+    def program():
+        runpy.run_path(str(REPO / "__main__.py"), run_name="__main__")
+        outputs = pulumi.runtime.settings.get_root_resource().outputs
+        return pulumi.Output.from_input(asyncio.ensure_future(collect(outputs)))
+
+    program()
+    return run
 
 
 def _config_text(value) -> str:

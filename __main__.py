@@ -1,0 +1,19 @@
+"""gpu-swarm: AWS GPU instances as a Docker Swarm in which every GPU is a schedulable generic resource."""
+import pulumi
+
+from components.cluster import Cluster, ClusterArgs
+from settings import load_settings
+
+settings = load_settings()  # raises SettingsError, listing every problem, before anything exists
+cluster = Cluster("gpu-swarm", ClusterArgs(settings=settings))
+
+pulumi.export("managerPublicIps", cluster.manager_public_ips)
+pulumi.export("managerPrivateIps", cluster.manager_private_ips)
+pulumi.export("sshCommands", cluster.ssh_commands)
+pulumi.export("nodes", cluster.inventory)
+pulumi.export("bootstrapTimings", cluster.bootstrap_timings)
+pulumi.export("availabilityZones", cluster.availability_zones)
+pulumi.export("vpcId", cluster.vpc_id)
+if cluster.private_key is not None:
+    # Secret: `pulumi stack output privateKey --show-secrets > gpu-swarm.key && chmod 600 gpu-swarm.key`
+    pulumi.export("privateKey", cluster.private_key)

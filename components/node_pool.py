@@ -1,0 +1,112 @@
+"""A pool of identical EC2 instances: the managers, or the nodes of one GPU pool."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import pulumi
+import pulumi_aws as aws
+
+
+@dataclass
+class NodePoolArgs:
+    role: str  # "manager" or "worker"
+    pool: str  # the pool's name: a node label, and part of every node's name
+    instance_type: pulumi.Input[str]
+    count: int  # plain: it decides how many instances exist
+    ami_id: pulumi.Input[str]
+    subnet_ids: Sequence[pulumi.Input[str]]  # nodes go round-robin over them
+    security_group_ids: Sequence[pulumi.Input[str]]
+    key_name: pulumi.Input[str]
+    user_data: pulumi.Input[str]
+    root_volume_gib: pulumi.Input[int]
+    node_name_prefix: str
+    imds_hop_limit: pulumi.Input[int] = 1
+    spot: bool = False
+    spot_max_price: pulumi.Input[str] | None = None
+    # An AMI read from a "latest" SSM parameter changes whenever the vendor publishes one;
+    # without this every such release would replace every node on the next `pulumi up`.
+    keep_ami_of_running_nodes: bool = True
+    tags: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    role: str
+    pool: str
+    instance: aws.ec2.Instance
+
+    @property
+    def private_ip(self) -> pulumi.Output[str]:
+        return self.instance.private_ip
+
+    @property
+    def public_ip(self) -> pulumi.Output[str]:
+        return self.instance.public_ip
+
+
+class NodePool(pulumi.ComponentResource):
+    nodes: list[Node]
+
+    def __init__(self, name: str, args: NodePoolArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gpu-swarm:aws:NodePool", name, None, opts)
+        if args.role not in ("manager", "worker"):
+            raise ValueError(f"role must be 'manager' or 'worker', got {args.role!r}")
+
+        market = None
+        if args.spot:
+            # One-time requests that terminate on interruption: a node lost to spot is
+            # replaced by the next `pulumi up` (which refreshes first, see Pulumi.yaml).
+            market = aws.ec2.InstanceInstanceMarketOptionsArgs(
+                market_type="spot",
+                spot_options=aws.ec2.InstanceInstanceMarketOptionsSpotOptionsArgs(
+                    spot_instance_type="one-time",
+                    instance_interruption_behavior="terminate",
+                    max_price=args.spot_max_price,
+                ),
+            )
+        ignore = ["ami"] if args.keep_ami_of_running_nodes else []
+
+        self.nodes = []
+        for i in range(args.count):
+            node_name = f"{args.node_name_prefix}-{i}"
+            tags = {**args.tags, "Name": node_name, "gpu-swarm:role": args.role, "gpu-swarm:pool": args.pool}
+            instance = aws.ec2.Instance(
+                f"{name}-{i}",
+                ami=args.ami_id,
+                instance_type=args.instance_type,
+                subnet_id=args.subnet_ids[i % len(args.subnet_ids)],
+                vpc_security_group_ids=list(args.security_group_ids),
+                key_name=args.key_name,
+                # Egress without a NAT gateway; inbound is closed by the security groups.
+                associate_public_ip_address=True,
+                user_data=args.user_data,
+                user_data_replace_on_change=True,
+                metadata_options=aws.ec2.InstanceMetadataOptionsArgs(
+                    http_endpoint="enabled",
+                    http_tokens="required",
+                    # 1: a container behind a bridge or overlay is one hop too far for IMDS,
+                    # so it cannot take the instance role's credentials.
+                    http_put_response_hop_limit=args.imds_hop_limit,
+                ),
+                root_block_device=aws.ec2.InstanceRootBlockDeviceArgs(
+                    encrypted=True,
+                    volume_type="gp3",
+                    volume_size=args.root_volume_gib,
+                    delete_on_termination=True,
+                    tags=tags,
+                ),
+                instance_market_options=market,
+                tags=tags,
+                opts=pulumi.ResourceOptions(parent=self, ignore_changes=ignore),
+            )
+            self.nodes.append(Node(node_name, args.role, args.pool, instance))
+
+        self.register_outputs(
+            {
+                "names": [n.name for n in self.nodes],
+                "private_ips": [n.private_ip for n in self.nodes],
+                "public_ips": [n.public_ip for n in self.nodes],
+            }
+        )

@@ -1,0 +1,103 @@
+"""The cluster's security groups: swarm ports between members only, SSH only to the managers."""
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import pulumi
+import pulumi_aws as aws
+
+# (rule name, protocol, port, why). Protocol "50" is ESP, which carries encrypted overlays.
+MEMBER_PORTS = (
+    ("gossip-tcp", "tcp", 7946, "swarm node gossip (tcp)"),
+    ("gossip-udp", "udp", 7946, "swarm node gossip (udp)"),
+    ("overlay", "udp", 4789, "swarm overlay network data (VXLAN)"),
+    ("esp", "50", None, "encrypted overlay networks (IPsec ESP)"),
+)
+SWARM_API_PORT = 2377
+
+
+@dataclass
+class SecurityGroupsArgs:
+    vpc_id: pulumi.Input[str]
+    # Plain strings: each CIDR is a rule of its own, named after it.
+    allowed_ssh_cidrs: Sequence[str]
+    tags: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
+
+
+class SecurityGroups(pulumi.ComponentResource):
+    """Three groups: `cluster` on every node, `managers` and `workers` by role.
+
+    Swarm ports (2377, 7946, 4789, ESP) name a group as their source, never a CIDR, so no
+    address outside the cluster can reach them. Workers accept SSH only from managers,
+    which is how Pulumi (and you, with ssh -J) reach them.
+    """
+
+    cluster_id: pulumi.Output[str]
+    managers_id: pulumi.Output[str]
+    workers_id: pulumi.Output[str]
+
+    def __init__(self, name: str, args: SecurityGroupsArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gpu-swarm:aws:SecurityGroups", name, None, opts)
+        self._name = name
+        self._child = pulumi.ResourceOptions(parent=self)
+        self._tags = args.tags
+
+        cluster = self._group("cluster", args.vpc_id, "Every swarm node: gossip, overlay and ESP between members")
+        managers = self._group("managers", args.vpc_id, "Swarm managers: the swarm API from members, SSH from allowed networks")
+        workers = self._group("workers", args.vpc_id, "Swarm workers: SSH from the managers only")
+
+        for rule, protocol, port, why in MEMBER_PORTS:
+            self._ingress(f"cluster-{rule}", cluster, protocol, port, why, source_group=cluster)
+        self._ingress("managers-swarm-api", managers, "tcp", SWARM_API_PORT,
+                      "swarm API and Raft, from members", source_group=cluster)
+        for cidr in args.allowed_ssh_cidrs:
+            self._ingress(f"managers-ssh-{_slug(cidr)}", managers, "tcp", 22, f"SSH from {cidr}", cidr=cidr)
+        self._ingress("workers-ssh", workers, "tcp", 22, "SSH from the managers (jump host)", source_group=managers)
+
+        # Egress stays open: nodes pull packages, drivers and images from the internet.
+        aws.vpc.SecurityGroupEgressRule(f"{name}-cluster-egress-ipv4", security_group_id=cluster.id,
+                                        ip_protocol="-1", cidr_ipv4="0.0.0.0/0", description="all outbound IPv4",
+                                        tags=args.tags, opts=self._child)
+        aws.vpc.SecurityGroupEgressRule(f"{name}-cluster-egress-ipv6", security_group_id=cluster.id,
+                                        ip_protocol="-1", cidr_ipv6="::/0", description="all outbound IPv6",
+                                        tags=args.tags, opts=self._child)
+
+        self.cluster_id, self.managers_id, self.workers_id = cluster.id, managers.id, workers.id
+        self.register_outputs(
+            {"cluster_id": self.cluster_id, "managers_id": self.managers_id, "workers_id": self.workers_id}
+        )
+
+    def _group(self, role: str, vpc_id: pulumi.Input[str], description: str) -> aws.ec2.SecurityGroup:
+        # No inline rules: mixed with the rule resources below, they would fight over the group.
+        return aws.ec2.SecurityGroup(
+            f"{self._name}-{role}",
+            vpc_id=vpc_id,
+            description=description,
+            tags={**self._tags, "Name": f"{self._name}-{role}"},
+            opts=self._child,
+        )
+
+    def _ingress(self, rule: str, group: aws.ec2.SecurityGroup, protocol: str, port: int | None,
+                 description: str, *, source_group: aws.ec2.SecurityGroup | None = None,
+                 cidr: str | None = None) -> None:
+        version = ipaddress.ip_network(cidr).version if cidr else None
+        aws.vpc.SecurityGroupIngressRule(
+            f"{self._name}-{rule}",
+            security_group_id=group.id,
+            ip_protocol=protocol,
+            from_port=port,
+            to_port=port,
+            referenced_security_group_id=source_group.id if source_group else None,
+            cidr_ipv4=cidr if version == 4 else None,
+            cidr_ipv6=cidr if version == 6 else None,
+            description=description,
+            tags=self._tags,
+            opts=self._child,
+        )
+
+
+def _slug(cidr: str) -> str:
+    return re.sub(r"[^0-9a-f]+", "-", cidr.lower()).strip("-")
