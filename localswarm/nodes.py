@@ -77,7 +77,8 @@ class Node:
     def paths(self) -> NodePaths:
         """Where the swarm join step looks on this node (there is no cloud-init here)."""
         return NodePaths(daemon_json=str(self.daemon_json), bootstrap_log=str(self.log),
-                         bootstrap_done=None, wait_for_cloud_init=False)
+                         bootstrap_done=None, bootstrap_failed=None,
+                         wait_for_cloud_init=False)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -14,6 +14,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from cloud_config import BOOTSTRAP_DONE, BOOTSTRAP_FAILED, BOOTSTRAP_LOG, BOOTSTRAP_TIMINGS
 from swarm.gpu_kind import validate_kind
 
 SWARM_PORT = 2377
@@ -26,9 +27,10 @@ class NodePaths:
     """Where a node keeps what the join step checks. Defaults are the AWS node's."""
 
     daemon_json: str = "/etc/docker/daemon.json"
-    bootstrap_log: str = "/var/log/gpu-swarm/bootstrap.log"
-    bootstrap_done: str | None = "/var/lib/gpu-swarm/bootstrap-done"
-    bootstrap_timings: str = "/var/lib/gpu-swarm/bootstrap-timings.json"
+    bootstrap_log: str = BOOTSTRAP_LOG
+    bootstrap_done: str | None = BOOTSTRAP_DONE
+    bootstrap_failed: str | None = BOOTSTRAP_FAILED
+    bootstrap_timings: str = BOOTSTRAP_TIMINGS
     wait_for_cloud_init: bool = True
 
 
@@ -109,8 +111,13 @@ def wait_for_node(*, expected_gpus: int, kind: str, paths: NodePaths = NodePaths
     if paths.wait_for_cloud_init:
         lines.append(
             "if command -v cloud-init >/dev/null 2>&1; then "
-            "cloud-init status --wait >/dev/null 2>&1 || fail 'cloud-init finished with errors'; fi"
+            "cloud-init status --wait >/dev/null 2>&1 || cloud_init_failed=1; fi"
         )
+    if paths.bootstrap_failed:  # names the step that failed, which beats a generic error
+        failed = shlex.quote(paths.bootstrap_failed)
+        lines.append(f'[ ! -e {failed} ] || fail "bootstrap step $(cat {failed}) failed"')
+    if paths.wait_for_cloud_init:
+        lines.append("[ -z \"${cloud_init_failed:-}\" ] || fail 'cloud-init finished with errors'")
     if paths.bootstrap_done:
         lines.append(
             f"[ -e {shlex.quote(paths.bootstrap_done)} ] || fail 'bootstrap did not finish'"
