@@ -7,14 +7,13 @@ fragments. The shell steps read the pinned versions from cloud-init/versions.env
 from __future__ import annotations
 
 import base64
-import functools
 import gzip
-import importlib.util
 import re
 from pathlib import Path
-from types import ModuleType
 
 import yaml
+
+from swarm.gpu_kind import validate_kind
 
 CLOUD_INIT_DIR = Path(__file__).resolve().parent / "cloud-init"
 VERSIONS_ENV = CLOUD_INIT_DIR / "versions.env"
@@ -72,18 +71,6 @@ def min_versions() -> dict[str, str]:
                              f"found {line!r}; the bootstrap scripts source this file")
         versions[match[1]] = match[2]
     return versions
-
-
-@functools.cache
-def load_gpu_agent() -> ModuleType:
-    """cloud-init/gpu_agent.py as a module: the one place that knows what a valid kind is."""
-    if not AGENT_SOURCE.is_file():
-        raise FileNotFoundError(f"{AGENT_SOURCE} is missing: GPU nodes install the agent from it "
-                                "and gpu_kind is checked against its rules")
-    spec = importlib.util.spec_from_file_location("gpu_swarm_agent", AGENT_SOURCE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _instance_family(instance_type: str) -> tuple[str, str]:
@@ -145,7 +132,7 @@ def render_cloud_config(*, gpu: bool, gpu_kind: str, instance_type: str, image: 
     if not isinstance(gpu, bool):
         raise ValueError(f"gpu: expected True or False, found {gpu!r}")
     _instance_family(instance_type)  # node.env is sourced by the shell: nothing unchecked goes in
-    kind = load_gpu_agent().validate_kind(gpu_kind)
+    kind = validate_kind(gpu_kind)
     steps = bootstrap_steps(gpu=gpu, instance_type=instance_type)
 
     node_env = {"GPU_SWARM_IMAGE": image, "GPU_SWARM_INSTANCE_TYPE": instance_type}

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 import cloud_config
+from swarm.gpu_kind import validate_kind
 from cloud_config import (AGENT_ENV_PATH, AGENT_PATH, AGENT_UNIT_PATH, AGENT_VENV, BOOTSTRAP_DIR,
                           BOOTSTRAP_SCRIPT, CLOUD_INIT_DIR, NODE_ENV_PATH, NODE_VERSIONS_ENV,
                           USER_DATA_LIMIT, render_cloud_config)
@@ -198,7 +199,7 @@ def test_unknown_image_is_refused(image):
 @pytest.mark.parametrize("kind", ["", "NVIDIA GPU", "GPU=1", "gpu\n", "x" * 65])
 def test_bad_kind_is_refused_by_the_agents_rules(kind):
     with pytest.raises(ValueError):
-        cloud_config.load_gpu_agent().validate_kind(kind)
+        validate_kind(kind)
     with pytest.raises(ValueError):
         render(gpu_kind=kind)
 
@@ -218,16 +219,6 @@ def test_manager_instance_type_is_checked_too():
 def test_gpu_must_be_a_bool(gpu):
     with pytest.raises(ValueError, match="gpu"):
         render(gpu=gpu)
-
-
-def test_missing_agent_is_a_clear_error(monkeypatch, tmp_path):
-    monkeypatch.setattr(cloud_config, "AGENT_SOURCE", tmp_path / "gpu_agent.py")
-    cloud_config.load_gpu_agent.cache_clear()
-    try:
-        with pytest.raises(FileNotFoundError, match="gpu_agent.py is missing"):
-            render()
-    finally:
-        cloud_config.load_gpu_agent.cache_clear()
 
 
 def test_manager_user_data_fits_ec2_limit_with_margin():
