@@ -12,6 +12,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from cloud_config import min_versions
+
 REPO = Path(__file__).resolve().parent.parent
 ENGINE_PREFIX = Path(os.environ.get("GPU_SWARM_ENGINE_PREFIX", "/opt/gpu-swarm/docker"))
 SETUP_HINT = "run `sudo ./scripts/setup.sh` (it installs everything the rehearsal needs)"
@@ -32,8 +34,7 @@ def run(cmd: list[str], *, check: bool = True, env: dict | None = None, input: s
 
 
 def min_docker_version() -> tuple[int, ...]:
-    text = (REPO / "cloud-init" / "versions.env").read_text()
-    return _version(re.search(r"^DOCKER_MIN_VERSION=(\S+)", text, re.M).group(1))
+    return _version(min_versions()["DOCKER_MIN_VERSION"])
 
 
 def _version(text: str) -> tuple[int, ...]:
