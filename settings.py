@@ -527,7 +527,9 @@ def _stack_configs(r: _Reader) -> list[tuple[int, str, str]]:
             continue
         names.add(name)
         path = (PROJECT_DIR / file).resolve()
-        if not file or Path(file).is_absolute() or not path.is_relative_to(PROJECT_DIR):
+        if not file:
+            r.error(f"stacks[{i}].file", "required: the compose file, relative to the project directory")
+        elif Path(file).is_absolute() or not path.is_relative_to(PROJECT_DIR):
             r.error(f"stacks[{i}].file", f"{file!r}: give a path inside the project directory, e.g. stacks/gpu-smoke.yml")
         elif not path.is_file():
             r.error(f"stacks[{i}].file", f"{file} does not exist (paths are relative to {PROJECT_DIR})")
