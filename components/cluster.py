@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pulumi
 
-from cloud_config import render_cloud_config
+from cloud_config import render_user_data
 from components.gpu_stack import GpuStack, GpuStackArgs
 from components.network import Network, NetworkArgs
 from components.node_pool import Node, NodePool, NodePoolArgs
@@ -65,7 +65,7 @@ class Cluster(pulumi.ComponentResource):
             subnet_ids=subnet_ids,
             security_group_ids=[groups.cluster_id, groups.managers_id],
             key_name=key.key_name,
-            user_data=_user_data(False, s.gpu_kind, s.managers.instance_type, "ubuntu"),
+            user_data_base64=_user_data(False, s.gpu_kind, s.managers.instance_type, "ubuntu"),
             root_volume_gib=s.managers.root_volume_gib,
             node_name_prefix=f"{s.cluster_name}-manager",
             imds_hop_limit=s.imds_hop_limit,
@@ -81,7 +81,7 @@ class Cluster(pulumi.ComponentResource):
                 subnet_ids=subnet_ids,
                 security_group_ids=[groups.cluster_id, groups.workers_id],
                 key_name=key.key_name,
-                user_data=_user_data(True, s.gpu_kind, pool.instance_type, s.image),
+                user_data_base64=_user_data(True, s.gpu_kind, pool.instance_type, s.image),
                 root_volume_gib=pool.root_volume_gib,
                 node_name_prefix=f"{s.cluster_name}-{pool.name}",
                 imds_hop_limit=s.imds_hop_limit,
@@ -224,4 +224,4 @@ def _pool_labels(pool: GpuPool) -> dict[str, str]:
 @functools.cache
 def _user_data(gpu: bool, kind: str, instance_type: str, image: str) -> str:
     # One rendering per distinct node kind: 500 nodes of a pool share one string.
-    return render_cloud_config(gpu=gpu, gpu_kind=kind, instance_type=instance_type, image=image)
+    return render_user_data(gpu=gpu, gpu_kind=kind, instance_type=instance_type, image=image)

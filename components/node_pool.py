@@ -18,7 +18,7 @@ class NodePoolArgs:
     subnet_ids: Sequence[pulumi.Input[str]]  # nodes go round-robin over them
     security_group_ids: Sequence[pulumi.Input[str]]
     key_name: pulumi.Input[str]
-    user_data: pulumi.Input[str]
+    user_data_base64: pulumi.Input[str]  # gzipped cloud-config: EC2 allows 16 KiB, the GPU agent alone is larger
     root_volume_gib: pulumi.Input[int]
     node_name_prefix: str
     imds_hop_limit: pulumi.Input[int] = 1
@@ -81,7 +81,7 @@ class NodePool(pulumi.ComponentResource):
                 key_name=args.key_name,
                 # Egress without a NAT gateway; inbound is closed by the security groups.
                 associate_public_ip_address=True,
-                user_data=args.user_data,
+                user_data_base64=args.user_data_base64,
                 user_data_replace_on_change=True,
                 metadata_options=aws.ec2.InstanceMetadataOptionsArgs(
                     http_endpoint="enabled",

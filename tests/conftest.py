@@ -181,6 +181,8 @@ def use_mocks(config: dict[str, str], secret_keys: tuple[str, ...] = (), stack: 
     """Point the Pulumi runtime at the mocks, with this config (fully qualified keys)."""
     mocks = AwsMocks()
     monitor = RecordingMonitor(mocks)
+    # A fresh root stack per run, or exports of earlier runs would linger in its outputs.
+    pulumi.runtime.settings.ROOT.set(None)
     pulumi_mocks.set_mocks(mocks, project="gpu-swarm", stack=stack, preview=False, monitor=monitor)
     pulumi.runtime.set_all_config(dict(config), list(secret_keys))
     return monitor
