@@ -68,6 +68,15 @@ def validate_stack_file(
         raise StackFileError(source, ["has no services: add a top-level `services:` mapping"])
 
     problems: list[str] = []
+    for section in ("configs", "secrets"):
+        entries = doc.get(section)
+        for item, spec in (entries.items() if isinstance(entries, dict) else ()):
+            if isinstance(spec, dict) and "file" in spec:
+                problems.append(
+                    f"{section}.{item}.file: only the compose file itself reaches the manager, so "
+                    f"{spec['file']!r} would be missing there; create it beforehand "
+                    f"(docker {section[:-1]} create {item} ...) and declare it `external: true`"
+                )
     infos = []
     for name, service in services.items():
         where = f"services.{name}"
@@ -198,6 +207,11 @@ def _check_service_keys(where: str, service: dict, problems: list[str]) -> None:
         problems.append(
             f"{where}.gpus: swarm services ignore `gpus`; reserve GPUs under "
             "deploy.resources.reservations.generic_resources"
+        )
+    if "env_file" in service:
+        problems.append(
+            f"{where}.env_file: only the compose file itself reaches the manager, so the env file "
+            "would be missing there; list the variables under `environment:` instead"
         )
     if "runtime" in service:
         problems.append(

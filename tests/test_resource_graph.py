@@ -273,7 +273,7 @@ def test_stacks_deploy_after_every_node_is_in_and_only_on_content_change(prod):
 
 
 def test_inventory_lists_expected_and_advertised_gpus(prod):
-    nodes = prod.run.exports["nodes"]
+    nodes = prod.run.exports["inventory"]
     assert [(n["pool"], n["gpusExpected"], len(n["gpusAdvertised"])) for n in nodes] == [
         ("managers", 0, 0), ("managers", 0, 0), ("managers", 0, 0),
         ("training", 8, 8), ("inference", 4, 4), ("inference", 4, 4)]
@@ -285,7 +285,7 @@ def test_ssh_commands_hop_through_manager_0_for_workers(prod):
     manager_0 = prod.run.exports["managerPublicIps"][0]
     commands = prod.run.exports["sshCommands"]
     assert commands["gpu-swarm-prod-manager-0"] == f"ssh ubuntu@{manager_0}"
-    worker = next(n for n in prod.run.exports["nodes"] if n["pool"] == "training")
+    worker = next(n for n in prod.run.exports["inventory"] if n["pool"] == "training")
     assert commands[worker["name"]] == f"ssh -J ubuntu@{manager_0} ubuntu@{worker['privateIp']}"
 
 

@@ -86,6 +86,14 @@ BAD = [
     ("gpus-key", service(extra="gpus: all\n"), 8, ["services.train.gpus", "ignore `gpus`"]),
     ("runtime-key", service(extra="runtime: nvidia\n"), 8, ["cannot choose a runtime"]),
     ("bad-replicas", service("replicas: two\n"), 8, ["deploy.replicas", "got 'two'"]),
+    ("env-file", service(extra="env_file: .env\n"), 8, ["services.train.env_file", "under `environment:`"]),
+    (
+        "config-from-file",
+        service() + "configs:\n  app:\n    file: ./app.toml\n",
+        8,
+        ["configs.app.file", "'./app.toml' would be missing", "external: true"],
+    ),
+    ("secret-from-file", service() + "secrets:\n  token:\n    file: token.txt\n", 8, ["secrets.token.file", "docker secret create token"]),
 ]
 
 
@@ -113,6 +121,7 @@ GOOD = [
     ("global", service("mode: global\n" + gpu_reservation()), [("train", None, 1)]),
     ("visible-devices-void", service(extra="environment:\n  NVIDIA_VISIBLE_DEVICES: void\n"), [("train", 1, 0)]),
     ("other-env", service(gpu_reservation(), extra="environment:\n  - CUDA_MODULE_LOADING=LAZY\n"), [("train", 1, 1)]),
+    ("external-config", service() + "configs:\n  app:\n    external: true\n", [("train", 1, 0)]),
 ]
 
 
