@@ -189,6 +189,7 @@ class _Reader:
         return _boolean(self.raw(name), DEFAULTS[name], lambda m: self.error(name, m))
 
     def json(self, name: str, kind: type, example: str) -> Any:
+        """A list or object value (the CLI passes them as JSON); None if unset, or reported as bad."""
         value = self.raw(name)
         if value is None:
             return DEFAULTS[name]
@@ -199,7 +200,7 @@ class _Reader:
         if not isinstance(parsed, kind):
             what = "a list" if kind is list else "an object"
             self.error(name, f"expected {what}, found {value!r}; set it with {example}")
-            return DEFAULTS[name] if DEFAULTS[name] is not None else kind()
+            return None
         return parsed
 
 
@@ -239,7 +240,9 @@ def _suggest(word: str, choices) -> str:
 def _ssh_cidrs(r: _Reader) -> tuple[str, ...]:
     example = "pulumi config set --path 'allowedSshCidrs[0]' 203.0.113.7/32"
     raw = r.json("allowedSshCidrs", list, example)
-    if raw is None or raw == []:
+    if not raw:
+        if raw is None and r.raw("allowedSshCidrs") is not None:
+            return ()  # reported as malformed
         r.error(
             "allowedSshCidrs",
             "required: list the networks that may SSH to the managers (Pulumi connects from "
@@ -327,6 +330,8 @@ def _pools(r: _Reader) -> list[_PoolConfig]:
     )
     raw = r.json("gpuPools", list, example)
     if not raw:
+        if raw is None and r.raw("gpuPools") is not None:
+            return []  # reported as malformed
         r.error("gpuPools", f"required: add at least one GPU pool; set it with {example}")
         return []
     pools, names = [], set()
@@ -431,18 +436,21 @@ def _network_config(r: _Reader) -> dict:
         if not _VPC_RE.match(vpc_id):
             r.error("vpcId", f"{vpc_id!r} is not a VPC id; expected vpc- and 8 or 17 hex digits")
         if not subnet_ids:
-            r.error("subnetIds", f"required with {key('vpcId')}: list public subnets of that VPC (route to an internet gateway)")
+            r.error("subnetIds", f"required with {key('vpcId')}: list public subnets of that VPC "
+                                 "(routed to an internet gateway)")
         for subnet in subnet_ids or []:
             if not _SUBNET_RE.match(str(subnet)):
                 r.error("subnetIds", f"{subnet!r} is not a subnet id; expected subnet- and 8 or 17 hex digits")
         if cidr_text != DEFAULTS["vpcCidr"]:
             r.error("vpcCidr", f"applies only to a VPC this program creates; remove it or remove {key('vpcId')}")
         if out["zones"]:
-            r.error("availabilityZones", f"applies only to a VPC this program creates; with {key('vpcId')} the subnets decide")
+            r.error("availabilityZones",
+                    f"applies only to a VPC this program creates; with {key('vpcId')} the subnets decide")
         out.update(vpc_id=vpc_id, subnet_ids=list(dict.fromkeys(str(s) for s in subnet_ids or [])))
         return out
     if subnet_ids:
-        r.error("subnetIds", f"needs {key('vpcId')}, the VPC the subnets belong to; set it, or remove subnetIds to create a VPC")
+        r.error("subnetIds", f"needs {key('vpcId')}, the VPC the subnets belong to; "
+                             "set it, or remove subnetIds to create a VPC")
     try:
         net = ipaddress.ip_network(cidr_text, strict=True)
     except ValueError:
@@ -552,13 +560,15 @@ def _resolve_instance_types(r: _Reader, managers_type: str | None, pools: list[_
                 facts[instance_type] = aws_lookups.describe_instance_type(instance_type)
             except LookupError as exc:
                 facts[instance_type] = None
-                r.error(name, f"AWS does not describe {instance_type!r} in this region ({exc}); check the name and the region")
+                r.error(name, f"AWS does not describe {instance_type!r} in this region ({exc}); "
+                              "check the name and the region")
                 continue
         found = facts[instance_type]
         if found is None:
             continue
         if "x86_64" not in found.architectures:
-            r.error(name, f"{instance_type} is {'/'.join(found.architectures) or 'not x86_64'}; the node images are x86_64, so choose an x86_64 type")
+            arch = "/".join(found.architectures) or "not x86_64"
+            r.error(name, f"{instance_type} is {arch}; the node images are x86_64, so choose an x86_64 type")
     for p in pools:
         found = facts.get(p.instance_type)
         if found is not None and found.nvidia_gpus == 0:
@@ -614,9 +624,11 @@ def _resolve_network(r: _Reader, cfg: dict, instance_types: list[str]) -> Networ
         zones = []
         for zone in cfg["zones"]:
             if zone not in region_zones:
-                r.error("availabilityZones", f"{zone} is not an available zone of this region ({', '.join(region_zones)})")
+                r.error("availabilityZones",
+                        f"{zone} is not an available zone of this region ({', '.join(region_zones)})")
             elif missing_in(zone):
-                r.error("availabilityZones", f"{zone} does not offer {', '.join(missing_in(zone))}; remove it or change the instance types")
+                r.error("availabilityZones", f"{zone} does not offer {', '.join(missing_in(zone))}; "
+                                             "remove it or change the instance types")
             else:
                 zones.append(zone)
         zones = sorted(set(zones))

@@ -46,7 +46,8 @@ class SecurityGroups(pulumi.ComponentResource):
         self._tags = args.tags
 
         cluster = self._group("cluster", args.vpc_id, "Every swarm node: gossip, overlay and ESP between members")
-        managers = self._group("managers", args.vpc_id, "Swarm managers: the swarm API from members, SSH from allowed networks")
+        managers = self._group("managers", args.vpc_id,
+                               "Swarm managers: the swarm API from members, SSH from allowed networks")
         workers = self._group("workers", args.vpc_id, "Swarm workers: SSH from the managers only")
 
         for rule, protocol, port, why in MEMBER_PORTS:
