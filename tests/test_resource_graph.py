@@ -217,14 +217,13 @@ def test_workers_are_reached_through_manager_0(prod):
             assert conn["host"].startswith("10.42.") and conn["proxy"]["host"] == manager_0_ip, name
 
 
-def test_joins_carry_the_expected_gpus_and_role(prod):
+def test_joins_check_the_expected_gpus_and_use_the_token_of_their_role(prod):
     for name, cmd in prod.commands("-join").items():
-        script = cmd["create"]
         expected = 8 if "training" in name else 4 if "inference" in name else 0
-        assert f'-eq {expected} ]' in script, name
-        role = "manager" if "-managers-" in name else "worker"
-        assert "docker swarm join" in script and f"[ \"$n\" -eq {expected} ]" in script
-        assert (role == "manager") == ("gpu-swarm-member-managers" in name)
+        assert "docker swarm join" in cmd["create"] and f'[ "$n" -eq {expected} ]' in cmd["create"], name
+        # The token decides the role the node joins with.
+        role = "manager" if "-member-managers-" in name else "worker"
+        assert cmd["stdin"] == f"SWMTKN-1-{role}-secret", name
 
 
 def test_labels_run_on_manager_0_and_remove_the_node_when_deleted(prod):
