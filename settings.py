@@ -644,6 +644,10 @@ def _resolve_network(r: _Reader, cfg: dict, instance_types: list[str]) -> Networ
                 "choose instance types offered in a common zone, or run the pools as separate stacks",
             )
             return None
+        pulumi.log.info(
+            f"nodes go to {', '.join(zones)}, the zones that offer every instance type; pin them with "
+            f"{key('availabilityZones')} so that a new pool's type cannot shrink the list and move nodes"
+        )
     net = ipaddress.ip_network(cfg["vpc_cidr"])
     slots = list(net.subnets(prefixlen_diff=4))
     # Each zone keeps the slot of its letter, so adding or dropping a zone never renumbers the others.
