@@ -149,9 +149,12 @@ def join_swarm(
     mgr = shlex.quote(f"{_addr(manager_addr)}:{SWARM_PORT}")
     addr = shlex.quote(_addr(advertise_addr))
     wait = wait_for_node(expected_gpus=expected_gpus, kind=kind, paths=paths)
-    return wait + _script(
+    # The token is read before anything else runs, so no later command can swallow stdin.
+    read_token = _script(
         "IFS= read -r token || true",
         '[ -n "$token" ] || { echo "gpu-swarm: no join token on stdin" >&2; exit 1; }',
+    )
+    return read_token + wait + _script(
         _SWARM_STATE,
         'case "$state" in',
         "  active) ;;",
@@ -217,12 +220,22 @@ def deploy_stack(name: str, compose_path: str) -> str:
     )
 
 
-def remove_stack(name: str) -> str:
-    """Remove a stack; removing one that is not there succeeds."""
+def remove_stack(name: str, *, timeout_s: int = 120) -> str:
+    """Remove a stack and wait until it is gone; removing one that is not there succeeds.
+
+    `docker stack rm` returns before its services and networks are gone, and a deploy
+    of the same name meanwhile fails on the leftover network.
+    """
     stack = shlex.quote(_name(name, "stack name"))
+    label = shlex.quote(f"label=com.docker.stack.namespace={name}")
     return _script(
         f"if docker stack ls --format '{{{{.Name}}}}' | grep -qx {stack}; then "
-        f"docker stack rm {stack}; else echo 'stack not deployed'; fi"
+        f"docker stack rm {stack}; else echo 'stack not deployed'; fi",
+        f"end=$(( $(date +%s) + {int(timeout_s)} ))",
+        f'while [ -n "$(docker service ls -q --filter {label})$(docker network ls -q --filter {label})" ]; do',
+        f'  [ "$(date +%s)" -lt "$end" ] || {{ echo "gpu-swarm: stack {name} still has services or networks" >&2; exit 1; }}',
+        "  sleep 1",
+        "done",
     )
 
 

@@ -16,7 +16,8 @@ import pytest
 
 from localswarm import network
 from localswarm.host import REPO, RehearsalError, find_engine
-from localswarm.nodes import RUN_ROOT, STATE_ROOT, Node, docker
+from localswarm.nodes import RUN_ROOT, STATE_ROOT, Node, docker, run_script
+from swarm import commands
 
 pytestmark = pytest.mark.integration
 KIND = "NVIDIA-GPU"
@@ -175,6 +176,18 @@ def test_redetection_updates_the_swarm_and_keeps_other_daemon_keys(rehearsal, en
     for key in ("insecure-registries", "shutdown-timeout", "log-opts"):
         assert after[key] == before[key], f"the agent lost {key}"
     assert sorted(after["node-generic-resources"]) == sorted(f"{KIND}={u}" for u in new)
+
+
+def test_stack_removed_and_redeployed_under_the_same_name(rehearsal, engine):
+    """remove_stack waits until the stack's network is gone, so an immediate redeploy works."""
+    prepared = STATE_ROOT / "stacks" / "smoke.yml"
+    run_script(MANAGER, engine, commands.remove_stack("smoke"))
+    assert docker(MANAGER, engine, "network", "ls", "-q", "--filter",
+                  "label=com.docker.stack.namespace=smoke").stdout.strip() == ""
+    run_script(MANAGER, engine, commands.deploy_stack("smoke", str(prepared)))
+    view = wait_for(lambda v: len([t for t in tasks_of(v, "smoke_gpu") if t["state"] == "running"]) >= 6,
+                    60, "the redeployed stack to run")
+    assert {n["state"] for n in view["nodes"]} == {"ready"}
 
 
 def test_down_removes_everything(engine):
