@@ -5,7 +5,6 @@ import base64
 import gzip
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 import yaml
 
 import cloud_config
+from tests.tools import require_tool
 from swarm.gpu_kind import validate_kind
 from cloud_config import (AGENT_ENV_PATH, AGENT_PATH, AGENT_UNIT_PATH, AGENT_VENV, BOOTSTRAP_DIR,
                           BOOTSTRAP_SCRIPT, CLOUD_INIT_DIR, NODE_ENV_PATH, NODE_VERSIONS_ENV,
@@ -48,17 +48,6 @@ def steps(user_data: str) -> list[str]:
 
 def env_file(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines())
-
-
-def require_tool(name: str) -> str:
-    """The tool's path; without it the test fails in CI (CI=true) and skips elsewhere."""
-    path = shutil.which(name)
-    if path is None:
-        message = f"{name} is not installed (Debian package {name})"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{message}; CI must install it")
-        pytest.skip(message)
-    return path
 
 
 ALL_NODES = [

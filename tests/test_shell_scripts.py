@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import cloud_config
+from tests.tools import require_tool
 
 REPO = Path(__file__).resolve().parent.parent
 CLOUD_INIT = REPO / "cloud-init"
@@ -32,17 +33,6 @@ def shell_scripts() -> list[Path]:
 
 
 SCRIPTS = shell_scripts()
-
-
-def require_tool(name: str) -> str:
-    """The tool's path; without it the test fails in CI (CI=true) and skips elsewhere."""
-    path = shutil.which(name)
-    if path is None:
-        message = f"{name} is not installed (Debian package {name})"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{message}; CI must install it")
-        pytest.skip(message)
-    return path
 
 
 def test_our_scripts_are_found():

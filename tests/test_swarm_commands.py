@@ -6,15 +6,13 @@ here a fake `docker` on PATH records what they would do on a node.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from swarm import commands
 from swarm.commands import NodePaths
+from tests.tools import require_tool
 
 NODE_ID = "abcdefghijklmnopqrstuvwxy"
 KIND = "NVIDIA-GPU"
@@ -70,10 +68,7 @@ def test_values_with_shell_metacharacters_are_quoted():
 
 
 def test_every_script_passes_shellcheck():
-    if not shutil.which("shellcheck"):
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI must have shellcheck (apt-get install shellcheck)")
-        pytest.skip("shellcheck is not installed")
+    require_tool("shellcheck")
     for name, script in all_scripts().items():
         proc = subprocess.run(["shellcheck", "-s", "bash", "-"], input=script, capture_output=True, text=True)
         assert proc.returncode == 0, f"{name}:\n{proc.stdout}"
