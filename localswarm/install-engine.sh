@@ -30,12 +30,18 @@ done
 echo "engine: no dockerd >= $DOCKER_MIN_VERSION found; fetching Debian $SUITE's docker.io into $PREFIX"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+cannot_fetch() {
+  echo "engine: could not fetch Debian $SUITE's docker.io through apt (see above)." >&2
+  echo "engine: install a Docker Engine >= $DOCKER_MIN_VERSION yourself (for example docker-ce from" >&2
+  echo "engine: Docker's apt repository) so that \`dockerd\` is on PATH, then run this again." >&2
+  exit 1
+}
 mkdir -p "$work/lists/partial" "$work/cache/archives/partial"
 echo "deb http://deb.debian.org/debian $SUITE main" >"$work/sources.list"
 apt_opts=(-o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
   -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o "APT::Sandbox::User=root")
-apt-get "${apt_opts[@]}" update -qq
-(cd "$work" && apt-get "${apt_opts[@]}" download docker.io docker-cli containerd)
+apt-get "${apt_opts[@]}" update -qq || cannot_fetch
+(cd "$work" && apt-get "${apt_opts[@]}" download docker.io docker-cli containerd) || cannot_fetch
 rm -rf "$PREFIX.new"
 mkdir -p "$PREFIX.new"
 for deb in "$work"/*.deb; do dpkg-deb -x "$deb" "$PREFIX.new"; done

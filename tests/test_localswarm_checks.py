@@ -1,0 +1,83 @@
+"""The rehearsal's checks that run before anything is created: arguments, root, engine, stacks."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from localswarm import host, rehearsal
+from localswarm.host import RehearsalError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"n_nodes": 0}, "--nodes must be between 1 and 32"),
+    ({"n_nodes": 40}, "--nodes must be between 1 and 32"),
+    ({"gpus": -1}, "--gpus-per-node must be between 0 and 16"),
+    ({"managers": 2}, "--managers must be 1, 3, 5 or 7"),
+    ({"n_nodes": 2, "managers": 3}, "at most --nodes"),
+    ({"kind": "NVIDIA GPU"}, "--kind: invalid GPU resource kind"),
+])
+def test_bad_arguments_are_refused(kwargs, message):
+    args = {"n_nodes": 3, "gpus": 2, "managers": 1, "kind": "NVIDIA-GPU", **kwargs}
+    with pytest.raises(RehearsalError, match=message):
+        rehearsal._check_args(**args)
+
+
+def test_not_root_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(host.os, "geteuid", lambda: 1000)
+    with pytest.raises(RehearsalError, match="run it as root"):
+        host.check_host()
+
+
+def test_missing_engine_names_the_minimum_and_the_fix(monkeypatch, tmp_path):
+    old = tmp_path / "usr" / "sbin"
+    old.mkdir(parents=True)
+    (old / "dockerd").write_text("#!/bin/sh\necho 'Docker version 20.10.24+dfsg1, build 297e128'\n")
+    (old / "dockerd").chmod(0o755)
+    monkeypatch.setattr(host, "ENGINE_PREFIX", tmp_path)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(RehearsalError) as err:
+        host.find_engine()
+    text = str(err.value)
+    assert "no Docker Engine >= 25.0.3" in text and "20.10.24" in text
+    assert "moby#44378" in text and "scripts/setup.sh" in text
+
+
+def test_a_misindented_stack_is_refused_before_deploy(tmp_path):
+    bad = tmp_path / "bad.yml"
+    bad.write_text(
+        "services:\n  gpu:\n    image: x\n    deploy:\n      resources:\n        reservations:\n"
+        "          generic_resources:\n            - discrete_resource_spec:\n"
+        "              kind: NVIDIA-GPU\n              value: 1\n")
+    with pytest.raises(RehearsalError, match="discrete_resource_spec"):
+        rehearsal._prepare_stack(bad, "bad", "NVIDIA-GPU", 2, 6, scale=False, progress=lambda m: None)
+
+
+def test_stand_in_and_scaling_of_the_default_stack(tmp_path, monkeypatch):
+    monkeypatch.setattr(rehearsal, "STATE_ROOT", tmp_path)
+    said = []
+    out = rehearsal._prepare_stack(REPO / "stacks" / "gpu-smoke.yml", "smoke", "NVIDIA-GPU", 2, 6,
+                                   scale=True, progress=said.append)
+    svc = yaml.safe_load(out.read_text())["services"]["gpu"]
+    assert svc["image"].endswith("/gpu-swarm/standin:1") and "command" not in svc
+    assert svc["deploy"]["replicas"] == 7
+    assert any("not available offline" in m for m in said)
+
+
+def test_cli_reports_errors_without_a_traceback():
+    proc = subprocess.run([sys.executable, "-m", "localswarm", "up", "--nodes", "0"], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("localswarm: --nodes must be between 1 and 32")
+    assert "Traceback" not in proc.stderr
+
+
+def test_stack_names_from_files():
+    assert rehearsal.stack_name(Path("stacks/gpu-smoke.yml")) == "smoke"
+    assert rehearsal.stack_name(Path("My Train.yaml")) == "my-train"
+    assert rehearsal.stack_name(Path("gpu-.yml")) == "gpu-"
