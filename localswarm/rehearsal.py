@@ -72,9 +72,10 @@ def _prepare_stack(path: Path, name: str, kind: str, gpus: int, total_gpus: int,
     except OSError as e:
         raise RehearsalError(f"--stack {path}: cannot read it ({e.strerror})") from None
     try:
-        validate_stack_file(text, kind=kind, max_gpus_per_node=gpus, source=str(path))
+        info = validate_stack_file(text, kind=kind, max_gpus_per_node=gpus, source=str(path))
     except StackFileError as e:
         raise RehearsalError(str(e)) from None
+    gpu_services = {svc.name for svc in info.gpu_services}
     doc = yaml.safe_load(text)
     for svc_name, svc in (doc.get("services") or {}).items():
         image = svc.get("image", "")
@@ -86,18 +87,13 @@ def _prepare_stack(path: Path, name: str, kind: str, gpus: int, total_gpus: int,
             svc["image"] = registry.STANDIN_IMAGE
             svc.pop("command", None)
             svc.pop("entrypoint", None)
-        if scale and _reserves_gpus(svc):
+        if scale and svc_name in gpu_services:
             svc.setdefault("deploy", {})["replicas"] = total_gpus + 1
             progress(f"  {name}/{svc_name}: scaled to {total_gpus + 1} replicas, one more than there are GPUs")
     out = STATE_ROOT / "stacks" / f"{name}.yml"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump(doc, sort_keys=False))
     return out
-
-
-def _reserves_gpus(service: dict) -> bool:
-    reservations = ((service.get("deploy") or {}).get("resources") or {}).get("reservations") or {}
-    return bool(reservations.get("generic_resources"))
 
 
 def stack_name(path: Path) -> str:
