@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pulumi
 
-from cloud_config import render_user_data
+from node_software import render_user_data
 from components.gpu_stack import GpuStack, GpuStackArgs
 from components.network import Network, NetworkArgs
 from components.node_pool import Node, NodePool, NodePoolArgs

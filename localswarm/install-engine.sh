@@ -10,7 +10,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=/dev/null  # versions.env only sets DOCKER_MIN_VERSION and TOOLKIT_MIN_VERSION
-. "$here/../cloud-init/versions.env"
+. "$here/../node/versions.env"
 PREFIX=${GPU_SWARM_ENGINE_PREFIX:-/opt/gpu-swarm/docker}
 SUITE=${GPU_SWARM_ENGINE_SUITE:-trixie}
 

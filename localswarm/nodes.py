@@ -18,7 +18,7 @@ from swarm.commands import NodePaths
 STATE_ROOT = Path("/var/lib/localswarm")
 RUN_ROOT = Path("/run/localswarm")
 REGISTRY = f"{BRIDGE_ADDR}:5000"
-AGENT = REPO / "cloud-init" / "gpu_agent.py"
+AGENT = REPO / "node" / "gpu_agent.py"
 
 # Keys the rehearsal owns in each node's daemon.json. The agent merges its keys into
 # this file and must keep these, which the re-detection test checks.

@@ -14,7 +14,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from cloud_config import BOOTSTRAP_DONE, BOOTSTRAP_FAILED, BOOTSTRAP_LOG, BOOTSTRAP_TIMINGS
+from node_software import BOOTSTRAP_DONE, BOOTSTRAP_FAILED, BOOTSTRAP_LOG, BOOTSTRAP_TIMINGS
 from swarm.gpu_kind import validate_kind
 
 SWARM_PORT = 2377

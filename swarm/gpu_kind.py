@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-AGENT_PATH = Path(__file__).resolve().parent.parent / "cloud-init" / "gpu_agent.py"
+AGENT_PATH = Path(__file__).resolve().parent.parent / "node" / "gpu_agent.py"
 
 
 def _load_agent():

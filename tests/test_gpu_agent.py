@@ -1,4 +1,4 @@
-"""Tests for the boot-time GPU agent (cloud-init/gpu_agent.py), without a GPU.
+"""Tests for the boot-time GPU agent (node/gpu_agent.py), without a GPU.
 
 NVML is played by tests/fake_pynvml/pynvml.py, nvidia-smi and nvidia-ctk by small
 shell scripts on PATH. Each test gets a node root under tmp_path with its own
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-AGENT = ROOT / "cloud-init" / "gpu_agent.py"
+AGENT = ROOT / "node" / "gpu_agent.py"
 FAKE_NVML_DIR = Path(__file__).resolve().parent / "fake_pynvml"
-UNIT = ROOT / "cloud-init" / "gpu-swarm-agent.service"
+UNIT = ROOT / "node" / "gpu-swarm-agent.service"
 HOST_PATH = os.environ.get("PATH", os.defpath)  # node fixtures narrow PATH to their fake tools
 
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import yaml
 
-import cloud_config
+import node_software
 from tests.conftest import (
     DEEP_LEARNING_AMI, UBUNTU_AMI, VPC, is_secret, request_inputs, run_program, stack_config, unwrap,
 )
@@ -101,20 +101,20 @@ def test_images_managers_ubuntu_gpu_nodes_deep_learning(prod):
 
 
 def test_user_data_is_cloud_config_and_gpu_nodes_get_the_agent(prod):
-    agent = cloud_config.AGENT_SOURCE.read_text()
+    agent = node_software.AGENT_SOURCE.read_text()
     for name, inst in prod.instances().items():
         raw = base64.b64decode(inst["userDataBase64"])
-        assert len(raw) <= cloud_config.USER_DATA_LIMIT, name  # EC2 refuses more
+        assert len(raw) <= node_software.USER_DATA_LIMIT, name  # EC2 refuses more
         text = gzip.decompress(raw).decode()  # cloud-init inflates gzip user data
         assert text.startswith("#cloud-config\n"), name
         doc = yaml.safe_load(text)
         files = {f["path"]: f["content"] for f in doc["write_files"]}
         assert doc["runcmd"], name
         if inst["tags"]["gpu-swarm:role"] == "worker":
-            assert files[cloud_config.AGENT_PATH] == agent, name
-            assert "GPU_SWARM_KIND=NVIDIA-GPU" in files[cloud_config.AGENT_ENV_PATH]
+            assert files[node_software.AGENT_PATH] == agent, name
+            assert "GPU_SWARM_KIND=NVIDIA-GPU" in files[node_software.AGENT_ENV_PATH]
         else:
-            assert cloud_config.AGENT_PATH not in files, name
+            assert node_software.AGENT_PATH not in files, name
 
 
 def test_nodes_are_spread_over_the_zones_that_offer_every_type(prod):

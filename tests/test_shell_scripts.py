@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-import cloud_config
+import node_software
 from tests.tools import require_tool
 
 REPO = Path(__file__).resolve().parent.parent
-CLOUD_INIT = REPO / "cloud-init"
-BOOTSTRAP = CLOUD_INIT / "bootstrap.sh"
-COMMON = CLOUD_INIT / "common.sh"
+NODE_SRC = REPO / "node"
+BOOTSTRAP = NODE_SRC / "bootstrap.sh"
+COMMON = NODE_SRC / "common.sh"
 
 
 def shell_scripts() -> list[Path]:
@@ -36,7 +36,7 @@ SCRIPTS = shell_scripts()
 
 
 def test_our_scripts_are_found():
-    assert {BOOTSTRAP, COMMON, CLOUD_INIT / "install-docker.sh"} <= set(SCRIPTS)
+    assert {BOOTSTRAP, COMMON, NODE_SRC / "install-docker.sh"} <= set(SCRIPTS)
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(REPO)))
@@ -53,7 +53,7 @@ def test_bash_syntax(script):
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize("script", sorted(CLOUD_INIT.glob("*.sh")), ids=lambda p: p.name)
+@pytest.mark.parametrize("script", sorted(NODE_SRC.glob("*.sh")), ids=lambda p: p.name)
 def test_bootstrap_scripts_are_strict(script):
     # Steps get `set -euo pipefail` from common.sh, which every one of them sources first.
     text = script.read_text()
@@ -78,7 +78,7 @@ class Node:
             **os.environ,
             "PATH": f"{self.bin}:{os.environ['PATH']}",
             "GPU_SWARM_LOG": str(self.log), "GPU_SWARM_STATE": str(self.state),
-            "GPU_SWARM_VERSIONS": str(CLOUD_INIT / "versions.env"), "GPU_SWARM_NODE_ENV": str(self.node_env),
+            "GPU_SWARM_VERSIONS": str(NODE_SRC / "versions.env"), "GPU_SWARM_NODE_ENV": str(self.node_env),
             "GPU_SWARM_STEPS": str(self.steps), "GPU_SWARM_VENV": str(tmp_path / "venv"),
             "DOCKER_DAEMON_JSON": str(self.daemon_json), "FAKE_CALLS": str(self.calls),
         }
@@ -89,7 +89,7 @@ class Node:
         self.write(self.steps / f"{name}.sh", f'#!/usr/bin/env bash\n. "{COMMON}"\n{body}\n')
 
     def real_step(self, name: str) -> None:
-        shutil.copy(CLOUD_INIT / f"{name}.sh", self.steps / f"{name}.sh")
+        shutil.copy(NODE_SRC / f"{name}.sh", self.steps / f"{name}.sh")
         shutil.copy(COMMON, self.steps / "common.sh")
 
     def fake(self, command: str, body: str) -> None:
@@ -135,8 +135,8 @@ def test_runner_records_logs_and_stops_at_the_first_failure(node):
     log = node.log.read_text()
     assert "first ran" in log and "skipped: nothing to do" in log and "third broke" in log
     assert "fourth ran" not in log
-    assert (node.state / Path(cloud_config.BOOTSTRAP_FAILED).name).read_text() == "third\n"
-    assert not (node.state / Path(cloud_config.BOOTSTRAP_DONE).name).exists()
+    assert (node.state / Path(node_software.BOOTSTRAP_FAILED).name).read_text() == "third\n"
+    assert not (node.state / Path(node_software.BOOTSTRAP_DONE).name).exists()
     assert "third broke" in result.stderr  # the log's tail, for cloud-init-output.log
 
 
@@ -185,7 +185,7 @@ def test_runner_refuses_to_run_twice_at_once(node):
 def test_runner_paths_are_the_ones_cloud_config_exports(node):
     node.step("first", "true")
     assert node.bootstrap("first").returncode == 0
-    for path in (cloud_config.BOOTSTRAP_TIMINGS, cloud_config.BOOTSTRAP_DONE):
+    for path in (node_software.BOOTSTRAP_TIMINGS, node_software.BOOTSTRAP_DONE):
         assert (node.state / Path(path).name).exists()
 
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-import cloud_config
+import node_software
 from tests.tools import require_tool
 from swarm.gpu_kind import validate_kind
-from cloud_config import (AGENT_ENV_PATH, AGENT_PATH, AGENT_UNIT_PATH, AGENT_VENV, BOOTSTRAP_DIR,
-                          BOOTSTRAP_SCRIPT, CLOUD_INIT_DIR, NODE_ENV_PATH, NODE_VERSIONS_ENV,
+from node_software import (AGENT_ENV_PATH, AGENT_PATH, AGENT_UNIT_PATH, AGENT_VENV, BOOTSTRAP_DIR,
+                          BOOTSTRAP_SCRIPT, NODE_SOFTWARE_DIR, NODE_ENV_PATH, NODE_VERSIONS_ENV,
                           USER_DATA_LIMIT, render_cloud_config)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,7 +51,7 @@ def env_file(text: str) -> dict[str, str]:
 
 
 ALL_NODES = [
-    pytest.param({**GPU_NODE, "image": image}, id=f"gpu-{image}") for image in cloud_config.IMAGES
+    pytest.param({**GPU_NODE, "image": image}, id=f"gpu-{image}") for image in node_software.IMAGES
 ] + [
     pytest.param({**GPU_NODE, "instance_type": "p5.48xlarge"}, id="gpu-p5"),
     pytest.param(MANAGER, id="manager"),
@@ -83,10 +83,10 @@ def test_gpu_node_on_ubuntu_installs_everything():
                                 "install-gpu-agent", "apply-docker-config"]
     for step in steps(user_data):
         script = written[f"{BOOTSTRAP_DIR}/{step}.sh"]
-        assert script["content"] == (CLOUD_INIT_DIR / f"{step}.sh").read_text()
+        assert script["content"] == (NODE_SOFTWARE_DIR / f"{step}.sh").read_text()
         assert script["permissions"] == "0755"
-    assert written[BOOTSTRAP_SCRIPT]["content"] == (CLOUD_INIT_DIR / "bootstrap.sh").read_text()
-    assert written[NODE_VERSIONS_ENV]["content"] == (CLOUD_INIT_DIR / "versions.env").read_text()
+    assert written[BOOTSTRAP_SCRIPT]["content"] == (NODE_SOFTWARE_DIR / "bootstrap.sh").read_text()
+    assert written[NODE_VERSIONS_ENV]["content"] == (NODE_SOFTWARE_DIR / "versions.env").read_text()
     assert env_file(written[NODE_ENV_PATH]["content"]) == {
         "GPU_SWARM_IMAGE": "ubuntu", "GPU_SWARM_INSTANCE_TYPE": "g5.xlarge", "NVIDIA_KERNEL_MODULES": "open"}
 
@@ -100,9 +100,9 @@ def test_gpu_node_on_deep_learning_ami_runs_the_same_checking_steps():
 
 def test_gpu_agent_is_installed_verbatim_with_its_unit():
     written = files(render())
-    assert written[AGENT_PATH]["content"] == (CLOUD_INIT_DIR / "gpu_agent.py").read_text()
+    assert written[AGENT_PATH]["content"] == (NODE_SOFTWARE_DIR / "gpu_agent.py").read_text()
     unit = written[AGENT_UNIT_PATH]["content"]
-    assert unit == (CLOUD_INIT_DIR / "gpu-swarm-agent.service").read_text()
+    assert unit == (NODE_SOFTWARE_DIR / "gpu-swarm-agent.service").read_text()
     # The unit must run the agent where we put it, from the venv install-gpu-agent.sh builds.
     assert f"{AGENT_VENV}/bin/python {AGENT_PATH} --json" in unit
     assert f"EnvironmentFile=-{AGENT_ENV_PATH}" in unit
@@ -138,7 +138,7 @@ def test_kernel_modules_follow_the_gpu_generation(instance_type, modules):
     assert node_env["NVIDIA_KERNEL_MODULES"] == modules
 
 
-@pytest.mark.parametrize("image", cloud_config.IMAGES)
+@pytest.mark.parametrize("image", node_software.IMAGES)
 def test_cpu_manager_gets_docker_and_nothing_nvidia(image):
     user_data = render_cloud_config(**{**MANAGER, "image": image})
     written = files(user_data)
@@ -154,7 +154,7 @@ def test_every_step_script_ships_and_none_is_dead():
     used = set()
     for node in (GPU_NODE, {**GPU_NODE, "instance_type": "p5.48xlarge"}, MANAGER):
         used |= set(steps(render_cloud_config(**node)))
-    scripts = {path.stem for path in CLOUD_INIT_DIR.glob("*.sh")} - {"bootstrap", "common"}
+    scripts = {path.stem for path in NODE_SOFTWARE_DIR.glob("*.sh")} - {"bootstrap", "common"}
     assert used == scripts
 
 
@@ -165,7 +165,7 @@ def test_same_inputs_same_bytes(node):
 
 def test_same_bytes_in_another_process():
     # A fresh interpreter with another hash seed: no set or dict ordering leaks into the output.
-    code = ("import sys, cloud_config; sys.stdout.write(cloud_config.render_cloud_config("
+    code = ("import sys, node_software; sys.stdout.write(node_software.render_cloud_config("
             "gpu=True, gpu_kind='NVIDIA-GPU', instance_type='p5.48xlarge', image='ubuntu'))")
     outputs = {subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
                               env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
@@ -211,48 +211,48 @@ def test_gpu_must_be_a_bool(gpu):
 
 
 def test_manager_user_data_fits_ec2_limit_with_margin():
-    for image in cloud_config.IMAGES:
+    for image in node_software.IMAGES:
         size = len(render_cloud_config(**{**MANAGER, "image": image}).encode())
         assert size <= USER_DATA_LIMIT - SIZE_MARGIN, size
 
 
 @pytest.mark.parametrize("instance_type", ["g5.xlarge", "p5.48xlarge"])
-@pytest.mark.parametrize("image", cloud_config.IMAGES)
+@pytest.mark.parametrize("image", node_software.IMAGES)
 def test_gpu_user_data_fits_ec2_limit_gzipped(instance_type, image):
     """The GPU document (~46 KB) only fits gzipped; cloud-init inflates it before parsing."""
-    encoded = cloud_config.render_user_data(gpu=True, gpu_kind="NVIDIA-GPU", instance_type=instance_type,
+    encoded = node_software.render_user_data(gpu=True, gpu_kind="NVIDIA-GPU", instance_type=instance_type,
                                             image=image)
     raw = base64.b64decode(encoded)
     assert raw[:2] == b"\x1f\x8b"  # gzip magic, which cloud-init recognises
     assert len(raw) <= USER_DATA_LIMIT - 1024, len(raw)
     assert gzip.decompress(raw).decode() == render(instance_type=instance_type, image=image)
-    assert encoded == cloud_config.render_user_data(gpu=True, gpu_kind="NVIDIA-GPU",
+    assert encoded == node_software.render_user_data(gpu=True, gpu_kind="NVIDIA-GPU",
                                                     instance_type=instance_type, image=image)
 
 
 def test_min_versions_reads_versions_env():
-    versions = cloud_config.min_versions()
+    versions = node_software.min_versions()
     assert versions["DOCKER_MIN_VERSION"] == "25.0.3"
     assert versions["TOOLKIT_MIN_VERSION"] == "1.19.0"
     assert versions["NVIDIA_DRIVER_BRANCH"].isdigit()
     # ...exactly as the shell steps see it when they source the file.
     shell = subprocess.run(
         ["bash", "-c", '. "$1"; for k in "${@:2}"; do echo "$k=${!k}"; done', "-",
-         str(CLOUD_INIT_DIR / "versions.env"), *versions], capture_output=True, text=True, check=True)
+         str(NODE_SOFTWARE_DIR / "versions.env"), *versions], capture_output=True, text=True, check=True)
     assert env_file(shell.stdout) == versions
 
 
 def test_min_versions_refuses_lines_the_shell_would_misread(monkeypatch, tmp_path):
     bad = tmp_path / "versions.env"
     bad.write_text("DOCKER_MIN_VERSION = 25.0.3\n")
-    monkeypatch.setattr(cloud_config, "VERSIONS_ENV", bad)
+    monkeypatch.setattr(node_software, "VERSIONS_ENV", bad)
     with pytest.raises(ValueError, match="versions.env:1"):
-        cloud_config.min_versions()
+        node_software.min_versions()
 
 
 def test_version_numbers_live_only_in_versions_env():
-    pinned = set(cloud_config.min_versions().values())
-    sources = [REPO / "cloud_config.py", *CLOUD_INIT_DIR.glob("*.sh")]
+    pinned = set(node_software.min_versions().values())
+    sources = [REPO / "node_software.py", *NODE_SOFTWARE_DIR.glob("*.sh")]
     for source in sources:
         text = source.read_text()
         for value in pinned:
@@ -260,12 +260,12 @@ def test_version_numbers_live_only_in_versions_env():
 
 
 def test_node_paths_match_the_shell_defaults():
-    common = (CLOUD_INIT_DIR / "common.sh").read_text()
+    common = (NODE_SOFTWARE_DIR / "common.sh").read_text()
     defaults = dict(re.findall(r'"\$\{(\w+):=([^}]*)\}"', common))
-    assert defaults["GPU_SWARM_LOG"] == cloud_config.BOOTSTRAP_LOG
-    assert defaults["GPU_SWARM_STATE"] == cloud_config.STATE_DIR
+    assert defaults["GPU_SWARM_LOG"] == node_software.BOOTSTRAP_LOG
+    assert defaults["GPU_SWARM_STATE"] == node_software.STATE_DIR
     assert defaults["GPU_SWARM_VERSIONS"] == NODE_VERSIONS_ENV
     assert defaults["GPU_SWARM_NODE_ENV"] == NODE_ENV_PATH
     assert defaults["GPU_SWARM_VENV"] == AGENT_VENV
-    for path in (cloud_config.BOOTSTRAP_TIMINGS, cloud_config.BOOTSTRAP_DONE, cloud_config.BOOTSTRAP_FAILED):
-        assert Path(path).parent == Path(cloud_config.STATE_DIR)  # where bootstrap.sh writes them
+    for path in (node_software.BOOTSTRAP_TIMINGS, node_software.BOOTSTRAP_DONE, node_software.BOOTSTRAP_FAILED):
+        assert Path(path).parent == Path(node_software.STATE_DIR)  # where bootstrap.sh writes them

@@ -2,7 +2,7 @@
 cloud-init/ (and, on GPU nodes, the GPU agent) to the node and runs them once.
 
 The document is a data structure serialized to YAML, never assembled from string
-fragments. The shell steps read the pinned versions from cloud-init/versions.env.
+fragments. The shell steps read the pinned versions from node/versions.env.
 """
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import yaml
 
 from swarm.gpu_kind import validate_kind
 
-CLOUD_INIT_DIR = Path(__file__).resolve().parent / "cloud-init"
-VERSIONS_ENV = CLOUD_INIT_DIR / "versions.env"
-AGENT_SOURCE = CLOUD_INIT_DIR / "gpu_agent.py"
-AGENT_UNIT_SOURCE = CLOUD_INIT_DIR / "gpu-swarm-agent.service"
+NODE_SOFTWARE_DIR = Path(__file__).resolve().parent / "node"
+VERSIONS_ENV = NODE_SOFTWARE_DIR / "versions.env"
+AGENT_SOURCE = NODE_SOFTWARE_DIR / "gpu_agent.py"
+AGENT_UNIT_SOURCE = NODE_SOFTWARE_DIR / "gpu-swarm-agent.service"
 
 # Paths on the node. cloud-init/common.sh has the same defaults (a test keeps them equal).
 NODE_DIR = "/opt/gpu-swarm"
@@ -59,7 +59,7 @@ _ENV_LINE_RE = re.compile(r"([A-Z][A-Z0-9_]*)=(\S*)")
 
 
 def min_versions() -> dict[str, str]:
-    """Every KEY=VALUE in cloud-init/versions.env (DOCKER_MIN_VERSION, TOOLKIT_MIN_VERSION, ...)."""
+    """Every KEY=VALUE in node/versions.env (DOCKER_MIN_VERSION, TOOLKIT_MIN_VERSION, ...)."""
     versions = {}
     for number, line in enumerate(VERSIONS_ENV.read_text().splitlines(), start=1):
         line = line.strip()
@@ -141,10 +141,10 @@ def render_cloud_config(*, gpu: bool, gpu_kind: str, instance_type: str, image: 
     files = [
         _file(NODE_VERSIONS_ENV, _source(VERSIONS_ENV)),
         _file(NODE_ENV_PATH, _env_file(node_env)),
-        _file(f"{BOOTSTRAP_DIR}/common.sh", _source(CLOUD_INIT_DIR / "common.sh")),
-        _file(BOOTSTRAP_SCRIPT, _source(CLOUD_INIT_DIR / "bootstrap.sh"), "0755"),
+        _file(f"{BOOTSTRAP_DIR}/common.sh", _source(NODE_SOFTWARE_DIR / "common.sh")),
+        _file(BOOTSTRAP_SCRIPT, _source(NODE_SOFTWARE_DIR / "bootstrap.sh"), "0755"),
     ]
-    files += [_file(f"{BOOTSTRAP_DIR}/{step}.sh", _source(CLOUD_INIT_DIR / f"{step}.sh"), "0755")
+    files += [_file(f"{BOOTSTRAP_DIR}/{step}.sh", _source(NODE_SOFTWARE_DIR / f"{step}.sh"), "0755")
               for step in steps]
     if gpu:
         files += [
