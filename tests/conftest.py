@@ -20,7 +20,7 @@ from google.protobuf import json_format
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc
 
-from components import aws_lookups
+from settings import aws_lookups
 
 REPO = Path(__file__).resolve().parent.parent
 REGION = "us-east-1"

@@ -183,7 +183,7 @@ def test_bad_stack_file_content_is_reported_with_its_problems(tmp_path, monkeypa
         "          generic_resources:\n            - discrete_resource_spec:\n              kind: NVIDIA-GPU\n"
         "              value: 1\n"
     )
-    monkeypatch.setattr(settings, "PROJECT_DIR", tmp_path)
+    monkeypatch.setattr(settings.reader, "PROJECT_DIR", tmp_path)
     use_mocks(stack_config("dev", stacks=[{"name": "train", "file": "stacks/train.yml"}]))
     with pytest.raises(SettingsError) as err:
         load_settings()
@@ -197,7 +197,7 @@ def test_stack_asking_more_gpus_than_any_node_has_is_refused(tmp_path, monkeypat
         "          generic_resources:\n            - discrete_resource_spec:\n                kind: NVIDIA-GPU\n"
         "                value: 2\n"
     )
-    monkeypatch.setattr(settings, "PROJECT_DIR", tmp_path)
+    monkeypatch.setattr(settings.reader, "PROJECT_DIR", tmp_path)
     use_mocks(stack_config("dev", stacks=[{"name": "big", "file": "big.yml"}]))
     with pytest.raises(SettingsError, match="2 GPUs per replica, but the largest node pool has 1 per node"):
         load_settings()

@@ -1,0 +1,101 @@
+"""The stack configuration, read once into frozen dataclasses and validated in one place.
+
+load_settings() checks every `gpu-swarm:*` key (config_checks), then the values against AWS
+(aws_checks, through aws_lookups) and the stack files against the cluster. It collects every
+problem and raises one SettingsError that names each key and its fix, before a single
+resource exists.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import pulumi
+
+from settings import reader
+from settings.aws_checks import region_problem, resolve_amis, resolve_instance_types, resolve_network
+from settings.config_checks import (read_image, read_managers, read_network, read_pools, read_ssh, read_ssh_cidrs,
+                                    read_stacks, read_tags)
+from settings.model import PROJECT, GpuPool, Managers, Network, Settings, SettingsError, StackFile
+from settings.reader import DEFAULTS, Reader, suggest
+from swarm.gpu_kind import validate_kind
+from swarm.stack_files import StackFileError, validate_stack_file
+
+__all__ = ["DEFAULTS", "GpuPool", "Managers", "Network", "Settings", "SettingsError", "StackFile", "load_settings"]
+
+
+def load_settings() -> Settings:
+    """Read and check the whole stack configuration; raise SettingsError listing every problem."""
+    r = Reader()
+    for unknown in sorted(r.project_keys() - set(DEFAULTS)):
+        r.error(unknown, "is not a setting of this program" + suggest(unknown, DEFAULTS))
+
+    cidrs = read_ssh_cidrs(r)
+    kind = r.string("gpuKind")
+    try:
+        kind = validate_kind(kind)
+        kind_ok = True
+    except ValueError as exc:
+        r.error("gpuKind", str(exc))
+        kind_ok = False
+    managers, manager_type_ok = read_managers(r)
+    pools = read_pools(r)
+    image, ami_id = read_image(r)
+    network_cfg = read_network(r)
+    tags = read_tags(r)
+    ssh_user, public_key, private_key = read_ssh(r)
+    hop_limit = r.integer("imdsHopLimit", 1, 64)
+    stack_cfgs = read_stacks(r)
+
+    # Checks against AWS, for the values that passed the checks above.
+    resolved_pools: list[GpuPool] = []
+    network = manager_ami = gpu_ami = None
+    if not region_problem(r):
+        manager_type = r.string("managerInstanceType") if manager_type_ok else None
+        facts = resolve_instance_types(r, manager_type, pools)
+        types = list(dict.fromkeys(([manager_type] if manager_type else []) + [p.instance_type for p in pools]))
+        if all(facts.get(t) for t in types):
+            network = resolve_network(r, network_cfg, types)
+        for p in pools:
+            found = facts.get(p.instance_type)
+            if p.valid and found and found.nvidia_gpus:
+                resolved_pools.append(
+                    GpuPool(p.name, p.instance_type, p.count, p.spot, p.spot_max_price, p.root_volume_gib,
+                            gpus_per_node=found.nvidia_gpus, gpu_model=found.gpu_model)
+                )
+        if image:
+            manager_ami, gpu_ami = resolve_amis(r, image, ami_id, managers, pools)
+
+    stacks = []
+    if kind_ok and pools and len(resolved_pools) == len(pools):
+        max_gpus = max(p.gpus_per_node for p in resolved_pools)
+        for i, name, file in stack_cfgs:
+            text = (reader.PROJECT_DIR / file).read_text()
+            try:
+                info = validate_stack_file(text, kind=kind, max_gpus_per_node=max_gpus, source=file)
+            except StackFileError as exc:
+                for problem in exc.problems:
+                    r.error(f"stacks[{i}].file", f"{file}: {problem}")
+                continue
+            stacks.append(StackFile(name, file, hashlib.sha256(text.encode()).hexdigest(), info))
+
+    if r.problems:
+        raise SettingsError(r.problems)
+    assert network and managers and manager_ami and gpu_ami, "every missing value has a problem"
+    return Settings(
+        cluster_name=f"{PROJECT}-{pulumi.get_stack()}",
+        allowed_ssh_cidrs=cidrs,
+        network=network,
+        managers=managers,
+        gpu_pools=tuple(resolved_pools),
+        image=image,
+        manager_ami_id=manager_ami,
+        gpu_ami_id=gpu_ami,
+        ami_from_ssm=image != "custom",
+        gpu_kind=kind,
+        stacks=tuple(stacks),
+        tags=tags,
+        ssh_user=ssh_user,
+        ssh_public_key=public_key,
+        ssh_private_key=private_key,
+        imds_hop_limit=hop_limit,
+    )

@@ -1,0 +1,174 @@
+"""Checks of the configuration against AWS: instance types, zones, subnets and images.
+
+They run synchronous invokes (settings/aws_lookups.py), so a bad value stops `pulumi preview`
+before the first resource is registered.
+"""
+from __future__ import annotations
+
+import ipaddress
+
+import pulumi
+
+from settings import aws_lookups
+from settings.config_checks import PoolConfig
+from settings.model import Managers, Network
+from settings.reader import Reader, key
+
+def resolve_instance_types(r: Reader, managers_type: str | None, pools: list[PoolConfig]) -> dict:
+    facts = {}
+    wanted = ([("managerInstanceType", managers_type)] if managers_type else []) + [
+        (f"gpuPools[{p.index}].instanceType", p.instance_type) for p in pools
+    ]
+    for name, instance_type in wanted:
+        if instance_type not in facts:
+            try:
+                facts[instance_type] = aws_lookups.describe_instance_type(instance_type)
+            except LookupError as exc:
+                facts[instance_type] = None
+                r.error(name, f"AWS does not describe {instance_type!r} in this region ({exc}); "
+                              "check the name and the region")
+                continue
+        found = facts[instance_type]
+        if found is None:
+            continue
+        if "x86_64" not in found.architectures:
+            arch = "/".join(found.architectures) or "not x86_64"
+            r.error(name, f"{instance_type} is {arch}; the node images are x86_64, so choose an x86_64 type")
+    for p in pools:
+        found = facts.get(p.instance_type)
+        if found is not None and found.nvidia_gpus == 0:
+            has = f"has {found.other_gpus}, not an NVIDIA GPU" if found.other_gpus else "has no NVIDIA GPU"
+            r.error(
+                f"gpuPools[{p.index}].instanceType",
+                f"{p.instance_type} {has}; choose an NVIDIA GPU type such as g6.xlarge, g6e.12xlarge or p5.48xlarge",
+            )
+    return facts
+
+
+def resolve_network(r: Reader, cfg: dict, instance_types: list[str]) -> Network | None:
+    if not instance_types or ("vpc_cidr" not in cfg and "vpc_id" not in cfg):
+        return None
+    try:
+        offered = aws_lookups.zones_offering(instance_types)
+    except LookupError as exc:
+        r.error("gpuPools", f"could not list where the instance types are offered ({exc})")
+        return None
+
+    def missing_in(zone: str) -> list[str]:
+        return [t for t in instance_types if zone not in offered.get(t, ())]
+
+    if "vpc_id" in cfg:
+        zones = []
+        for subnet_id in cfg["subnet_ids"]:
+            try:
+                subnet = aws_lookups.describe_subnet(subnet_id)
+            except LookupError as exc:
+                r.error("subnetIds", f"{subnet_id}: AWS does not describe it ({exc}); check the id and the region")
+                continue
+            if subnet.vpc_id != cfg["vpc_id"]:
+                r.error("subnetIds", f"{subnet_id} is in {subnet.vpc_id}, not in {key('vpcId')} {cfg['vpc_id']}")
+            elif missing_in(subnet.availability_zone):
+                good = _zones_offering_all(offered, instance_types)
+                r.error(
+                    "subnetIds",
+                    f"{subnet_id} is in {subnet.availability_zone}, which does not offer "
+                    f"{', '.join(missing_in(subnet.availability_zone))}; use subnets in "
+                    f"{', '.join(good) or 'a zone that offers them'}",
+                )
+            zones.append(subnet.availability_zone)
+        if len(zones) != len(cfg["subnet_ids"]):
+            return None
+        return Network(availability_zones=tuple(zones), vpc_id=cfg["vpc_id"], subnet_ids=tuple(cfg["subnet_ids"]))
+
+    try:
+        region_zones = aws_lookups.available_zones()
+    except LookupError as exc:
+        r.error("availabilityZones", f"could not list this region's availability zones ({exc})")
+        return None
+    if cfg["zones"]:
+        zones = []
+        for zone in cfg["zones"]:
+            if zone not in region_zones:
+                r.error("availabilityZones",
+                        f"{zone} is not an available zone of this region ({', '.join(region_zones)})")
+            elif missing_in(zone):
+                r.error("availabilityZones", f"{zone} does not offer {', '.join(missing_in(zone))}; "
+                                             "remove it or change the instance types")
+            else:
+                zones.append(zone)
+        zones = sorted(set(zones))
+        if len(zones) != len(set(cfg["zones"])):
+            return None
+    else:
+        zones = [z for z in region_zones if not missing_in(z)]
+        if not zones:
+            where = "; ".join(f"{t}: {', '.join(sorted(offered.get(t, ()))) or 'nowhere'}" for t in instance_types)
+            r.error(
+                "gpuPools",
+                f"no availability zone of this region offers all of {', '.join(instance_types)} ({where}); "
+                "choose instance types offered in a common zone, or run the pools as separate stacks",
+            )
+            return None
+        pulumi.log.info(
+            f"nodes go to {', '.join(zones)}, the zones that offer every instance type; pin them with "
+            f"{key('availabilityZones')} so that a new pool's type cannot shrink the list and move nodes"
+        )
+    net = ipaddress.ip_network(cfg["vpc_cidr"])
+    slots = list(net.subnets(prefixlen_diff=4))
+    # Each zone keeps the slot of its letter, so adding or dropping a zone never renumbers the others.
+    cidrs = tuple(str(slots[ord(z[-1]) - ord("a")]) for z in zones)
+    return Network(availability_zones=tuple(zones), vpc_cidr=cfg["vpc_cidr"], subnet_cidrs=cidrs)
+
+
+def _zones_offering_all(offered: dict[str, frozenset[str]], types: list[str]) -> list[str]:
+    zones = set.intersection(*(set(offered.get(t, ())) for t in types)) if types else set()
+    return sorted(zones)
+
+
+def resolve_amis(r: Reader, image: str, ami_id: str | None, managers: Managers | None, pools: list[PoolConfig]):
+    """The managers' and the GPU nodes' AMI ids, checked against the root volume sizes."""
+    try:
+        manager_ami = aws_lookups.ssm_parameter(aws_lookups.UBUNTU_AMI_PARAMETER)
+        if image == "custom":
+            gpu_ami = ami_id
+        elif image == "deep-learning":
+            gpu_ami = aws_lookups.ssm_parameter(aws_lookups.DEEP_LEARNING_AMI_PARAMETER)
+        else:
+            gpu_ami = manager_ami
+    except LookupError as exc:
+        r.error("image", f"could not resolve the {image} AMI from its public SSM parameter ({exc})")
+        return None, None
+    try:
+        gpu_facts = aws_lookups.describe_ami(gpu_ami)
+        manager_facts = gpu_facts if gpu_ami == manager_ami else aws_lookups.describe_ami(manager_ami)
+    except LookupError as exc:
+        name = "amiId" if image == "custom" else "image"
+        r.error(name, f"AWS does not describe {gpu_ami} in this region ({exc}); check the id and the region")
+        return None, None
+    if gpu_facts.architecture != "x86_64":
+        r.error("amiId", f"{gpu_ami} is {gpu_facts.architecture}; the GPU nodes need an x86_64 image")
+    for p in pools:
+        if p.valid and p.root_volume_gib < gpu_facts.root_snapshot_gib:
+            r.error(
+                f"gpuPools[{p.index}].rootVolumeGiB",
+                f"{p.root_volume_gib} GiB is smaller than the {image} image's {gpu_facts.root_snapshot_gib} GiB "
+                f"snapshot; use at least {gpu_facts.root_snapshot_gib}",
+            )
+    if managers and managers.root_volume_gib < manager_facts.root_snapshot_gib:
+        r.error(
+            "managerRootVolumeGiB",
+            f"{managers.root_volume_gib} GiB is smaller than the Ubuntu image's "
+            f"{manager_facts.root_snapshot_gib} GiB snapshot; use at least {manager_facts.root_snapshot_gib}",
+        )
+    return manager_ami, gpu_ami
+
+
+def region_problem(r: Reader) -> bool:
+    import pulumi_aws as aws
+
+    if aws.config.region:
+        return False
+    r.problems.append("aws:region: not set; run pulumi config set aws:region us-east-1 (or your region)")
+    return True
+
+

@@ -1,0 +1,89 @@
+"""The validated stack configuration: frozen dataclasses, and the one error that lists every problem."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+
+from swarm.stack_files import StackInfo
+
+PROJECT = "gpu-swarm"
+
+
+class SettingsError(pulumi.RunError, ValueError):
+    """Every problem in the stack configuration. As a RunError, `pulumi up` prints it without a traceback."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = tuple(problems)
+        listed = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(
+            f"the {PROJECT} stack configuration has {len(problems)} problem(s); nothing was created:\n{listed}"
+        )
+
+
+@dataclass(frozen=True)
+class GpuPool:
+    name: str
+    instance_type: str
+    count: int
+    spot: bool
+    spot_max_price: str | None  # None: pay up to the on-demand price
+    root_volume_gib: int
+    gpus_per_node: int  # from the instance type, the number each node must advertise
+    gpu_model: str
+
+
+@dataclass(frozen=True)
+class Managers:
+    count: int
+    instance_type: str
+    root_volume_gib: int
+
+
+@dataclass(frozen=True)
+class Network:
+    """Either a VPC to create (vpc_cidr, subnet_cidrs) or an existing one (vpc_id, subnet_ids)."""
+
+    availability_zones: tuple[str, ...]  # one per subnet, in subnet order
+    vpc_cidr: str | None = None
+    subnet_cidrs: tuple[str, ...] = ()
+    vpc_id: str | None = None
+    subnet_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StackFile:
+    name: str
+    file: str  # relative to the project directory, so the state does not hold this machine's paths
+    sha256: str
+    info: StackInfo
+
+
+@dataclass(frozen=True)
+class Settings:
+    cluster_name: str
+    allowed_ssh_cidrs: tuple[str, ...]
+    network: Network
+    managers: Managers
+    gpu_pools: tuple[GpuPool, ...]
+    image: str
+    manager_ami_id: str
+    gpu_ami_id: str
+    ami_from_ssm: bool  # "latest" AMIs change under us; see NodePool's ignore_changes
+    gpu_kind: str
+    stacks: tuple[StackFile, ...]
+    tags: tuple[tuple[str, str], ...]
+    ssh_user: str
+    ssh_public_key: str | None
+    ssh_private_key: pulumi.Output[str] | None  # secret; None: generate a key pair
+    imds_hop_limit: int
+
+    @property
+    def max_gpus_per_node(self) -> int:
+        return max((p.gpus_per_node for p in self.gpu_pools), default=0)
+
+    @property
+    def tag_map(self) -> dict[str, str]:
+        return dict(self.tags)
+
+

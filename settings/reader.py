@@ -1,0 +1,131 @@
+"""Reading raw `gpu-swarm:*` values: every key's default, and a reader that collects problems."""
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+import pulumi.runtime.config as runtime_config
+
+from settings.model import PROJECT
+from swarm.gpu_kind import DEFAULT_KIND
+
+# Stack files are named relative to the project, so the state holds no path of this machine.
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+
+# Every key, its default (None: required) and the shape that the Pulumi.yaml config
+# block declares; a test keeps the two in step.
+DEFAULTS: dict[str, Any] = {
+    "allowedSshCidrs": None,
+    "allowSshFromAnywhere": False,
+    "vpcCidr": "10.42.0.0/16",
+    "vpcId": "",
+    "subnetIds": [],
+    "availabilityZones": [],
+    "managerCount": 1,
+    "managerInstanceType": "m7i.large",
+    "managerRootVolumeGiB": 40,
+    "gpuPools": None,
+    "image": "ubuntu",
+    "amiId": "",
+    "gpuKind": DEFAULT_KIND,
+    "stacks": [],
+    "tags": {},
+    "sshUser": "ubuntu",
+    "sshPublicKey": "",
+    "sshPrivateKey": "",
+    "imdsHopLimit": 1,
+}
+POOL_DEFAULTS: dict[str, Any] = {
+    "name": None,
+    "instanceType": None,
+    "count": None,
+    "spot": False,
+    "spotMaxPrice": "",
+    "rootVolumeGiB": 200,
+}
+STACK_DEFAULTS: dict[str, Any] = {"name": None, "file": None}
+
+
+def key(name: str) -> str:
+    return f"{PROJECT}:{name}"
+
+
+class Reader:
+    """Reads raw config values and collects problems instead of stopping at the first."""
+
+    def __init__(self):
+        self.problems: list[str] = []
+
+    def error(self, name: str, message: str) -> None:
+        self.problems.append(f"{key(name)}: {message}")
+
+    def raw(self, name: str) -> str | None:
+        value = runtime_config.get_config(key(name))
+        # Pulumi.yaml gives optional keys an empty default, which means "not set".
+        return None if value is None or value == "" else str(value)
+
+    def project_keys(self) -> set[str]:
+        # The language host loads the whole stack config with set_all_config; the
+        # environment is the fallback that get_config itself reads.
+        names = set(runtime_config.CONFIG.get()) | set(runtime_config.get_config_env())
+        return {n.split(":", 1)[1] for n in names if n.startswith(f"{PROJECT}:")}
+
+    def string(self, name: str) -> str:
+        value = self.raw(name)
+        return DEFAULTS[name] if value is None else value.strip()
+
+    def integer(self, name: str, low: int, high: int) -> int | None:
+        return integer(self.raw(name), DEFAULTS[name], low, high, lambda m: self.error(name, m))
+
+    def boolean(self, name: str) -> bool:
+        return boolean(self.raw(name), DEFAULTS[name], lambda m: self.error(name, m))
+
+    def json(self, name: str, kind: type, example: str) -> Any:
+        """A list or object value (the CLI passes them as JSON); None if unset, or reported as bad."""
+        value = self.raw(name)
+        if value is None:
+            return DEFAULTS[name]
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, kind):
+            what = "a list" if kind is list else "an object"
+            self.error(name, f"expected {what}, found {value!r}; set it with {example}")
+            return None
+        return parsed
+
+
+def integer(value: Any, default: Any, low: int, high: int, error: Callable[[str], None]) -> int | None:
+    if value is None or value == "":
+        return default
+    if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        error(f"expected a whole number, found {value!r}")
+        return None
+    if not low <= value <= high:
+        error(f"{value} is out of range; use a number from {low} to {high}")
+        return None
+    return value
+
+
+def boolean(value: Any, default: bool, error: Callable[[str], None]) -> bool:
+    if value is None or value == "":
+        return default
+    if isinstance(value, bool):
+        return value
+    if str(value).strip().lower() in ("true", "false"):
+        return str(value).strip().lower() == "true"
+    error(f"expected true or false, found {value!r}")
+    return default
+
+
+def suggest(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"; did you mean {close[0]}?" if close else f"; known keys: {', '.join(sorted(choices))}"
+
+
