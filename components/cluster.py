@@ -1,20 +1,22 @@
-"""The whole cluster: network, security groups, key, node pools, the swarm and its stacks."""
+"""The whole cluster: network, security groups, key, node pools, node software, the swarm and its stacks."""
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import pulumi
 
-from node_software import render_user_data
+import node_software
 from components.gpu_stack import GpuStack, GpuStackArgs
 from components.network import Network, NetworkArgs
 from components.node_pool import Node, NodePool, NodePoolArgs
-from components.remote import connection
+from components.node_software import NodeSoftware, NodeSoftwareArgs
+from components.remote import BOOT, connection
 from components.security_groups import SecurityGroups, SecurityGroupsArgs
 from components.ssh_key import SshKey, SshKeyArgs
 from components.swarm_init import SwarmInit, SwarmInitArgs
 from components.swarm_membership import Membership, MembershipArgs
+from components.swarm_reconcile import SwarmReconcile, SwarmReconcileArgs
+from components.user_data import render_user_data
 from settings import GpuPool, Settings
 
 
@@ -40,6 +42,7 @@ class Cluster(pulumi.ComponentResource):
         self._name, self._s = name, s
         self._child = pulumi.ResourceOptions(parent=self)
         self._tags = {**s.tag_map, "gpu-swarm:cluster": s.cluster_name}
+        self._software = node_software.software_hash()
 
         vpc_id, subnet_ids = self._network()
         groups = SecurityGroups(
@@ -47,91 +50,72 @@ class Cluster(pulumi.ComponentResource):
             SecurityGroupsArgs(vpc_id=vpc_id, allowed_ssh_cidrs=s.allowed_ssh_cidrs, tags=self._tags),
             opts=self._child,
         )
-        key = SshKey(
+        self._key = SshKey(
             f"{name}-ssh",
             SshKeyArgs(public_key=s.ssh_public_key, private_key=s.ssh_private_key, tags=self._tags),
             opts=self._child,
         )
-        self._key = key
-
+        common = dict(subnet_ids=subnet_ids, key_name=self._key.key_name, user_data=render_user_data(),
+                      imds_hop_limit=s.imds_hop_limit, tags=self._tags)
         managers = NodePool(f"{name}-managers", NodePoolArgs(
-            role="manager",
-            pool="managers",
-            instance_type=s.managers.instance_type,
-            count=s.managers.count,
+            role="manager", pool="managers", instance_type=s.managers.instance_type, count=s.managers.count,
             # Managers run no GPU work, so they always run plain Ubuntu, even when the GPU
             # nodes use the Deep Learning AMI (built for GPU instances) or a custom image.
-            ami_id=s.manager_ami_id,
-            subnet_ids=subnet_ids,
-            security_group_ids=[groups.cluster_id, groups.managers_id],
-            key_name=key.key_name,
-            user_data_base64=_user_data(False, s.gpu_kind, s.managers.instance_type, "ubuntu"),
-            root_volume_gib=s.managers.root_volume_gib,
-            node_name_prefix=f"{s.cluster_name}-manager",
-            imds_hop_limit=s.imds_hop_limit,
-            tags=self._tags,
+            ami_id=s.manager_ami_id, security_group_ids=[groups.cluster_id, groups.managers_id],
+            root_volume_gib=s.managers.root_volume_gib, node_name_prefix=f"{s.cluster_name}-manager",
+            one_at_a_time=True, **common,
         ), opts=self._child)
         pools = [
             (pool, NodePool(f"{name}-{pool.name}", NodePoolArgs(
-                role="worker",
-                pool=pool.name,
-                instance_type=pool.instance_type,
-                count=pool.count,
-                ami_id=s.gpu_ami_id,
-                subnet_ids=subnet_ids,
-                security_group_ids=[groups.cluster_id, groups.workers_id],
-                key_name=key.key_name,
-                user_data_base64=_user_data(True, s.gpu_kind, pool.instance_type, s.image),
-                root_volume_gib=pool.root_volume_gib,
-                node_name_prefix=f"{s.cluster_name}-{pool.name}",
-                imds_hop_limit=s.imds_hop_limit,
-                spot=pool.spot,
-                spot_max_price=pool.spot_max_price,
-                keep_ami_of_running_nodes=s.ami_from_ssm,
-                tags=self._tags,
+                role="worker", pool=pool.name, instance_type=pool.instance_type, count=pool.count,
+                ami_id=s.gpu_ami_id, security_group_ids=[groups.cluster_id, groups.workers_id],
+                root_volume_gib=pool.root_volume_gib, node_name_prefix=f"{s.cluster_name}-{pool.name}",
+                spot=pool.spot, spot_max_price=pool.spot_max_price, **common,
             ), opts=self._child))
             for pool in s.gpu_pools
         ]
+        nodes: list[tuple[Node, GpuPool | None]] = [(n, None) for n in managers.nodes]
+        nodes += [(n, pool) for pool, node_pool in pools for n in node_pool.nodes]
 
         first = managers.nodes[0]
         self._jump_host = first.public_ip
-        self._manager_0_address = first.private_ip
-        manager_0 = self._connection(first)
-        swarm = SwarmInit(
-            f"{name}-swarm",
-            SwarmInitArgs(connection=manager_0, advertise_address=first.private_ip, kind=s.gpu_kind),
-            opts=self._child,
-        )
+        self._first_live = self._connection(first)
+        # The first manager's software comes first: the swarm is made on it.
+        software = {first.name: self._node_software(first, None, after=[groups])}
+        swarm = SwarmInit(f"{name}-swarm", SwarmInitArgs(
+            first=self._connection(first, BOOT), first_live=self._first_live,
+            first_instance_id=first.instance.id, advertise_address=first.private_ip,
+            peers=[(self._connection(n, BOOT), n.private_ip) for n in managers.nodes[1:]],
+            address_pool=s.overlay_address_pool, after=[software[first.name].applied],
+        ), opts=self._child)
+        for node, pool in nodes[1:]:
+            # Draining a node for a software change needs the swarm; so does everything after.
+            software[node.name] = self._node_software(node, pool, after=[groups], cordon_after=[swarm.init])
 
-        members: list[tuple[Node, int, Membership]] = []
-        for i, node in enumerate(managers.nodes):
-            members.append((node, 0, self._membership(
-                node, i, swarm, manager_0, token=swarm.manager_token, expected_gpus=0,
-                labels={"gpu-swarm.pool": "managers"}, removable=i > 0,
-            )))
-        for pool, node_pool in pools:
-            for i, node in enumerate(node_pool.nodes):
-                members.append((node, pool.gpus_per_node, self._membership(
-                    node, i, swarm, manager_0, token=swarm.worker_token,
-                    expected_gpus=pool.gpus_per_node, labels=_pool_labels(pool),
-                )))
-
-        ready = [m.labelled for _, _, m in members]
+        manager_ips = [n.private_ip for n in managers.nodes]
+        members = [(node, pool, self._membership(node, pool, swarm, software[node.name], manager_ips))
+                   for node, pool in nodes]
+        admitted = [m.admitted for _, _, m in members]
+        SwarmReconcile(f"{name}-reconcile", SwarmReconcileArgs(
+            manager=self._first_live, node_ids=[m.node_id for _, _, m in members],
+            stacks=[st.name for st in s.stacks], after=admitted,
+        ), opts=self._child)
         for stack in s.stacks:
             GpuStack(f"{name}-stack-{stack.name}", GpuStackArgs(
-                stack_name=stack.name, file=stack.file, sha256=stack.sha256, manager=manager_0, after=ready,
+                stack_name=stack.name, content=stack.content, sha256=stack.sha256, manager=self._first_live,
+                after=admitted,
             ), opts=self._child)
 
         self.vpc_id = pulumi.Output.from_input(vpc_id)
         self.availability_zones = list(s.network.availability_zones)
         self.manager_public_ips = pulumi.Output.all(*[n.public_ip for n in managers.nodes])
-        self.manager_private_ips = pulumi.Output.all(*[n.private_ip for n in managers.nodes])
-        self.ssh_commands = self._ssh_commands([node for node, _, _ in members])
+        self.manager_private_ips = pulumi.Output.all(*manager_ips)
+        self.ssh_commands = self._ssh_commands([node for node, _ in nodes])
         self.inventory = pulumi.Output.all(*[self._inventory_entry(*m) for m in members])
-        self.bootstrap_timings = pulumi.Output.all(*[m.bootstrap_timings for _, _, m in members]).apply(
-            lambda timings: {node.name: t for (node, _, _), t in zip(members, timings)}
+        self.bootstrap_timings = pulumi.Output.all(*[software[n.name].bootstrap_timings for n, _ in nodes]).apply(
+            lambda timings: {node.name: t for (node, _), t in zip(nodes, timings)}
         )
-        self.private_key = key.private_key if key.generated else None
+        self.private_key = self._key.private_key if self._key.generated else None
         self.register_outputs({
             "vpc_id": self.vpc_id,
             "manager_public_ips": self.manager_public_ips,
@@ -156,28 +140,46 @@ class Cluster(pulumi.ComponentResource):
         )
         return network.vpc_id, network.subnet_ids
 
-    def _connection(self, node: Node):
-        """Managers are reached directly; workers only through manager-0 (see SecurityGroups)."""
+    def _connection(self, node: Node, budget=None):
+        """Managers are reached directly; workers only through the first manager (see SecurityGroups)."""
+        extra = {"budget": budget} if budget else {}
         user, key = self._s.ssh_user, self._key.private_key
         if node.role == "manager":
-            return connection(host=node.public_ip, user=user, private_key=key)
-        return connection(host=node.private_ip, user=user, private_key=key, jump_host=self._jump_host)
+            return connection(host=node.public_ip, user=user, private_key=key, **extra)
+        return connection(host=node.private_ip, user=user, private_key=key, jump_host=self._jump_host, **extra)
 
-    def _membership(self, node: Node, index: int, swarm: SwarmInit, manager_0, *, token, expected_gpus: int,
-                    labels: dict[str, str], removable: bool = True) -> Membership:
-        return Membership(f"{self._name}-member-{node.pool}-{index}", MembershipArgs(
+    def _node_software(self, node: Node, pool: GpuPool | None, *, after, cordon_after=()) -> NodeSoftware:
+        s = self._s
+        gpu = pool is not None
+        instance_type = pool.instance_type if gpu else s.managers.instance_type
+        env = node_software.node_env(gpu=gpu, gpu_kind=s.gpu_kind, instance_type=instance_type,
+                                     image=s.image if gpu else "ubuntu")
+        return NodeSoftware(f"{self._name}-software-{node.pool}-{node.index}", NodeSoftwareArgs(
+            pool=node.pool, gpu=gpu, expected_gpus=pool.gpus_per_node if gpu else 0, instance_type=instance_type,
+            env=env,
+            software=self._software, node=self._connection(node, BOOT), manager=self._first_live,
+            private_ip=node.private_ip, instance_id=node.instance.id, ssh_user=s.ssh_user,
+            authorized_keys=[self._key.public_key, *s.ssh_authorized_keys],
+            after=list(after), cordon_after=list(cordon_after),
+        ), opts=self._child)
+
+    def _membership(self, node: Node, pool: GpuPool | None, swarm: SwarmInit, software: NodeSoftware,
+                    manager_ips) -> Membership:
+        manager = node.role == "manager"
+        return Membership(f"{self._name}-member-{node.pool}-{node.index}", MembershipArgs(
             role=node.role,
-            labels=labels,
-            expected_gpus=expected_gpus,
+            labels={"gpu-swarm.pool": "managers"} if manager else _pool_labels(pool),
+            expected_gpus=0 if manager else pool.gpus_per_node,
             kind=self._s.gpu_kind,
-            node=self._connection(node),
-            manager=manager_0,
-            manager_address=self._manager_0_address,
+            software=software.release,
+            node=self._connection(node, BOOT),
+            manager=self._first_live,
+            manager_addresses=manager_ips,
             advertise_address=node.private_ip,
             instance_id=node.instance.id,
-            join_token=token,
-            removable=removable,
-            after=[swarm.init],
+            cluster_id=swarm.cluster_id,
+            join_token=swarm.manager_token if manager else swarm.worker_token,
+            after=[software.applied, swarm.tokens],
         ), opts=self._child)
 
     def _ssh_commands(self, nodes: list[Node]) -> pulumi.Output[dict[str, str]]:
@@ -186,14 +188,14 @@ class Cluster(pulumi.ComponentResource):
         def command_for(node: Node) -> pulumi.Output[str]:
             if node.role == "manager":
                 return pulumi.Output.concat("ssh ", user, "@", node.public_ip)
-            # Workers take SSH only from the managers: hop through manager-0.
+            # Workers take SSH only from the managers: hop through the first manager.
             return pulumi.Output.concat("ssh -J ", user, "@", self._jump_host, " ", user, "@", node.private_ip)
 
         return pulumi.Output.all(*[command_for(n) for n in nodes]).apply(
             lambda commands: {n.name: c for n, c in zip(nodes, commands)}
         )
 
-    def _inventory_entry(self, node: Node, expected_gpus: int, member: Membership) -> pulumi.Output[dict]:
+    def _inventory_entry(self, node: Node, pool: GpuPool | None, member: Membership) -> pulumi.Output[dict]:
         return pulumi.Output.all(
             node.instance.instance_type, node.private_ip, node.public_ip, member.node_id, member.advertised_gpus
         ).apply(lambda v: {
@@ -204,8 +206,9 @@ class Cluster(pulumi.ComponentResource):
             "privateIp": v[1],
             "publicIp": v[2],
             "swarmNodeId": v[3],
-            "gpusExpected": expected_gpus,
+            "gpusExpected": pool.gpus_per_node if pool else 0,
             "gpusAdvertised": v[4],
+            "software": self._software[:12],
         })
 
 
@@ -219,9 +222,3 @@ def _pool_labels(pool: GpuPool) -> dict[str, str]:
         "gpu-swarm.gpu-count": str(pool.gpus_per_node),
         "gpu-swarm.spot": "true" if pool.spot else "false",
     }
-
-
-@functools.cache
-def _user_data(gpu: bool, kind: str, instance_type: str, image: str) -> str:
-    # One rendering per distinct node kind: 500 nodes of a pool share one string.
-    return render_user_data(gpu=gpu, gpu_kind=kind, instance_type=instance_type, image=image)

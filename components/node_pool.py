@@ -7,6 +7,8 @@ from typing import Mapping, Sequence
 import pulumi
 import pulumi_aws as aws
 
+from components.provider_facts import INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES
+
 
 @dataclass
 class NodePoolArgs:
@@ -15,18 +17,18 @@ class NodePoolArgs:
     instance_type: pulumi.Input[str]
     count: int  # plain: it decides how many instances exist
     ami_id: pulumi.Input[str]
-    subnet_ids: Sequence[pulumi.Input[str]]  # nodes go round-robin over them
+    subnet_ids: Sequence[pulumi.Input[str]]  # new nodes go round-robin over them
     security_group_ids: Sequence[pulumi.Input[str]]
     key_name: pulumi.Input[str]
-    user_data_base64: pulumi.Input[str]  # gzipped cloud-config: EC2 allows 16 KiB, the GPU agent alone is larger
+    user_data: pulumi.Input[str]  # read at first boot only; the software comes over SSH
     root_volume_gib: pulumi.Input[int]
     node_name_prefix: str
     imds_hop_limit: pulumi.Input[int] = 1
     spot: bool = False
     spot_max_price: pulumi.Input[str] | None = None
-    # An AMI read from a "latest" SSM parameter changes whenever the vendor publishes one;
-    # without this every such release would replace every node on the next `pulumi up`.
-    keep_ami_of_running_nodes: bool = True
+    # Managers hold the swarm's Raft quorum: change them one after the other (a resize
+    # stops and starts each), never all at once.
+    one_at_a_time: bool = False
     tags: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
 
 
@@ -35,6 +37,7 @@ class Node:
     name: str
     role: str
     pool: str
+    index: int
     instance: aws.ec2.Instance
 
     @property
@@ -55,6 +58,7 @@ class NodePool(pulumi.ComponentResource):
             raise ValueError(f"role must be 'manager' or 'worker', got {args.role!r}")
 
         market = None
+        replace_on = []
         if args.spot:
             # One-time requests that terminate on interruption: a node lost to spot is
             # replaced by the next `pulumi up` (which refreshes first, see Pulumi.yaml).
@@ -66,9 +70,11 @@ class NodePool(pulumi.ComponentResource):
                     max_price=args.spot_max_price,
                 ),
             )
-        ignore = ["ami"] if args.keep_ami_of_running_nodes else []
+            # A one-time spot instance cannot be stopped, so it cannot be resized in place.
+            replace_on = ["instanceType"]
 
         self.nodes = []
+        previous: list[pulumi.Resource] = []
         for i in range(args.count):
             node_name = f"{args.node_name_prefix}-{i}"
             tags = {**args.tags, "Name": node_name, "gpu-swarm:role": args.role, "gpu-swarm:pool": args.pool}
@@ -81,8 +87,8 @@ class NodePool(pulumi.ComponentResource):
                 key_name=args.key_name,
                 # Egress without a NAT gateway; inbound is closed by the security groups.
                 associate_public_ip_address=True,
-                user_data_base64=args.user_data_base64,
-                user_data_replace_on_change=True,
+                user_data=args.user_data,
+                user_data_replace_on_change=False,
                 metadata_options=aws.ec2.InstanceMetadataOptionsArgs(
                     http_endpoint="enabled",
                     http_tokens="required",
@@ -99,9 +105,19 @@ class NodePool(pulumi.ComponentResource):
                 ),
                 instance_market_options=market,
                 tags=tags,
-                opts=pulumi.ResourceOptions(parent=self, ignore_changes=ignore),
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    # Inputs that a running node keeps when they change (a new AMI release,
+                    # a rotated key, another zone list, new user data): only new or
+                    # replaced nodes take them. See components/provider_facts.py.
+                    ignore_changes=list(INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES),
+                    replace_on_changes=replace_on,
+                    depends_on=previous if args.one_at_a_time else [],
+                ),
             )
-            self.nodes.append(Node(node_name, args.role, args.pool, instance))
+            if args.one_at_a_time:
+                previous = [instance]
+            self.nodes.append(Node(node_name, args.role, args.pool, i, instance))
 
         self.register_outputs(
             {

@@ -19,6 +19,7 @@ class SshKeyArgs:
 
 class SshKey(pulumi.ComponentResource):
     key_name: pulumi.Output[str]
+    public_key: pulumi.Output[str]
     private_key: pulumi.Output[str]  # always secret
     generated: bool
 
@@ -42,5 +43,6 @@ class SshKey(pulumi.ComponentResource):
             opts=child,
         )
         self.key_name = pair.key_name
+        self.public_key = pair.public_key
         self.private_key = pulumi.Output.secret(private_key)
         self.register_outputs({"key_name": self.key_name, "private_key": self.private_key})

@@ -2,9 +2,11 @@
 # Sourced by bootstrap.sh and each step. Paths default to the node's (tests override them).
 set -euo pipefail
 : "${GPU_SWARM_LOG:=/var/log/gpu-swarm/bootstrap.log}" "${GPU_SWARM_STATE:=/var/lib/gpu-swarm}"
-: "${GPU_SWARM_VERSIONS:=/opt/gpu-swarm/versions.env}" "${GPU_SWARM_NODE_ENV:=/etc/gpu-swarm/node.env}"
+: "${GPU_SWARM_VERSIONS:=/opt/gpu-swarm/software/versions.env}" "${GPU_SWARM_NODE_ENV:=/etc/gpu-swarm/node.env}"
 : "${GPU_SWARM_VENV:=/opt/gpu-swarm/venv}" "${DOCKER_DAEMON_JSON:=/etc/docker/daemon.json}"
-export GPU_SWARM_LOG GPU_SWARM_STATE GPU_SWARM_VERSIONS GPU_SWARM_NODE_ENV GPU_SWARM_VENV DOCKER_DAEMON_JSON
+: "${GPU_SWARM_UNIT_DIR:=/etc/systemd/system}"
+export GPU_SWARM_LOG GPU_SWARM_STATE GPU_SWARM_VERSIONS GPU_SWARM_NODE_ENV GPU_SWARM_VENV DOCKER_DAEMON_JSON \
+  GPU_SWARM_UNIT_DIR
 # shellcheck source=versions.env
 . "$GPU_SWARM_VERSIONS"
 # shellcheck source=/dev/null
@@ -47,3 +49,16 @@ toolkit_version() {
   if command -v nvidia-ctk >/dev/null; then nvidia-ctk --version | sed -nE '1s/.*version ([0-9.]+).*/\1/p'; fi
 }
 driver_version() { nvidia-smi --query-gpu=driver_version --format=csv,noheader | sed -n 1p; }
+# Packages whose versions must match the loaded kernel module (driver user space, kernel
+# modules, fabric manager) and the toolkit: held, so unattended-upgrades cannot swap them
+# under a running driver ("Driver/library version mismatch"). Upgrades come by rolling
+# new node software (versions.env), which installs with --allow-change-held-packages.
+hold_nvidia_packages() {
+  local pkgs
+  mapfile -t pkgs < <(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' 2>/dev/null |
+    awk '$1 ~ /^.i/ && $2 ~ /^(lib)?nvidia-|^linux-(modules|objects|signatures)-nvidia-/ { print $2 }')
+  if ((${#pkgs[@]})); then
+    apt-mark hold "${pkgs[@]}" >/dev/null
+    log "held ${#pkgs[@]} NVIDIA packages against unattended upgrades: ${pkgs[*]}"
+  fi
+}

@@ -6,7 +6,10 @@
 found=$(toolkit_version)
 is_default() { grep -qsE '"default-runtime": *"nvidia"' "$DOCKER_DAEMON_JSON"; }
 if [ -n "$found" ] && version_ge "$found" "$TOOLKIT_MIN_VERSION"; then
-  if is_default; then skip "toolkit $found, default runtime nvidia"; fi
+  if is_default; then
+    hold_nvidia_packages
+    skip "toolkit $found, default runtime nvidia"
+  fi
 else
   log "installing nvidia-container-toolkit (found ${found:-none}, need >= $TOOLKIT_MIN_VERSION)"
   repo=nvidia.github.io/libnvidia-container
@@ -23,5 +26,6 @@ else
   version_ge "${found:-0}" "$TOOLKIT_MIN_VERSION" ||
     log "WARNING !!! nvidia-container-toolkit ${found:-?} < $TOOLKIT_MIN_VERSION: on 1.18.0-1.18.2 tasks see every GPU unless the runtime is in legacy mode (the agent sets it) !!!"
 fi
+hold_nvidia_packages
 nvidia-ctk runtime configure --runtime=docker --set-as-default
 is_default || die "nvidia is not the default runtime in $DOCKER_DAEMON_JSON"

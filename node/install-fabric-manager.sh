@@ -5,7 +5,10 @@
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 driver=$(driver_version)
 unit=nvidia-fabricmanager
-if systemctl is-enabled -q $unit 2>/dev/null && systemctl is-active -q $unit; then skip "$unit running"; fi
+if systemctl is-enabled -q $unit 2>/dev/null && systemctl is-active -q $unit; then
+  hold_nvidia_packages
+  skip "$unit running"
+fi
 if ! command -v nv-fabricmanager >/dev/null; then
   retry apt_get update
   version="" # NVIDIA's own repo drops the branch from the name from 590 on
@@ -14,7 +17,8 @@ if ! command -v nv-fabricmanager >/dev/null; then
     if [ -n "$version" ]; then break; fi
   done
   [ -n "$version" ] || die "no $unit package for driver $driver in the apt sources"
-  apt_install "$pkg=$version"
+  apt_install --allow-change-held-packages "$pkg=$version"
 fi
+hold_nvidia_packages
 systemctl enable --now $unit
 systemctl is-active -q $unit || die "$unit did not start: journalctl -u $unit"

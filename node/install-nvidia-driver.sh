@@ -9,6 +9,7 @@
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi -L >/dev/null 2>&1 || modprobe nvidia || :
   nvidia-smi -L >/dev/null 2>&1 || die "nvidia-smi cannot reach the driver on kernel $(uname -r)"
+  hold_nvidia_packages
   skip "NVIDIA driver $(driver_version)"
 fi
 [ "${GPU_SWARM_IMAGE:-}" != deep-learning ] || die "no nvidia-smi on a Deep Learning AMI: check the AMI id"
@@ -22,11 +23,20 @@ if apt-cache show "linux-modules-nvidia-$flavor-$kernel" >/dev/null 2>&1; then
   meta=linux-modules-nvidia-$flavor-${kernel#*-*-}
   pkgs+=("linux-modules-nvidia-$flavor-$kernel" "nvidia-headless-no-dkms-$flavor")
   if apt-cache show "$meta" >/dev/null 2>&1; then pkgs+=("$meta"); fi
+  # Prebuilt modules exist per kernel; a new kernel from unattended-upgrades would boot
+  # without the held driver's modules, so the kernel waits for a deliberate roll too.
+  kernel_holds=(linux-aws linux-image-aws linux-headers-aws)
 else
   log "no prebuilt modules for kernel $kernel: using DKMS"
-  pkgs+=("nvidia-headless-$flavor" "linux-headers-$kernel")
+  # linux-headers-aws follows kernel upgrades, so DKMS can build the module for the next kernel.
+  pkgs+=("nvidia-headless-$flavor" "linux-headers-$kernel" linux-headers-aws)
+  kernel_holds=()
 fi
-apt_install "${pkgs[@]}"
+apt_install --allow-change-held-packages "${pkgs[@]}"
+hold_nvidia_packages
+for pkg in "${kernel_holds[@]}"; do
+  if dpkg -s "$pkg" >/dev/null 2>&1; then apt-mark hold "$pkg" >/dev/null; fi
+done
 modprobe -r nouveau 2>/dev/null || :
 modprobe nvidia
 nvidia-smi -L || die "nvidia-smi fails after installing driver $flavor"

@@ -12,8 +12,9 @@ import hashlib
 import pulumi
 
 from settings import reader
-from settings.aws_checks import region_problem, resolve_amis, resolve_instance_types, resolve_network
-from settings.config_checks import (read_image, read_managers, read_network, read_pools, read_ssh, read_ssh_cidrs,
+from settings.aws_checks import (check_overlay_pool, region_problem, resolve_amis, resolve_instance_types,
+                                 resolve_network)
+from settings.config_checks import (read_authorized_keys, read_image, read_overlay_pool, read_managers, read_network, read_pools, read_ssh, read_ssh_cidrs,
                                     read_stacks, read_tags)
 from settings.model import PROJECT, GpuPool, Managers, Network, Settings, SettingsError, StackFile
 from settings.reader import DEFAULTS, Reader, suggest
@@ -45,6 +46,8 @@ def load_settings() -> Settings:
     ssh_user, public_key, private_key = read_ssh(r)
     hop_limit = r.integer("imdsHopLimit", 1, 64)
     stack_cfgs = read_stacks(r)
+    overlay_pool = read_overlay_pool(r)
+    extra_keys = read_authorized_keys(r)
 
     # Checks against AWS, for the values that passed the checks above.
     resolved_pools: list[GpuPool] = []
@@ -55,6 +58,8 @@ def load_settings() -> Settings:
         types = list(dict.fromkeys(([manager_type] if manager_type else []) + [p.instance_type for p in pools]))
         if all(facts.get(t) for t in types):
             network = resolve_network(r, network_cfg, types)
+        if overlay_pool:
+            check_overlay_pool(r, overlay_pool, network_cfg)
         for p in pools:
             found = facts.get(p.instance_type)
             if p.valid and found and found.nvidia_gpus:
@@ -76,7 +81,7 @@ def load_settings() -> Settings:
                 for problem in exc.problems:
                     r.error(f"stacks[{i}].file", f"{file}: {problem}")
                 continue
-            stacks.append(StackFile(name, file, hashlib.sha256(text.encode()).hexdigest(), info))
+            stacks.append(StackFile(name, file, hashlib.sha256(text.encode()).hexdigest(), text, info))
 
     if r.problems:
         raise SettingsError(r.problems)
@@ -98,4 +103,6 @@ def load_settings() -> Settings:
         ssh_public_key=public_key,
         ssh_private_key=private_key,
         imds_hop_limit=hop_limit,
+        overlay_address_pool=overlay_pool,
+        ssh_authorized_keys=extra_keys,
     )

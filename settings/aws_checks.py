@@ -172,3 +172,26 @@ def region_problem(r: Reader) -> bool:
     return True
 
 
+
+
+def check_overlay_pool(r: Reader, pool: str, cfg: dict) -> None:
+    """Overlay networks must not overlap the VPC: traffic to those addresses would stay in the overlay."""
+    if "vpc_id" in cfg:
+        try:
+            vpc_ranges = aws_lookups.vpc_cidrs(cfg["vpc_id"])
+        except LookupError as exc:
+            r.error("vpcId", f"{cfg['vpc_id']}: AWS does not describe it ({exc}); check the id and the region")
+            return
+        where = f"the VPC {cfg['vpc_id']}"
+    elif "vpc_cidr" in cfg:
+        vpc_ranges, where = (cfg["vpc_cidr"],), f"{key('vpcCidr')}"
+    else:
+        return
+    nets = [ipaddress.ip_network(c) for c in vpc_ranges]
+    clash = [str(n) for n in nets if n.overlaps(ipaddress.ip_network(pool))]
+    if clash:
+        free = next((c for x in range(200, 0, -1)
+                     if not any((c := ipaddress.ip_network(f"10.{x}.0.0/16")).overlaps(n) for n in nets)), None)
+        hint = f", e.g. {free}" if free else ""
+        r.error("overlayAddressPool", f"{pool} overlaps {', '.join(clash)} of {where}: containers could not reach "
+                                      f"those VPC addresses. Choose a range outside the VPC{hint}")

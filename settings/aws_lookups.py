@@ -111,6 +111,16 @@ def describe_ami(ami_id: str) -> AmiFacts:
     return AmiFacts(id=ami_id, architecture=result.architecture, root_snapshot_gib=size)
 
 
+def vpc_cidrs(vpc_id: str) -> tuple[str, ...]:
+    """Every IPv4 range of an existing VPC: its primary block and any associated ones."""
+    try:
+        result = aws.ec2.get_vpc(id=vpc_id)
+    except Exception as exc:
+        raise _aws_error(exc) from None
+    blocks = [result.cidr_block] + [a.cidr_block for a in result.cidr_block_associations or []]
+    return tuple(dict.fromkeys(b for b in blocks if b))
+
+
 def describe_subnet(subnet_id: str) -> SubnetFacts:
     try:
         result = aws.ec2.get_subnet(id=subnet_id)

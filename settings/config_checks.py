@@ -343,3 +343,40 @@ def read_stacks(r: Reader) -> list[tuple[int, str, str]]:
     return out
 
 
+
+
+# Docker's own local networks (docker0, docker_gwbridge and user bridges) come from these
+# ranges on every node; an overlay subnet inside them would shadow a bridge's routes.
+DOCKER_LOCAL_POOLS = ("172.16.0.0/12", "192.168.0.0/16")
+
+
+def read_overlay_pool(r: Reader) -> str | None:
+    """The range swarm overlay networks come from: private IPv4, room for 16+ /24s, off Docker's own."""
+    text = r.string("overlayAddressPool")
+    try:
+        pool = ipaddress.ip_network(text, strict=True)
+    except ValueError:
+        r.error("overlayAddressPool", f"{text!r} is not a network such as 10.200.0.0/16 (host bits must be zero)")
+        return None
+    if pool.version != 4 or not pool.is_private or not 8 <= pool.prefixlen <= 20:
+        r.error("overlayAddressPool", f"{pool} does not fit: use a private IPv4 range from /8 to /20 "
+                                      "(each overlay network takes a /24 of it), e.g. 10.200.0.0/16")
+        return None
+    for local in DOCKER_LOCAL_POOLS:
+        if pool.overlaps(ipaddress.ip_network(local)):
+            r.error("overlayAddressPool", f"{pool} overlaps {local}, where Docker puts its own bridge networks "
+                                          "on every node; choose a range in 10.0.0.0/8 outside the VPC")
+            return None
+    return str(pool)
+
+
+def read_authorized_keys(r: Reader) -> tuple[str, ...]:
+    raw = r.json("sshAuthorizedKeys", list, "pulumi config set --path 'sshAuthorizedKeys[0]' \"$(cat key.pub)\"")
+    keys = []
+    for i, item in enumerate(raw or []):
+        text = str(item).strip()
+        if not _PUBLIC_KEY_RE.match(text) or "\n" in text:
+            r.error(f"sshAuthorizedKeys[{i}]", "expected one OpenSSH public key line such as 'ssh-ed25519 AAAA... you@host'")
+        elif text not in keys:
+            keys.append(text)
+    return tuple(keys)

@@ -56,6 +56,7 @@ class StackFile:
     name: str
     file: str  # relative to the project directory, so the state does not hold this machine's paths
     sha256: str
+    content: str  # deployed from this text: the file on disk may change after the checks
     info: StackInfo
 
 
@@ -77,6 +78,8 @@ class Settings:
     ssh_public_key: str | None
     ssh_private_key: pulumi.Output[str] | None  # secret; None: generate a key pair
     imds_hop_limit: int
+    overlay_address_pool: str  # swarm overlay networks are cut from it, /24 each
+    ssh_authorized_keys: tuple[str, ...]  # besides the program's own key
 
     @property
     def max_gpus_per_node(self) -> int:

@@ -37,6 +37,8 @@ DEFAULTS: dict[str, Any] = {
     "sshPublicKey": "",
     "sshPrivateKey": "",
     "imdsHopLimit": 1,
+    "overlayAddressPool": "10.200.0.0/16",
+    "sshAuthorizedKeys": [],
 }
 POOL_DEFAULTS: dict[str, Any] = {
     "name": None,

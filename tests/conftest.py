@@ -48,9 +48,11 @@ OFFERED_IN = {"p5.48xlarge": {"us-east-1a", "us-east-1c"}, "p4d.24xlarge": {"us-
 UBUNTU_AMI = "ami-0a1b2c3d4e5f60718"
 DEEP_LEARNING_AMI = "ami-0d1e2a3b4c5d6e7f8"
 CUSTOM_AMI = "ami-0123456789abcdef0"
+CUSTOM_AMI_NEXT = "ami-0123456789abcdef1"
 ARM_AMI = "ami-0fedcba9876543210"
-AMIS = {UBUNTU_AMI: ("x86_64", 8), DEEP_LEARNING_AMI: ("x86_64", 75), CUSTOM_AMI: ("x86_64", 30), ARM_AMI: ("arm64", 8)}
+AMIS = {UBUNTU_AMI: ("x86_64", 8), DEEP_LEARNING_AMI: ("x86_64", 75), CUSTOM_AMI: ("x86_64", 30), CUSTOM_AMI_NEXT: ("x86_64", 30), ARM_AMI: ("arm64", 8)}
 VPC = "vpc-0abc1234def567890"
+VPC_CIDRS = {VPC: ("10.0.0.0/16", "10.1.0.0/16"), "vpc-0fff0000fff000011": ("10.200.0.0/16",)}
 SUBNETS = {
     "subnet-0aaaaaaaaaaaaaaaa": (VPC, "us-east-1a"),
     "subnet-0cccccccccccccccc": (VPC, "us-east-1c"),
@@ -69,9 +71,6 @@ def fake_gpu_uuid(name: str, index: int) -> str:
 
 
 class AwsMocks(pulumi_mocks.Mocks):
-    def __init__(self):
-        self._addresses = 0
-
     def call(self, args: pulumi_mocks.MockCallArgs):
         token, a = args.token, args.args
         if token == "aws:ec2/getInstanceType:getInstanceType":
@@ -112,6 +111,13 @@ class AwsMocks(pulumi_mocks.Mocks):
                 "rootDeviceName": "/dev/sda1",
                 "blockDeviceMappings": [{"deviceName": "/dev/sda1", "ebs": {"volume_size": str(size)}}],
             }
+        if token == "aws:ec2/getVpc:getVpc":
+            if a["id"] not in VPC_CIDRS:
+                raise Exception(f"no matching EC2 VPC found: {a['id']}")
+            primary, *more = VPC_CIDRS[a["id"]]
+            return {"id": a["id"], "cidrBlock": primary,
+                    "cidrBlockAssociations": [{"cidrBlock": c, "associationId": f"a-{i}", "state": "associated"}
+                                              for i, c in enumerate(VPC_CIDRS[a["id"]])]}
         if token == "aws:ec2/getSubnet:getSubnet":
             if a["id"] not in SUBNETS:
                 raise Exception(f"no matching EC2 Subnet found: {a['id']}")
@@ -122,9 +128,9 @@ class AwsMocks(pulumi_mocks.Mocks):
     def new_resource(self, args: pulumi_mocks.MockResourceArgs):
         state = dict(args.inputs)
         if args.typ == "aws:ec2/instance:Instance":
-            self._addresses += 1
-            n = self._addresses
-            state["privateIp"] = f"10.42.{n // 250}.{n % 250 + 4}"
+            # Addresses follow the name, so two runs of the program (the plan tests) agree.
+            n = int(hashlib.sha1(args.name.encode()).hexdigest()[:8], 16)
+            state["privateIp"] = f"10.42.{n // 250 % 250}.{n % 250 + 4}"
             if state.get("associatePublicIpAddress"):
                 state["publicIp"] = f"54.{n // 65536 % 256}.{n // 256 % 256}.{n % 256}"
             return f"i-{hashlib.sha1(args.name.encode()).hexdigest()[:17]}", state
@@ -138,10 +144,17 @@ class AwsMocks(pulumi_mocks.Mocks):
         return f"{args.name}-id", state
 
 
+FAKE_CLUSTER_ID = "fakeclusterid000000000001"
+
+
 def command_stdout(name: str, create: str) -> str:
-    """What the node would print for the builders in swarm/commands.py."""
+    """What a node would print for the builders in swarm/ and node_software.py."""
     if "join-token -q worker" in create:
         return '{"worker": "SWMTKN-1-worker-secret", "manager": "SWMTKN-1-manager-secret"}\n'
+    if '"manager": true, "cluster_id"' in create:  # a probe: fresh managers are in no swarm
+        return '{"state": "absent", "manager": false}\n'
+    if "docker swarm init" in create:
+        return json.dumps({"cluster_id": FAKE_CLUSTER_ID, "node_id": fake_node_id(name), "created": True}) + "\n"
     if "docker swarm join" in create:
         return fake_node_id(name) + "\n"
     if "GenericResources" in create:

@@ -690,10 +690,10 @@ def test_unit_runs_the_agent_before_docker_at_every_boot():
     assert settings["Type"] == ["oneshot"]
     assert "docker.service" in settings["Before"][0].split()
     assert "docker.service" in settings["WantedBy"][0].split()
-    # The default comes first so that a missing agent.env still gives a kind.
+    # The default comes first so that a missing node.env still gives a kind.
     assert settings["Environment"][0] == f"GPU_SWARM_KIND={agent.DEFAULT_KIND}"
-    assert settings["EnvironmentFile"] == ["-/etc/gpu-swarm/agent.env"]
-    assert "/opt/gpu-swarm/venv/bin/python /opt/gpu-swarm/gpu_agent.py --json --kind" in settings["ExecStart"][0]
+    assert settings["EnvironmentFile"] == ["-/etc/gpu-swarm/node.env"]
+    assert "/opt/gpu-swarm/venv/bin/python /opt/gpu-swarm/software/gpu_agent.py --json --kind" in settings["ExecStart"][0]
     assert "systemctl --no-block restart docker" in settings["ExecStartPost"][0]
     assert "RemainAfterExit" not in settings  # docker's restarts re-run the agent too
 

@@ -1,14 +1,17 @@
 """The resources `pulumi up` would create, checked through Pulumi's mocks: no AWS, no CLI."""
-import base64
-import gzip
+import hashlib
 import json
+import re
+import shlex
 
 import pytest
-import yaml
 
 import node_software
+from components import provider_facts, remote
+from components.user_data import render_user_data
 from tests.conftest import (
-    DEEP_LEARNING_AMI, UBUNTU_AMI, VPC, is_secret, request_inputs, run_program, stack_config, unwrap,
+    DEEP_LEARNING_AMI, FAKE_CLUSTER_ID, REPO, UBUNTU_AMI, VPC, is_secret, request_inputs, run_program, stack_config,
+    unwrap,
 )
 
 SWARM_PORTS = {2377, 7946, 4789}
@@ -69,7 +72,6 @@ def test_every_instance_requires_imdsv2_and_encrypts_its_root_volume(prod):
         root = inst["rootBlockDevice"]
         assert root["encrypted"] is True and root["volumeType"] == "gp3", name
         assert root["volumeSize"] == sizes[inst["tags"]["gpu-swarm:pool"]], name
-        assert inst["userDataReplaceOnChange"] is True, name
 
 
 def test_instances_carry_name_role_pool_and_user_tags(prod):
@@ -96,25 +98,34 @@ def test_images_managers_ubuntu_gpu_nodes_deep_learning(prod):
     for name, inst in prod.instances().items():
         expected = UBUNTU_AMI if inst["tags"]["gpu-swarm:role"] == "manager" else DEEP_LEARNING_AMI
         assert inst["ami"] == expected, name
-        # A newer "latest" AMI must not replace running nodes.
-        assert list(prod.requests[name].ignoreChanges) == ["ami"], name
 
 
-def test_user_data_is_cloud_config_and_gpu_nodes_get_the_agent(prod):
-    agent = node_software.AGENT_SOURCE.read_text()
+def test_running_nodes_keep_what_only_matters_at_creation(prod):
+    """A new AMI release, a rotated key, another zone list or new user data never touch a running node."""
+    for name in prod.instances():
+        assert set(prod.requests[name].ignoreChanges) == set(provider_facts.INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES)
+        assert prod.plain(name)["userDataReplaceOnChange"] is False
+
+
+def test_spot_nodes_are_replaced_on_a_new_type_and_on_demand_nodes_resized(prod):
+    # A one-time spot instance cannot be stopped, so it cannot be resized in place.
     for name, inst in prod.instances().items():
-        raw = base64.b64decode(inst["userDataBase64"])
-        assert len(raw) <= node_software.USER_DATA_LIMIT, name  # EC2 refuses more
-        text = gzip.decompress(raw).decode()  # cloud-init inflates gzip user data
-        assert text.startswith("#cloud-config\n"), name
-        doc = yaml.safe_load(text)
-        files = {f["path"]: f["content"] for f in doc["write_files"]}
-        assert doc["runcmd"], name
-        if inst["tags"]["gpu-swarm:role"] == "worker":
-            assert files[node_software.AGENT_PATH] == agent, name
-            assert "GPU_SWARM_KIND=NVIDIA-GPU" in files[node_software.AGENT_ENV_PATH]
-        else:
-            assert node_software.AGENT_PATH not in files, name
+        spot = inst["tags"]["gpu-swarm:pool"] == "inference"
+        assert list(prod.requests[name].replaceOnChanges) == (["instanceType"] if spot else []), name
+
+
+def test_managers_change_one_after_the_other(prod):
+    assert prod.depends_on("gpu-swarm-managers-1", "gpu-swarm-managers-0")
+    assert prod.depends_on("gpu-swarm-managers-2", "gpu-swarm-managers-1")
+    assert not prod.depends_on("gpu-swarm-inference-1", "gpu-swarm-inference-0")
+
+
+def test_user_data_is_the_same_small_cloud_config_on_every_node(prod):
+    texts = {inst["userData"] for inst in prod.instances().values()}
+    assert texts == {render_user_data()}
+    (text,) = texts
+    assert text.startswith("#cloud-config\n") and len(text.encode()) < 1024
+    assert "userDataBase64" not in next(iter(prod.instances().values()))
 
 
 def test_nodes_are_spread_over_the_zones_that_offer_every_type(prod):
@@ -166,7 +177,7 @@ def test_instances_get_the_groups_of_their_role(prod):
         assert sorted(inst["vpcSecurityGroupIds"]) == ["gpu-swarm-sg-cluster-id", f"gpu-swarm-sg-{role}-id"], name
 
 
-# ---------------------------------------------------------------- the swarm
+# ---------------------------------------------------------------- node software
 
 
 def test_commands_run_as_root(prod):
@@ -174,13 +185,111 @@ def test_commands_run_as_root(prod):
         assert cmd["create"].startswith("sudo -n bash -c "), name
 
 
-def test_joins_wait_for_init_and_tokens(prod):
+def test_every_node_gets_the_node_folder_as_one_versioned_copy(prod):
+    software = node_software.software_hash()
+    copies = {n: prod.plain(n) for n in prod.of_type("command:remote:CopyToRemote")}
+    assert len(copies) == 6
+    for name, copy in copies.items():
+        assert copy["source"]["path"] == "node", name  # relative: no path of the operator's machine
+        assert copy["remotePath"] == node_software.staging_dir(software)
+        instance = prod.plain(name.replace("-copy", "-apply"))["triggers"][0]
+        assert copy["triggers"] == [instance, software], name  # a new instance, or new software: copy again
+
+
+def test_apply_installs_that_version_with_the_steps_of_its_node(prod):
+    software = node_software.software_hash()
+    applies = prod.commands("-apply")
+    assert len(applies) == 6
+    for name, cmd in applies.items():
+        assert software in cmd["create"] and "systemd-run" in cmd["create"], name
+        assert prod.depends_on(name, name.replace("-apply", "-copy"))
+        assert prod.depends_on(name, name.replace("-apply", "-cordon"))
+    training = applies["gpu-swarm-software-training-0-apply"]["create"]
+    assert "bootstrap.sh install-docker install-nvidia-driver install-fabric-manager" in training
+    assert "GPU_SWARM_IMAGE=deep-learning" in training and "NVIDIA_KERNEL_MODULES=open" in training
+    manager = applies["gpu-swarm-software-managers-0-apply"]["create"]
+    assert "bootstrap.sh install-docker apply-docker-config" in manager and "GPU_SWARM_IMAGE=ubuntu" in manager
+
+
+def release_of(prod, name: str) -> str:
+    """The release a node's apply records: software, settings and steps in one hash."""
+    apply = name.replace("-member-", "-software-").rsplit("-", 1)[0] + "-apply"
+    return re.search(r'= ([0-9a-f]{64}) \] && \[ -e', prod.plain(apply)["create"])[1]
+
+
+def test_each_node_kind_has_its_own_release(prod):
+    releases = {name: release_of(prod, name) for name in prod.commands("-apply")}
+    assert len({releases["gpu-swarm-software-managers-0-apply"], releases["gpu-swarm-software-training-0-apply"],
+                releases["gpu-swarm-software-inference-0-apply"]}) == 3
+    assert releases["gpu-swarm-software-inference-0-apply"] == releases["gpu-swarm-software-inference-1-apply"]
+
+
+def test_nodes_are_drained_from_the_first_manager_before_their_software_changes(prod):
+    manager_0_ip = prod.run.exports["managerPublicIps"][0]
+    cordons = prod.commands("-cordon")
+    assert len(cordons) == 6
+    for name, cmd in cordons.items():
+        assert cmd["connection"]["host"] == manager_0_ip, name
+        assert release_of(prod, name) in cmd["create"] and "--availability drain" in cmd["create"]
+        # The swarm must exist first, except for the first manager, which makes it.
+        assert prod.depends_on(name, "gpu-swarm-swarm-init") == (name != "gpu-swarm-software-managers-0-cordon")
+    assert prod.depends_on("gpu-swarm-swarm-init", "gpu-swarm-software-managers-0-apply")
+
+
+def test_the_program_key_and_the_extra_keys_may_log_in():
+    extra = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAINext next@laptop"
+    graph = Graph(run_program(stack_config("dev", sshAuthorizedKeys=[extra])))
+    for name, cmd in graph.commands("-access").items():
+        assert "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeFakeFake" in cmd["create"] and extra in cmd["create"], name
+
+
+def test_commands_that_meet_a_node_first_wait_for_its_boot_others_give_up_soon(prod):
+    patient = ("-probe-1", "-probe-2", "-init", "-join", "-apply", "-copy", "-access")
+    for name in list(prod.of_type("command:remote:Command")) + list(prod.of_type("command:remote:CopyToRemote")):
+        conn = prod.plain(name)["connection"]
+        expected = remote.BOOT if name.endswith(patient) else remote.LIVE
+        assert (conn["dialErrorLimit"], conn["perDialTimeout"]) == expected, name
+        if "proxy" in conn:
+            assert (conn["proxy"]["dialErrorLimit"], conn["proxy"]["perDialTimeout"]) == expected, name
+
+
+def test_ssh_waits_for_the_security_group_rules(prod):
+    for name in prod.commands("-access"):
+        assert prod.depends_on(name, "gpu-swarm-sg-managers-ssh-198-51-100-0-24"), name
+
+
+# ---------------------------------------------------------------- the swarm
+
+
+def test_no_command_reaches_a_node_on_delete(prod):
+    """`pulumi destroy` never needs the swarm: removal happens in SwarmReconcile during pulumi up."""
+    for name in list(prod.of_type("command:remote:Command")) + list(prod.of_type("command:remote:CopyToRemote")):
+        assert "delete" not in prod.plain(name), name
+
+
+def test_the_other_managers_are_asked_again_whenever_the_first_is_new(prod):
+    first = prod.plain("gpu-swarm-managers-0")
+    for i in (1, 2):
+        probe = prod.requests[f"gpu-swarm-swarm-probe-{i}"]
+        assert "stdout" in probe.additionalSecretOutputs  # a live manager answers with its join token
+        assert prod.plain(probe.name)["logging"] == "none"
+        assert prod.plain(probe.name)["triggers"] == ["i-" + hashlib.sha1(b"gpu-swarm-managers-0").hexdigest()[:17]]
+        assert prod.plain(probe.name)["connection"]["host"].startswith("54.")
+        assert prod.depends_on("gpu-swarm-swarm-init", f"gpu-swarm-swarm-probe-{i}")
+    assert first  # the first manager itself is not probed
+    init = prod.inputs["gpu-swarm-swarm-init"]
+    assert is_secret(init["stdin"])
+    assert "--default-addr-pool 10.200.0.0/16" in unwrap(init)["create"]
+
+
+def test_joins_wait_for_the_tokens_and_their_software(prod):
     joins = prod.commands("-join")
     assert len(joins) == 6
     assert prod.depends_on("gpu-swarm-swarm-tokens", "gpu-swarm-swarm-init")
     for name in joins:
-        assert prod.depends_on(name, "gpu-swarm-swarm-init"), name
         assert prod.depends_on(name, "gpu-swarm-swarm-tokens"), name
+        software = name.replace("-member-", "-software-").replace("-join", "-apply")
+        assert prod.depends_on(name, software), name
 
 
 def test_join_tokens_stay_secret(prod):
@@ -189,10 +298,16 @@ def test_join_tokens_stay_secret(prod):
     assert prod.plain("gpu-swarm-swarm-tokens")["logging"] == "none"
     for name in prod.commands("-join"):
         assert is_secret(prod.inputs[name]["stdin"]), name
-    # No token appears anywhere outside a secret.
     for name, inputs in prod.inputs.items():
         visible = json.dumps(_drop_secrets(inputs))
         assert "SWMTKN" not in visible, name
+
+
+def inner(cmd: dict) -> str:
+    """The script inside `sudo -n bash -c '...'`."""
+    words = shlex.split(cmd["create"])
+    assert words[:4] == ["sudo", "-n", "bash", "-c"]
+    return words[4]
 
 
 def _drop_secrets(value):
@@ -217,55 +332,52 @@ def test_workers_are_reached_through_manager_0(prod):
             assert conn["host"].startswith("10.42.") and conn["proxy"]["host"] == manager_0_ip, name
 
 
-def test_joins_check_the_expected_gpus_and_use_the_token_of_their_role(prod):
+def test_joins_name_the_cluster_every_manager_and_the_token_of_their_role(prod):
+    manager_ips = prod.run.exports["managerPrivateIps"]
     for name, cmd in prod.commands("-join").items():
-        expected = 8 if "training" in name else 4 if "inference" in name else 0
-        assert "docker swarm join" in cmd["create"] and f'[ "$n" -eq {expected} ]' in cmd["create"], name
-        # The token decides the role the node joins with.
+        assert "docker swarm join" in cmd["create"] and FAKE_CLUSTER_ID in cmd["create"], name
+        assert "targets='" + " ".join(f"{ip}:2377" for ip in manager_ips) + "'" in inner(cmd), name
         role = "manager" if "-member-managers-" in name else "worker"
         assert cmd["stdin"] == f"SWMTKN-1-{role}-secret", name
 
 
-def test_labels_run_on_manager_0_and_remove_the_node_when_deleted(prod):
+def test_admits_run_on_manager_0_label_the_node_and_check_its_gpus(prod):
     manager_0_ip = prod.run.exports["managerPublicIps"][0]
-    labels = prod.commands("-label")
-    assert len(labels) == 6
-    for name, cmd in labels.items():
+    admits = prod.commands("-admit")
+    assert len(admits) == 6
+    for name, cmd in admits.items():
         assert cmd["connection"]["host"] == manager_0_ip and "proxy" not in cmd["connection"], name
-        assert prod.depends_on(name, name.replace("-label", "-join")), name
-        node_id = cmd["triggers"][0]
-        assert len(node_id) == 25 and node_id in cmd["create"], name
-        if name == "gpu-swarm-member-managers-0-label":
-            assert "delete" not in cmd  # manager-0 cannot drain and remove itself
-        else:
-            assert "docker node rm --force" in cmd["delete"] and node_id in cmd["delete"], name
-    assert "gpu-swarm.pool=training" in labels["gpu-swarm-member-training-0-label"]["create"]
-    assert "gpu-swarm.gpu-model=H100" in labels["gpu-swarm-member-training-0-label"]["create"]
+        assert prod.depends_on(name, name.replace("-admit", "-join")), name
+        expected = 8 if "training" in name else 4 if "inference" in name else 0
+        assert f'[ "$n" -eq {expected} ]' in cmd["create"], name
+        assert f"gpu-swarm.software={release_of(prod, name)}" in cmd["create"], name
+    training = admits["gpu-swarm-member-training-0-admit"]["create"]
+    assert "gpu-swarm.pool=training" in training and "gpu-swarm.gpu-model=H100" in training
 
 
-def test_bootstrap_timings_are_read_after_the_join(prod):
-    for name in prod.commands("-timings"):
-        assert prod.depends_on(name, name.replace("-timings", "-join")), name
+def test_reconcile_keeps_every_node_and_stack_after_all_are_admitted(prod):
+    (name,) = prod.commands("reconcile-run")
+    cmd = prod.plain(name)
+    node_ids = [n["swarmNodeId"] for n in prod.run.exports["inventory"]]
+    assert "keep_nodes=' " + " ".join(sorted(node_ids)) + " '" in inner(cmd)
+    assert "keep_stacks=' gpu-smoke '" in inner(cmd)
+    for admit in prod.commands("-admit"):
+        assert prod.depends_on(name, admit), admit
 
 
-def test_stacks_deploy_after_every_node_is_in_and_only_on_content_change(prod):
-    labels = prod.commands("-label")
-    (copy_name,) = prod.of_type("command:remote:CopyToRemote")
+def test_stacks_deploy_from_stdin_after_every_node_is_in(prod):
     deploy_name = "gpu-swarm-stack-gpu-smoke-deploy"
-    for name in (copy_name, deploy_name):
-        for label in labels:
-            assert prod.depends_on(name, label), (name, label)
-    assert prod.depends_on(deploy_name, copy_name)
-    copy, deploy = prod.plain(copy_name), prod.plain(deploy_name)
-    sha = copy["triggers"][0]
-    assert len(sha) == 64 and copy["source"]["path"] == "stacks/gpu-smoke.yml"
-    assert copy["remotePath"] == f"/tmp/gpu-swarm-stacks/gpu-smoke-{sha[:16]}.yml"
-    # The hash reaches the deploy through its create command (an in-place update), never
-    # through triggers (a replacement whose old `docker stack rm` would undo the new deploy).
-    assert copy["remotePath"] in deploy["create"] and "docker stack deploy" in deploy["create"]
-    assert "triggers" not in deploy
-    assert "docker stack rm" in deploy["delete"]
-    assert prod.requests[deploy_name].deleteBeforeReplace
+    for admit in prod.commands("-admit"):
+        assert prod.depends_on(deploy_name, admit), admit
+    deploy = prod.plain(deploy_name)
+    text = (REPO / "stacks" / "gpu-smoke.yml").read_text()
+    assert deploy["stdin"] == text
+    sha = hashlib.sha256(text.encode()).hexdigest()
+    # The hash is in the script, so new content is an in-place update (docker stack deploy
+    # rolls the services); there are no triggers to replace it.
+    assert sha[:16] in deploy["create"] and "docker stack deploy --detach=true" in deploy["create"]
+    assert "-c - gpu-smoke" in deploy["create"] and "triggers" not in deploy
+    assert not prod.of_type("command:remote:CopyFile")
 
 
 # ---------------------------------------------------------------- outputs
@@ -341,9 +453,7 @@ def test_supplied_key_is_used_and_not_exported():
     assert is_secret(join["connection"]) and unwrap(join["connection"])["privateKey"] == private
 
 
-def test_custom_ami_nodes_follow_an_ami_change():
+def test_a_custom_ami_reaches_new_nodes_and_running_ones_keep_theirs():
     graph = Graph(run_program(stack_config("dev", image="custom", amiId="ami-0123456789abcdef0")))
-    worker = graph.requests["gpu-swarm-t4-0"]
     assert graph.plain("gpu-swarm-t4-0")["ami"] == "ami-0123456789abcdef0"
-    assert list(worker.ignoreChanges) == []
-    assert list(graph.requests["gpu-swarm-managers-0"].ignoreChanges) == ["ami"]
+    assert "ami" in graph.requests["gpu-swarm-t4-0"].ignoreChanges

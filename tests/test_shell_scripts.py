@@ -72,7 +72,7 @@ class Node:
         self.calls = tmp_path / "calls"
         self.daemon_json = tmp_path / "docker" / "daemon.json"
         self.node_env = tmp_path / "node.env"
-        for folder in (self.steps, self.bin):
+        for folder in (self.steps, self.bin, tmp_path / "units"):
             folder.mkdir()
         self.env = {
             **os.environ,
@@ -81,6 +81,7 @@ class Node:
             "GPU_SWARM_VERSIONS": str(NODE_SRC / "versions.env"), "GPU_SWARM_NODE_ENV": str(self.node_env),
             "GPU_SWARM_STEPS": str(self.steps), "GPU_SWARM_VENV": str(tmp_path / "venv"),
             "DOCKER_DAEMON_JSON": str(self.daemon_json), "FAKE_CALLS": str(self.calls),
+            "GPU_SWARM_UNIT_DIR": str(tmp_path / "units"),
         }
         self.env.pop("STEP_STATUS_FILE", None)
 
@@ -91,6 +92,8 @@ class Node:
     def real_step(self, name: str) -> None:
         shutil.copy(NODE_SRC / f"{name}.sh", self.steps / f"{name}.sh")
         shutil.copy(COMMON, self.steps / "common.sh")
+        for unit in NODE_SRC.glob("*.service"):  # steps install units from beside themselves
+            shutil.copy(unit, self.steps / unit.name)
 
     def fake(self, command: str, body: str) -> None:
         """A fake command that records its arguments, then runs body."""
@@ -215,12 +218,74 @@ def test_install_docker_skips_a_new_enough_engine(node, version):
     assert node.statuses() == {"install-docker": "skipped"}
 
 
-def test_install_driver_skips_a_working_driver(node):
+INSTALLED = """ii  nvidia-utils-580-server
+ii  libnvidia-compute-580-server
+ii  linux-modules-nvidia-580-server-open-6.8.0-1021-aws
+ii  nvidia-fabricmanager-580
+ii  libnvidia-container1
+ii  nvidia-container-toolkit
+rc  nvidia-utils-570-server
+ii  linux-image-6.8.0-1021-aws
+ii  python3
+"""
+
+
+def fake_dpkg(node: Node) -> None:
+    node.fake("dpkg-query", f"printf '%s' '{INSTALLED}'")
+    node.fake("apt-mark", "exit 0")
+
+
+def test_install_driver_skips_a_working_driver_and_holds_its_packages(node):
+    """A driver that came with the image (Deep Learning AMI) is held like one the step installs."""
     node.real_step("install-nvidia-driver")
     fake_nvidia_smi(node)
+    fake_dpkg(node)
     assert node.bootstrap("install-nvidia-driver").returncode == 0, node.log.read_text()
     assert node.statuses() == {"install-nvidia-driver": "skipped"}
     assert "NVIDIA driver 580.95.05" in node.log.read_text()
+    # Installed NVIDIA packages only: not a removed one (rc), not the kernel, not python3.
+    assert [c for c in node.called() if c.startswith("apt-mark")] == [
+        "apt-mark hold nvidia-utils-580-server libnvidia-compute-580-server "
+        "linux-modules-nvidia-580-server-open-6.8.0-1021-aws nvidia-fabricmanager-580 libnvidia-container1 "
+        "nvidia-container-toolkit"]
+
+
+def test_install_driver_holds_the_driver_and_the_kernel_it_was_built_for(node):
+    node.real_step("install-nvidia-driver")
+    fake_dpkg(node)
+    # No driver yet; Ubuntu has prebuilt modules for this kernel.
+    smi = node.bin / "nvidia-smi"
+    node.fake("apt-cache", "exit 0")
+    node.fake("apt-get", f'case " $* " in *" install "*) cp "{node.root}/smi" "{smi}" ;; esac')
+    node.write(node.root / "smi", '#!/bin/sh\necho "GPU 0: NVIDIA L4 (UUID: GPU-48f73d5c-653c-94b5-f00e-d5bba41a1cfb)"\n')
+    node.fake("modprobe", "exit 0")
+    node.fake("uname", "echo 6.8.0-1021-aws")
+    node.fake("dpkg", "exit 0")  # dpkg -s: the kernel metapackages are installed
+    env_path = ":".join(p for p in node.env["PATH"].split(":") if not (Path(p) / "nvidia-smi").exists())
+    assert node.bootstrap("install-nvidia-driver", PATH=env_path).returncode == 0, node.log.read_text()
+    called = node.called()
+    install = next(c for c in called if " install " in c)
+    assert "--allow-change-held-packages" in install and "nvidia-headless-no-dkms-580-server-open" in install
+    assert "linux-modules-nvidia-580-server-open-6.8.0-1021-aws" in install
+    holds = [c for c in called if c.startswith("apt-mark hold")]
+    assert holds[0].startswith("apt-mark hold nvidia-utils-580-server")
+    assert holds[1:] == ["apt-mark hold linux-aws", "apt-mark hold linux-image-aws", "apt-mark hold linux-headers-aws"]
+
+
+def test_install_driver_with_dkms_installs_headers_that_follow_the_kernel(node):
+    node.real_step("install-nvidia-driver")
+    fake_dpkg(node)
+    node.fake("apt-cache", "exit 1")  # no prebuilt modules for this kernel
+    node.fake("apt-get", f'case " $* " in *" install "*) cp "{node.root}/smi" "{node.bin}/nvidia-smi" ;; esac')
+    node.write(node.root / "smi", '#!/bin/sh\necho "GPU 0: NVIDIA L4 (UUID: GPU-48f73d5c-653c-94b5-f00e-d5bba41a1cfb)"\n')
+    node.fake("modprobe", "exit 0")
+    node.fake("uname", "echo 6.8.0-1099-aws")
+    env_path = ":".join(p for p in node.env["PATH"].split(":") if not (Path(p) / "nvidia-smi").exists())
+    assert node.bootstrap("install-nvidia-driver", PATH=env_path).returncode == 0, node.log.read_text()
+    install = next(c for c in node.called() if " install " in c)
+    assert "nvidia-headless-580-server-open linux-headers-6.8.0-1099-aws linux-headers-aws" in install
+    # DKMS builds for the next kernel, so the kernel is not held.
+    assert not [c for c in node.called() if c.startswith("apt-mark hold linux-")]
 
 
 def test_install_driver_will_not_layer_a_driver_onto_a_deep_learning_ami(node):
@@ -235,6 +300,7 @@ def test_install_driver_will_not_layer_a_driver_onto_a_deep_learning_ami(node):
 def test_install_fabric_manager_skips_when_running(node):
     node.real_step("install-fabric-manager")
     fake_nvidia_smi(node)
+    fake_dpkg(node)
     node.fake("systemctl", "exit 0")
     assert node.bootstrap("install-fabric-manager").returncode == 0, node.log.read_text()
     assert node.statuses() == {"install-fabric-manager": "skipped"}
@@ -255,6 +321,7 @@ PY
   ;;
 esac""")
     node.write(node.daemon_json, '{"log-driver": "json-file"}\n')
+    fake_dpkg(node)
 
     assert node.bootstrap("install-container-toolkit").returncode == 0, node.log.read_text()
     assert node.statuses() == {"install-container-toolkit": "done"}
@@ -265,18 +332,35 @@ esac""")
         "nvidia-ctk runtime configure --runtime=docker --set-as-default"]
 
 
+PINNED_NVML = node_software.min_versions()["NVIDIA_ML_PY_VERSION"]
+
+
 def test_gpu_agent_step_enables_and_runs_the_unit(node):
     node.real_step("install-gpu-agent")
-    node.write(node.root / "venv" / "bin" / "python", "#!/bin/sh\nexit 0\n")  # pynvml importable
+    node.write(node.root / "venv" / "bin" / "python", f"#!/bin/sh\necho {PINNED_NVML}\n")  # pinned NVML installed
     node.fake("systemctl", "exit 0")
     assert node.bootstrap("install-gpu-agent").returncode == 0, node.log.read_text()
     assert node.called() == ["systemctl daemon-reload", "systemctl enable gpu-swarm-agent.service",
                              "systemctl start gpu-swarm-agent.service"]
+    assert (node.root / "units" / "gpu-swarm-agent.service").read_text() == \
+        (NODE_SRC / "gpu-swarm-agent.service").read_text()
+
+
+def test_gpu_agent_step_installs_the_pinned_nvml_bindings(node):
+    """Another version (an AMI's, or last release's pin) is replaced by the pinned one."""
+    node.real_step("install-gpu-agent")
+    venv = node.root / "venv"
+    node.write(venv / "bin" / "python", "#!/bin/sh\necho 12.535.77\n")
+    node.fake("python3", f'[ "$1 $2" = "-m venv" ] && mkdir -p {venv}/bin && '
+                         f'printf \'#!/bin/sh\\necho "pip $*" >>"$FAKE_CALLS"\\n\' >{venv}/bin/pip && chmod +x {venv}/bin/pip')
+    node.fake("systemctl", "exit 0")
+    assert node.bootstrap("install-gpu-agent").returncode == 0, node.log.read_text()
+    assert f"pip install -q --disable-pip-version-check nvidia-ml-py=={PINNED_NVML}" in node.called()
 
 
 def test_gpu_agent_step_fails_loudly_with_the_agents_journal(node):
     node.real_step("install-gpu-agent")
-    node.write(node.root / "venv" / "bin" / "python", "#!/bin/sh\nexit 0\n")
+    node.write(node.root / "venv" / "bin" / "python", f"#!/bin/sh\necho {PINNED_NVML}\n")
     node.fake("systemctl", '[ "$1" != start ]')
     node.fake("journalctl", 'echo "agent: NVML failed"')
     assert node.bootstrap("install-gpu-agent").returncode == 1

@@ -1,0 +1,50 @@
+"""The swarm made to match the program: nodes and stacks the program no longer has are removed.
+
+Run on a manager during `pulumi up`, after every current node is admitted. Removal happens
+here rather than in delete hooks: a delete hook runs with the connection of the past (a
+manager that may be gone) and would hold up `pulumi destroy`, while this runs with today's
+connection while the nodes to remove are still alive, so their tasks move before they go.
+Only what the program made is touched: nodes with a pool label, stacks with a marker.
+"""
+from __future__ import annotations
+
+from swarm.rollout import POOL_LABEL, manager_ready
+from swarm.script import node_id, quote, script, swarm_name, wait_until
+from swarm.stacks import STACK_MARKER_PREFIX
+
+
+def reconcile(*, nodes: list[str], stacks: list[str], drain_timeout_s: int = 300,
+              stack_timeout_s: int = 120) -> str:
+    """Drain and remove labelled nodes not in `nodes`; remove marked stacks not in `stacks`."""
+    keep_nodes = " ".join(node_id(n) for n in sorted(set(nodes)))
+    keep_stacks = " ".join(swarm_name(s, "stack name") for s in sorted(set(stacks)))
+    namespace = '"label=com.docker.stack.namespace=$name"'
+    return script(
+        *manager_ready(),
+        f"keep_nodes=' {keep_nodes} '",
+        f"keep_stacks=' {keep_stacks} '",
+        f"for id in $(docker node ls -q --filter {quote('node.label=' + POOL_LABEL)}); do",
+        '  case "$keep_nodes" in *" $id "*) continue ;; esac',
+        "  role=$(docker node inspect --format '{{.Spec.Role}}' \"$id\")",
+        '  echo "removing node $id ($role), which the program no longer has"',
+        '  docker node update --availability drain "$id" >/dev/null',
+        *_indent(wait_until('[ -z "$(docker node ps "$id" --filter desired-state=running -q)" ]',
+                            drain_timeout_s, "tasks on node $id did not move away")),
+        '  if [ "$role" = manager ]; then docker node demote "$id" >/dev/null; fi',
+        '  docker node rm --force "$id" >/dev/null',
+        "done",
+        f"for marker in $(docker config ls --filter name={STACK_MARKER_PREFIX} --format '{{{{.Name}}}}'); do",
+        f'  name=${{marker#"{STACK_MARKER_PREFIX}"}}',
+        '  case "$keep_stacks" in *" $name "*) continue ;; esac',
+        '  echo "removing stack $name, which the program no longer has"',
+        "  if docker stack ls --format '{{.Name}}' | grep -qx -- \"$name\"; then docker stack rm \"$name\" >/dev/null; fi",
+        *_indent(wait_until(f'[ -z "$(docker service ls -q --filter {namespace})$(docker network ls -q --filter {namespace})" ]',
+                            stack_timeout_s, "stack $name still has services or networks", interval_s=1)),
+        '  docker config rm "$marker" >/dev/null',
+        "done",
+        "echo reconciled",
+    )
+
+
+def _indent(lines: list[str]) -> list[str]:
+    return ["  " + line for line in lines]

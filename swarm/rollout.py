@@ -1,0 +1,135 @@
+"""Taking a node out of scheduling for a software change, and admitting it (back) afterwards.
+
+Run on a manager. A node whose software is about to change is drained first (cordon),
+holding its pool's maintenance lease, so at most one node per pool is out at a time while
+the rest of the pool keeps its GPUs in service. admit labels the node, checks what the swarm
+sees of its GPUs, records the software it runs, and gives back only what cordon (or a
+failed GPU check) took: a node an operator drained stays drained.
+"""
+from __future__ import annotations
+
+import json
+
+from swarm.gpu_kind import validate_kind
+from swarm.script import ip_address, label_key, node_id, quote, script, sha256_hex, swarm_name, wait_until
+
+# Node labels the program owns (besides the pool labels cluster.py sets).
+SOFTWARE_LABEL = "gpu-swarm.software"  # the node software hash the node runs
+MAINTENANCE_LABEL = "gpu-swarm.maintenance"  # the pool's lease: since when the node is out
+DRAINED_BY_LABEL = "gpu-swarm.drained-by"  # who drained it: rollout, gpu-check, health; none: an operator
+POOL_LABEL = "gpu-swarm.pool"
+LOCK_PATH = "/run/lock/gpu-swarm-rollout.lock"
+# A lease older than this belongs to a `pulumi up` that died half-way: it no longer blocks.
+STALE_LEASE_S = 2 * 3600
+
+
+def manager_ready(timeout_s: int = 180) -> list[str]:
+    """Lines that wait until this manager's engine answers and the swarm has a leader.
+
+    A manager restarts its engine when its own software changes; the commands that other
+    nodes run on it meanwhile wait rather than fail.
+    """
+    return wait_until("docker node ls -q >/dev/null 2>&1", timeout_s,
+                      "this manager's engine does not answer or the swarm has no leader; see docker node ls")
+
+
+def node_by_address() -> str:
+    """A bash function: the ID of the swarm node whose address is $1, or nothing."""
+    return (
+        "node_by_address() {\n"
+        "  docker node ls -q | xargs -r docker node inspect --format '{{.ID}} {{.Status.Addr}}' |\n"
+        "    awk -v a=\"$1\" '$2 == a { print $1; exit }'\n"
+        "}"
+    )
+
+
+def node_label() -> str:
+    """A bash function: label $2 of node $1, empty when unset."""
+    return "node_label() { docker node inspect --format \"{{index .Spec.Labels \\\"$2\\\"}}\" \"$1\"; }"
+
+
+def cordon_node(address: str, *, pool: str, software: str, lock_path: str = LOCK_PATH,
+                lease_timeout_s: int = 3600, drain_timeout_s: int = 300) -> str:
+    """Drain the node at `address` before its software changes; a no-op for new nodes.
+
+    Waits for its pool's maintenance lease (one node per pool at a time), then drains the
+    node, if it was active, and waits for its tasks to move.
+    """
+    addr = quote(ip_address(address))
+    pool = swarm_name(pool, "pool name")
+    want = sha256_hex(software)
+    lease_filter = quote(f"node.label={POOL_LABEL}={pool}")
+    return script(
+        *manager_ready(),
+        node_by_address(),
+        node_label(),
+        f"id=$(node_by_address {addr})",
+        f'if [ -z "$id" ]; then echo "node {address} is not in the swarm yet: nothing to drain"; exit 0; fi',
+        f'if [ "$(node_label "$id" {SOFTWARE_LABEL})" = {want} ]; then echo "node $id already runs this software"; exit 0; fi',
+        f"exec 9>{quote(lock_path)}",
+        f"end=$(( $(date +%s) + {int(lease_timeout_s)} ))",
+        "while :; do",
+        "  flock 9",
+        "  holder=''",
+        f"  for other in $(docker node ls -q --filter {lease_filter}); do",
+        '    [ "$other" != "$id" ] || continue',
+        f'    since=$(node_label "$other" {MAINTENANCE_LABEL})',
+        f'    if [ -n "$since" ] && [ $(( $(date +%s) - ${{since%%:*}} )) -lt {STALE_LEASE_S} ]; then holder=$other; fi',
+        "  done",
+        '  if [ -z "$holder" ]; then',
+        f"    set -- --label-add {MAINTENANCE_LABEL}=\"$(date +%s):{want[:12]}\"",
+        "    if [ \"$(docker node inspect --format '{{.Spec.Availability}}' \"$id\")\" = active ]; then",
+        f"      set -- \"$@\" --availability drain --label-add {DRAINED_BY_LABEL}=rollout",
+        "    fi",
+        '    docker node update "$@" "$id" >/dev/null',
+        "    flock -u 9; break",
+        "  fi",
+        "  flock -u 9",
+        '  [ "$(date +%s)" -lt "$end" ] || { echo "gpu-swarm: node $holder of pool'
+        f' {pool} has been out for maintenance too long; its software update failed or is still running. '
+        f'Fix it, or remove its {MAINTENANCE_LABEL} label, and run pulumi up again" >&2; exit 1; }}',
+        f'  echo "waiting: node $holder of pool {pool} is being updated" >&2',
+        "  sleep 5",
+        "done",
+        *wait_until('[ -z "$(docker node ps "$id" --filter desired-state=running -q)" ]', drain_timeout_s,
+                    "tasks on node $id did not move away"),
+        'echo "node $id drained for its software update"',
+    )
+
+
+def admit_node(node: str, labels: dict[str, str], *, expected_gpus: int, kind: str, software: str) -> str:
+    """Label a node, check the swarm sees its GPUs, end its maintenance; print its GPU resources as JSON."""
+    node = node_id(node)
+    kind = validate_kind(kind)
+    want = sha256_hex(software)
+    if expected_gpus < 0:
+        raise ValueError(f"expected_gpus must be >= 0, got {expected_gpus}")
+    adds = [f"--label-add {quote(f'{label_key(k)}={v}')}" for k, v in sorted(labels.items())]
+    adds.append(f"--label-add {SOFTWARE_LABEL}={want}")
+    kind_field = quote(f'"Kind":"{kind}"')
+    return script(
+        *manager_ready(),
+        node_label(),
+        f"docker node update {' '.join(adds)} {node} >/dev/null",
+        f"res=$(docker node inspect {node} --format '{{{{json .Description.Resources.GenericResources}}}}')",
+        f"n=$(printf '%s' \"$res\" | grep -o {kind_field} | wc -l)",
+        f'[ "$n" -eq {int(expected_gpus)} ] || '
+        f'{{ echo "gpu-swarm: swarm sees $n {kind} on node {node}, expected {int(expected_gpus)}" >&2; exit 1; }}',
+        # End of maintenance: release the lease, and give back only what the program took.
+        f"set -- --label-rm {MAINTENANCE_LABEL}",
+        f'case "$(node_label {node} {DRAINED_BY_LABEL})" in',
+        f'  rollout|gpu-check) set -- "$@" --availability active --label-rm {DRAINED_BY_LABEL} ;;',
+        "esac",
+        f'docker node update "$@" {node} >/dev/null',
+        "printf '%s\\n' \"$res\"",
+    )
+
+
+def advertised_gpus(generic_resources_json: str, kind: str) -> list[str]:
+    """The UUIDs in `docker node inspect`'s GenericResources JSON that are of `kind`."""
+    entries = json.loads(generic_resources_json.strip() or "null") or []
+    return sorted(
+        e["NamedResourceSpec"]["Value"]
+        for e in entries
+        if "NamedResourceSpec" in e and e["NamedResourceSpec"].get("Kind") == kind
+    )

@@ -1,0 +1,250 @@
+"""What each routine change does to a running cluster: the program under mocks with config A, then B.
+
+Each test runs the program twice and compares the registered inputs resource by resource,
+as the engine diffs the new program against the last state. components/provider_facts.py
+says which input changes replace a resource; the node pools' ignore_changes say which a
+running node keeps. The promise under test: routine changes replace no instance, and each
+touches only the resources it must.
+"""
+from __future__ import annotations
+
+import gzip
+import platform
+from dataclasses import dataclass, field
+
+import pytest
+
+import node_software
+from components import provider_facts
+from tests.conftest import CUSTOM_AMI, CUSTOM_AMI_NEXT, request_inputs, run_program, stack_config, unwrap
+
+INSTANCE = "aws:ec2/instance:Instance"
+REPLACE_FACTS = (INSTANCE, "command:remote:Command", "command:remote:CopyToRemote")
+
+
+@dataclass
+class Plan:
+    created: set[str] = field(default_factory=set)
+    deleted: set[str] = field(default_factory=set)
+    updated: dict[str, set[str]] = field(default_factory=dict)  # name -> changed inputs
+    replaced: dict[str, set[str]] = field(default_factory=dict)  # name -> the inputs that force it
+    instances: set[str] = field(default_factory=set)
+
+    def changed(self) -> set[str]:
+        return self.created | self.deleted | set(self.updated) | set(self.replaced)
+
+    def instances_replaced(self) -> dict[str, set[str]]:
+        return {n: why for n, why in self.replaced.items() if n in self.instances}
+
+
+def _registered(run) -> dict:
+    return {name: (req.type, unwrap(request_inputs(req)), req) for name, req in run.monitor.requests.items()
+            if not req.type.startswith(("pulumi:", "gpu-swarm:"))}
+
+
+def plan(config_a: dict, config_b: dict, *, between=None, secret_keys=(), stack: str = "prod") -> Plan:
+    """Run the program with config A, then (after `between()`, if given) with config B; diff them."""
+    a = _registered(run_program(config_a, secret_keys, stack=stack))
+    if between:
+        between()
+    b = _registered(run_program(config_b, secret_keys, stack=stack))
+    result = Plan(created=set(b) - set(a), deleted=set(a) - set(b),
+                  instances={n for n, (typ, _, _) in b.items() if typ == INSTANCE})
+    for name in set(a) & set(b):
+        typ, old, _ = a[name]
+        _, new, request = b[name]
+        ignored = set(request.ignoreChanges)  # top-level inputs a running resource keeps
+        old = {k: v for k, v in old.items() if k not in ignored}
+        new = {k: v for k, v in new.items() if k not in ignored}
+        if old == new:
+            continue
+        forcing = provider_facts.replaced_by(typ, old, new) if typ in provider_facts.KNOWN_TYPES else set()
+        forcing |= {p for p in request.replaceOnChanges if old.get(p) != new.get(p)}
+        if forcing:
+            result.replaced[name] = forcing
+        else:
+            result.updated[name] = {k for k in set(old) | set(new) if old.get(k) != new.get(k)}
+    return result
+
+
+PROD = stack_config("prod")
+
+
+def with_(**overrides) -> dict:
+    return stack_config("prod", **overrides)
+
+
+def test_a_second_pulumi_up_with_nothing_changed_changes_nothing():
+    assert plan(PROD, PROD).changed() == set()
+
+
+def test_an_operator_on_another_os_and_python_changes_nothing(monkeypatch):
+    """The old user data was gzipped, and zlib's OS byte (3 Linux, 19 macOS, 10 Windows, 255 on
+    Python 3.10) replaced every instance when a colleague ran `pulumi up`. Nothing the program
+    registers may depend on the operator's machine."""
+    real = gzip.compress
+
+    def other_os(pretend):
+        monkeypatch.setattr(platform, "system", lambda: pretend)
+        monkeypatch.setattr(gzip, "compress", lambda data, *a, **k: real(data, *a, **k)[:9] + b"\x13" + real(data, *a, **k)[10:])
+
+    assert plan(PROD, PROD, between=lambda: other_os("Darwin")).changed() == set()
+    assert plan(PROD, PROD, between=lambda: other_os("Windows")).changed() == set()
+
+
+def test_a_new_manager_type_resizes_the_managers_in_place():
+    result = plan(PROD, with_(managerInstanceType="m7i.xlarge"))
+    assert result.instances_replaced() == {}
+    assert set(result.updated) == {"gpu-swarm-managers-0", "gpu-swarm-managers-1", "gpu-swarm-managers-2"}
+    assert all(keys == {"instanceType"} for keys in result.updated.values())
+    assert not result.created and not result.deleted
+
+
+def test_a_new_gpu_type_resizes_on_demand_nodes_and_replaces_spot_ones():
+    result = plan(PROD, with_(gpuPools=[
+        {"name": "training", "instanceType": "p5.48xlarge", "count": 1, "rootVolumeGiB": 500},
+        {"name": "inference", "instanceType": "g6e.12xlarge", "count": 2, "spot": True, "rootVolumeGiB": 300},
+    ]))
+    assert result.instances_replaced() == {}  # a bigger root volume grows in place
+    assert set(result.updated) == {"gpu-swarm-inference-0", "gpu-swarm-inference-1"}
+    result = plan(PROD, with_(gpuPools=[
+        {"name": "training", "instanceType": "p5.48xlarge", "count": 1, "rootVolumeGiB": 500},
+        {"name": "inference", "instanceType": "g4dn.12xlarge", "count": 2, "spot": True},
+    ]))
+    # A one-time spot instance cannot be stopped to be resized: it is replaced, as the README says.
+    assert result.instances_replaced() == {"gpu-swarm-inference-0": {"instanceType"},
+                                           "gpu-swarm-inference-1": {"instanceType"}}
+
+
+NODES = ["managers-0", "managers-1", "managers-2", "training-0", "inference-0", "inference-1"]
+
+
+def test_rotating_the_ssh_key_replaces_no_node():
+    old_pub = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOld old@key"
+    new_pub = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAINew new@key"
+    old_key = "-----BEGIN OPENSSH PRIVATE KEY-----\nb2xk\n-----END OPENSSH PRIVATE KEY-----\n"
+    new_key = "-----BEGIN OPENSSH PRIVATE KEY-----\nbmV3\n-----END OPENSSH PRIVATE KEY-----\n"
+    secret = ("gpu-swarm:sshPrivateKey",)
+    a = with_(sshPublicKey=old_pub, sshPrivateKey=old_key)
+    # Step 1: the new key is authorized while the old one is still in use.
+    step1 = with_(sshPublicKey=old_pub, sshPrivateKey=old_key, sshAuthorizedKeys=[new_pub])
+    result = plan(a, step1, secret_keys=secret)
+    assert not result.replaced and not result.created and not result.deleted
+    assert set(result.updated) == {f"gpu-swarm-software-{n}-access" for n in NODES}
+    # Step 2: the program switches to the new key; the old one leaves every node.
+    step2 = with_(sshPublicKey=new_pub, sshPrivateKey=new_key)
+    result = plan(step1, step2, secret_keys=secret)
+    assert result.instances_replaced() == {}
+    assert set(result.replaced) == {"gpu-swarm-ssh-pair"}  # a new EC2 key pair, for new nodes only
+    for name in (f"gpu-swarm-software-{n}-{s}" for n in NODES for s in ("apply", "cordon")):
+        assert "connection" in result.updated[name], name  # re-run with the new key: all idempotent
+    access = result.updated["gpu-swarm-software-training-0-access"]
+    assert access == {"create", "connection"}
+
+
+def test_a_new_zone_list_moves_no_running_node():
+    pools = [{"name": "t4", "instanceType": "g4dn.xlarge", "count": 4}]
+    a = stack_config("dev", gpuPools=pools, availabilityZones=["us-east-1a", "us-east-1c"])
+    for zones in (["us-east-1a", "us-east-1c", "us-east-1b"], ["us-east-1c", "us-east-1d"]):
+        result = plan(a, stack_config("dev", gpuPools=pools, availabilityZones=zones), stack="dev")
+        assert result.instances_replaced() == {}
+        assert not result.updated.keys() & result.instances  # running nodes keep their subnet
+    assert "gpu-swarm-network-us-east-1b" in plan(a, stack_config("dev", gpuPools=pools, availabilityZones=[
+        "us-east-1a", "us-east-1c", "us-east-1b"]), stack="dev").created
+
+
+def test_changed_node_software_rolls_through_the_nodes_and_replaces_none(monkeypatch):
+    """An edit under node/ (or a versions.env bump): copy, drain, apply and admit again, in place."""
+    result = plan(PROD, PROD, between=lambda: monkeypatch.setattr(node_software, "software_hash",
+                                                                  lambda source=None: "f" * 64))
+    assert result.instances_replaced() == {}
+    assert set(result.replaced) == {f"gpu-swarm-software-{n}-copy" for n in NODES}  # a fresh copy each
+    assert {n for n in result.updated} == (
+        {f"gpu-swarm-software-{n}-{step}" for n in NODES for step in ("cordon", "apply")}
+        | {f"gpu-swarm-member-{n}-admit" for n in NODES})
+    assert not result.created and not result.deleted
+
+
+def test_a_new_gpu_kind_rolls_the_nodes_without_replacing_them():
+    result = plan(with_(stacks=[]), with_(stacks=[], gpuKind="GPU"))
+    assert result.instances_replaced() == {} and not result.replaced
+    # Every node's settings change (node.env), so each is drained, applied and admitted again.
+    assert {f"gpu-swarm-software-{n}-cordon" for n in NODES} <= set(result.updated)
+    assert {f"gpu-swarm-member-{n}-admit" for n in NODES} <= set(result.updated)
+
+
+def test_a_new_custom_ami_reaches_new_nodes_only():
+    a = with_(image="custom", amiId=CUSTOM_AMI)
+    result = plan(a, with_(image="custom", amiId=CUSTOM_AMI_NEXT))
+    assert result.changed() == set()  # running nodes keep theirs; a new or replaced node boots the new one
+
+
+def test_scaling_a_pool_up_adds_its_nodes_and_touches_nothing_else_but_the_reconcile():
+    result = plan(PROD, with_(gpuPools=[
+        {"name": "training", "instanceType": "p5.48xlarge", "count": 1, "rootVolumeGiB": 500},
+        {"name": "inference", "instanceType": "g6e.12xlarge", "count": 3, "spot": True},
+    ]))
+    assert not result.replaced and not result.deleted
+    assert "gpu-swarm-inference-2" in result.created and "gpu-swarm-member-inference-2-join" in result.created
+    assert set(result.updated) == {"gpu-swarm-reconcile-run"}
+
+
+def test_scaling_a_pool_down_drains_the_node_in_the_reconcile_before_the_instance_goes():
+    result = plan(PROD, with_(gpuPools=[
+        {"name": "training", "instanceType": "p5.48xlarge", "count": 1, "rootVolumeGiB": 500},
+        {"name": "inference", "instanceType": "g6e.12xlarge", "count": 1, "spot": True},
+    ]))
+    assert not result.replaced and not result.created
+    assert {"gpu-swarm-inference-1", "gpu-swarm-member-inference-1-join"} <= result.deleted
+    # Deletes run last in `pulumi up`; the reconcile, an update, drains and removes the node first.
+    assert set(result.updated) == {"gpu-swarm-reconcile-run"}
+
+
+def test_adding_a_pool_adds_its_nodes_only():
+    result = plan(PROD, with_(gpuPools=[
+        {"name": "training", "instanceType": "p5.48xlarge", "count": 1, "rootVolumeGiB": 500},
+        {"name": "inference", "instanceType": "g6e.12xlarge", "count": 2, "spot": True},
+        {"name": "t4", "instanceType": "g4dn.xlarge", "count": 1},
+    ]))
+    assert not result.replaced and not result.deleted
+    assert "gpu-swarm-t4-0" in result.created
+    assert set(result.updated) == {"gpu-swarm-reconcile-run"}
+
+
+def test_adding_and_removing_a_stack_touches_the_stack_and_the_reconcile_only():
+    two = [{"name": "gpu-smoke", "file": "stacks/gpu-smoke.yml"}, {"name": "second", "file": "stacks/gpu-smoke.yml"}]
+    result = plan(PROD, with_(stacks=two))
+    assert result.created == {"gpu-swarm-stack-second-deploy"}
+    assert set(result.updated) == {"gpu-swarm-reconcile-run"} and not result.replaced
+    result = plan(with_(stacks=two), PROD)
+    assert result.deleted == {"gpu-swarm-stack-second-deploy"}
+    assert set(result.updated) == {"gpu-swarm-reconcile-run"} and not result.replaced
+
+
+def test_a_changed_compose_file_updates_its_deploy_in_place(tmp_path, monkeypatch):
+    from settings import reader
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    original = (reader.PROJECT_DIR / "stacks" / "gpu-smoke.yml").read_text()
+    (stacks / "gpu-smoke.yml").write_text(original)
+    monkeypatch.setattr(reader, "PROJECT_DIR", tmp_path)
+    result = plan(PROD, PROD, between=lambda: (stacks / "gpu-smoke.yml").write_text(original.replace(
+        "replicas: 2", "replicas: 3")))
+    assert set(result.updated) == {"gpu-swarm-stack-gpu-smoke-deploy"} and not result.replaced
+    assert result.updated["gpu-swarm-stack-gpu-smoke-deploy"] == {"create", "stdin"}
+
+
+def test_the_facts_know_what_replaces_an_instance():
+    old = {"ami": "ami-1", "instanceType": "m7i.large", "keyName": "a", "userData": "x",
+           "rootBlockDevice": {"encrypted": True, "volumeSize": 40}}
+    assert provider_facts.replaced_by(INSTANCE, old, {**old, "instanceType": "m7i.xlarge"}) == set()
+    assert provider_facts.replaced_by(INSTANCE, old, {**old, "ami": "ami-2"}) == {"ami"}
+    assert provider_facts.replaced_by(INSTANCE, old, {**old, "rootBlockDevice": {"encrypted": True,
+                                                                                  "volumeSize": 80}}) == set()
+    assert provider_facts.replaced_by(INSTANCE, old, {**old, "userData": "y"}) == set()
+    assert provider_facts.replaced_by(INSTANCE, old, {**old, "userData": "y", "userDataReplaceOnChange": True}) \
+        == {"userData"}
+    assert provider_facts.replaced_by("command:remote:Command", {"create": "a"}, {"create": "b"}) == set()
+    assert provider_facts.replaced_by("command:remote:Command", {"triggers": [1]}, {"triggers": [2]}) == {"triggers"}
+    with pytest.raises(ValueError):
+        provider_facts.replaced_by("aws:s3/bucket:Bucket", {}, {})

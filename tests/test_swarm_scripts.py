@@ -1,0 +1,305 @@
+"""The swarm builders: refused values, shellcheck, and their decisions run in real bash.
+
+A fake `docker` on PATH keeps a node's swarm state in files and records every call, so the
+paths that a healthy rehearsal never takes (a peer's swarm to join, a second swarm refused,
+a node stranded in a dead swarm) run here. The rehearsal runs the same scripts for real.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from swarm import formation, reconcile, rollout, stacks
+from tests.tools import require_tool
+
+NODE_ID = "abcdefghijklmnopqrstuvwxy"
+CLUSTER = "clusteraaaaaaaaaaaaaaaaaa"
+OTHER_CLUSTER = "clusterbbbbbbbbbbbbbbbbbb"
+SOFTWARE = "a" * 64
+KIND = "NVIDIA-GPU"
+
+
+def all_scripts() -> dict[str, str]:
+    return {
+        "probe": formation.probe_manager(),
+        "init-alone": formation.init_swarm("10.0.0.5"),
+        "init-peers": formation.init_swarm("10.0.0.5", peers=["10.0.0.6", "10.0.0.7"]),
+        "tokens": formation.read_join_tokens(CLUSTER),
+        "join": formation.join_swarm(role="worker", managers=["10.0.0.5"], advertise_addr="10.0.1.7",
+                                     expected_cluster=CLUSTER),
+        "leave": formation.leave_swarm(),
+        "cordon": rollout.cordon_node("10.0.1.7", pool="h100", software=SOFTWARE),
+        "admit": rollout.admit_node(NODE_ID, {"gpu-swarm.pool": "h100"}, expected_gpus=8, kind=KIND,
+                                    software=SOFTWARE),
+        "reconcile": reconcile.reconcile(nodes=[NODE_ID], stacks=["smoke"]),
+        "deploy": stacks.deploy_stack("smoke", SOFTWARE),
+        "rm": stacks.remove_stack("smoke"),
+    }
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: formation.init_swarm("10.0.0.500"), "expected an IP address"),
+    (lambda: formation.init_swarm("10.0.0.1; rm -rf /"), "expected an IP address"),
+    (lambda: formation.init_swarm("10.0.0.1", peers=["manager-2"]), "expected an IP address"),
+    (lambda: formation.init_swarm("10.0.0.1", address_pool="10.0.0.0/26"), "larger than its /24"),
+    (lambda: formation.read_join_tokens("$(reboot)"), "25-character swarm cluster ID"),
+    (lambda: formation.join_swarm(role="boss", managers=["10.0.0.1"], advertise_addr="10.0.0.2",
+                                  expected_cluster=CLUSTER), "role must be"),
+    (lambda: formation.join_swarm(role="worker", managers=[], advertise_addr="10.0.0.2",
+                                  expected_cluster=CLUSTER), "at least one manager"),
+    (lambda: formation.join_swarm(role="worker", managers=["manager"], advertise_addr="10.0.0.2",
+                                  expected_cluster=CLUSTER), "expected an IP address"),
+    (lambda: rollout.cordon_node("10.0.0.1", pool="H100 pool", software=SOFTWARE), "pool name"),
+    (lambda: rollout.cordon_node("10.0.0.1", pool="h100", software="latest"), "sha256 hex digest"),
+    (lambda: rollout.admit_node("node-1", {}, expected_gpus=0, kind=KIND, software=SOFTWARE),
+     "25-character swarm node ID"),
+    (lambda: rollout.admit_node(NODE_ID, {"bad key": "x"}, expected_gpus=0, kind=KIND, software=SOFTWARE),
+     "label key"),
+    (lambda: rollout.admit_node(NODE_ID, {}, expected_gpus=1, kind="NVIDIA GPU", software=SOFTWARE),
+     "invalid GPU resource kind"),
+    (lambda: reconcile.reconcile(nodes=["$(reboot)"], stacks=[]), "25-character swarm node ID"),
+    (lambda: reconcile.reconcile(nodes=[], stacks=["x;y"]), "is not valid"),
+    (lambda: stacks.deploy_stack("My Stack", SOFTWARE), "stack name 'My Stack' is not valid"),
+    (lambda: stacks.deploy_stack("smoke", "abc"), "sha256 hex digest of the compose file"),
+    (lambda: stacks.remove_stack("x;y"), "is not valid"),
+])
+def test_bad_values_are_refused_before_any_shell_is_built(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_every_script_passes_shellcheck():
+    require_tool("shellcheck")
+    for name, text in all_scripts().items():
+        proc = subprocess.run(["shellcheck", "-s", "bash", "-"], input=text, capture_output=True, text=True)
+        assert proc.returncode == 0, f"{name}:\n{proc.stdout}"
+
+
+def test_secrets_never_appear_in_scripts():
+    for name, text in all_scripts().items():
+        assert "SWMTKN" not in text, name
+    assert "IFS= read -r token" in all_scripts()["join"]
+
+
+def test_label_values_with_shell_metacharacters_are_quoted():
+    text = rollout.admit_node(NODE_ID, {"gpu-swarm.pool": "a b;c"}, expected_gpus=0, kind=KIND, software=SOFTWARE)
+    assert "--label-add 'gpu-swarm.pool=a b;c'" in text
+
+
+def test_live_peers_keeps_only_managers_of_a_swarm_with_a_token():
+    answers = [
+        json.dumps({"state": "active", "manager": True, "cluster_id": CLUSTER, "address": "10.0.0.6",
+                    "token": "SWMTKN-1-x"}),
+        json.dumps({"state": "inactive", "manager": False}),
+        json.dumps({"state": "active", "manager": True, "address": "10.0.0.7", "token": ""}),
+        "not json",
+        "",
+    ]
+    assert formation.live_peers(answers) == "10.0.0.6 SWMTKN-1-x\n"
+
+
+def test_advertised_gpus_reads_node_inspect_json():
+    text = json.dumps([
+        {"NamedResourceSpec": {"Kind": KIND, "Value": "GPU-b"}},
+        {"NamedResourceSpec": {"Kind": "OTHER", "Value": "x"}},
+        {"DiscreteResourceSpec": {"Kind": KIND, "Value": 2}},
+        {"NamedResourceSpec": {"Kind": KIND, "Value": "GPU-a"}},
+    ])
+    assert rollout.advertised_gpus(text, KIND) == ["GPU-a", "GPU-b"]
+    assert rollout.advertised_gpus("null\n", KIND) == []
+
+
+# ---------------------------------------------------------------- decisions, in real bash
+
+FAKE_DOCKER = r"""#!/usr/bin/env bash
+# A node's engine, reduced to the swarm state the scripts ask about. Files in $FAKE:
+# state, control, cluster, node, and `down` when the engine does not answer.
+echo "docker $*" >>"$FAKE/calls"
+[ ! -e "$FAKE/down" ] || exit 1
+get() { cat "$FAKE/$1" 2>/dev/null || echo "${2:-}"; }
+case "$1 $2" in
+  "info --format")
+    case "$3" in
+      *LocalNodeState*) get state inactive ;;
+      *ControlAvailable*) get control false ;;
+      *Cluster.ID*) get cluster ;;
+      *NodeID*) get node ;;
+      *NodeAddr*) echo 10.0.0.6 ;;
+      *DockerRootDir*) echo "$FAKE/root" ;;
+    esac ;;
+  "swarm init") echo active >"$FAKE/state"; echo true >"$FAKE/control"; echo "$FAKE_NEW_CLUSTER" >"$FAKE/cluster"
+                echo newnode >"$FAKE/node" ;;
+  "swarm join")
+    [ -z "${FAKE_JOIN_FAILS:-}" ] || { echo "join refused" >&2; exit 1; }
+    echo active >"$FAKE/state"; echo "$FAKE_JOIN_CLUSTER" >"$FAKE/cluster"; echo joinednode >"$FAKE/node"
+    case " $* " in *SWMTKN-1-manager*) echo true >"$FAKE/control" ;; *) echo false >"$FAKE/control" ;; esac ;;
+  "swarm leave") echo inactive >"$FAKE/state"; echo false >"$FAKE/control"; rm -f "$FAKE/cluster" ;;
+  "swarm join-token") echo "SWMTKN-1-$4-token" ;;
+esac
+"""
+# The worker's certificate says which swarm issued it; openssl reads it from the data root.
+FAKE_OPENSSL = r"""#!/usr/bin/env bash
+echo "subject=O = $(cat "$FAKE/cluster" 2>/dev/null), OU = swarm-worker, CN = x"
+"""
+
+
+class FakeNode:
+    def __init__(self, root: Path):
+        self.dir = root / "node"
+        self.bin = root / "bin"
+        self.dir.mkdir()
+        self.bin.mkdir()
+        for name, body in (("docker", FAKE_DOCKER), ("openssl", FAKE_OPENSSL)):
+            (self.bin / name).write_text(body)
+            (self.bin / name).chmod(0o755)
+
+    def set(self, **files: str) -> None:
+        for name, value in files.items():
+            (self.dir / name).write_text(value + "\n")
+
+    def get(self, name: str) -> str:
+        path = self.dir / name
+        return path.read_text().strip() if path.exists() else ""
+
+    def calls(self) -> list[str]:
+        path = self.dir / "calls"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def run(self, text: str, stdin: str = "", **env: str) -> subprocess.CompletedProcess:
+        import os
+        full = {**os.environ, "PATH": f"{self.bin}:{os.environ['PATH']}", "FAKE": str(self.dir),
+                "FAKE_NEW_CLUSTER": "newclusteraaaaaaaaaaaaaaa", "FAKE_JOIN_CLUSTER": CLUSTER, **env}
+        return subprocess.run(["bash", "-c", text], input=stdin, capture_output=True, text=True, env=full, timeout=30)
+
+
+@pytest.fixture
+def fake(tmp_path) -> FakeNode:
+    return FakeNode(tmp_path)
+
+
+def free_loopback() -> str:
+    """A loopback address whose port 2377 is free, so a test can play a manager there."""
+    for last in range(2, 250):
+        address = f"127.0.0.{last}"
+        with socket.socket() as s:
+            if s.connect_ex((address, 2377)) != 0:
+                return address
+    raise RuntimeError("no free loopback address")
+
+
+def test_init_on_a_fresh_first_manager_with_no_peers_creates_the_swarm(fake):
+    result = fake.run(formation.init_swarm("10.0.0.5"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"cluster_id": "newclusteraaaaaaaaaaaaaaa", "node_id": "newnode",
+                                         "created": True}
+    assert any("swarm init --advertise-addr 10.0.0.5 --default-addr-pool 10.200.0.0/16" in c for c in fake.calls())
+
+
+def test_init_on_a_manager_already_in_the_swarm_changes_nothing(fake):
+    fake.set(state="active", control="true", cluster=CLUSTER, node="oldnode")
+    result = fake.run(formation.init_swarm("10.0.0.5", peers=["10.0.0.6"]), stdin="10.0.0.6 SWMTKN-1-manager-x\n")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["created"] is False
+    assert not [c for c in fake.calls() if "swarm init" in c or "swarm join " in c]
+
+
+def test_a_new_first_manager_joins_the_swarm_its_peers_run(fake):
+    """The replaced manager-0 of a 3-manager cluster: the other two still hold the swarm."""
+    peers = "10.0.0.6 SWMTKN-1-manager-secret\n10.0.0.7 SWMTKN-1-manager-secret\n"
+    result = fake.run(formation.init_swarm("10.0.0.5", peers=["10.0.0.6", "10.0.0.7"]), stdin=peers)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"cluster_id": CLUSTER, "node_id": "joinednode", "created": False}
+    joins = [c for c in fake.calls() if c.startswith("docker swarm join --token")]
+    assert joins == ["docker swarm join --token SWMTKN-1-manager-secret --advertise-addr 10.0.0.5 10.0.0.6:2377"]
+    assert not [c for c in fake.calls() if "swarm init" in c]
+
+
+def test_a_peer_that_answers_on_the_swarm_port_without_a_token_blocks_a_second_swarm(fake):
+    peer = free_loopback()
+    with socket.socket() as listener:
+        listener.bind((peer, 2377))
+        listener.listen()
+        result = fake.run(formation.init_swarm("10.0.0.5", peers=[peer]), stdin="")
+    assert result.returncode == 1
+    assert f"manager {peer} runs a swarm" in result.stderr and "refusing to create a second swarm" in result.stderr
+    assert not [c for c in fake.calls() if "swarm init" in c]
+
+
+def test_peers_that_are_gone_let_the_first_manager_create_a_new_swarm(fake):
+    peer = free_loopback()  # nothing listens there: that manager is gone too
+    result = fake.run(formation.init_swarm("10.0.0.5", peers=[peer]), stdin="")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["created"] is True
+
+
+def test_a_worker_in_the_expected_swarm_stays(fake):
+    fake.set(state="active", control="false", cluster=CLUSTER, node=NODE_ID)
+    script = formation.join_swarm(role="worker", managers=["10.0.0.5"], advertise_addr="10.0.1.7",
+                                  expected_cluster=CLUSTER)
+    result = fake.run(script, stdin="SWMTKN-1-worker-x\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == NODE_ID
+    assert not [c for c in fake.calls() if "swarm join " in c or "swarm leave" in c]
+
+
+def test_a_worker_left_in_a_dead_swarm_leaves_it_and_joins_the_current_one(fake):
+    fake.set(state="active", control="false", cluster=OTHER_CLUSTER, node="stale")
+    script = formation.join_swarm(role="worker", managers=["10.0.0.5", "10.0.0.6"], advertise_addr="10.0.1.7",
+                                  expected_cluster=CLUSTER)
+    result = fake.run(script, stdin="SWMTKN-1-worker-x\n")
+    assert result.returncode == 0, result.stderr
+    assert f"in swarm {OTHER_CLUSTER}, not {CLUSTER}; leaving it" in result.stderr
+    calls = fake.calls()
+    assert "docker swarm leave --force" in calls
+    assert calls.index("docker swarm leave --force") < next(i for i, c in enumerate(calls) if "swarm join " in c)
+    assert result.stdout.strip() == "joinednode"
+
+
+def test_a_join_tries_every_manager_and_fails_clearly_when_none_takes_it(fake):
+    script = formation.join_swarm(role="worker", managers=["10.0.0.5", "10.0.0.6"], advertise_addr="10.0.1.7",
+                                  expected_cluster=CLUSTER)
+    result = fake.run(script, stdin="SWMTKN-1-worker-x\n", FAKE_JOIN_FAILS="1")
+    assert result.returncode == 1
+    assert "no manager took the join (10.0.0.5:2377 10.0.0.6:2377)" in result.stderr
+    assert len([c for c in fake.calls() if "swarm join " in c]) == 2
+
+
+def test_a_join_without_a_token_fails_before_touching_the_engine(fake):
+    script = formation.join_swarm(role="worker", managers=["10.0.0.5"], advertise_addr="10.0.1.7",
+                                  expected_cluster=CLUSTER)
+    result = fake.run(script, stdin="")
+    assert result.returncode == 1 and "no join token on stdin" in result.stderr
+    assert fake.calls() == []
+
+
+def test_scripts_report_an_engine_that_does_not_answer(fake):
+    fake.set(down="")
+    for text, stdin in ((formation.init_swarm("10.0.0.5"), ""), (formation.leave_swarm(), ""),
+                        (formation.join_swarm(role="worker", managers=["10.0.0.5"], advertise_addr="10.0.1.7",
+                                              expected_cluster=CLUSTER), "SWMTKN-1-x\n")):
+        result = fake.run(text, stdin=stdin)
+        assert result.returncode == 1 and "cannot reach the Docker engine" in result.stderr
+
+
+def test_tokens_are_read_only_from_the_expected_swarm(fake):
+    fake.set(state="active", control="true", cluster=OTHER_CLUSTER)
+    result = fake.run(formation.read_join_tokens(CLUSTER))
+    assert result.returncode == 1 and f"expected {CLUSTER}" in result.stderr
+    fake.set(cluster=CLUSTER)
+    result = fake.run(formation.read_join_tokens(CLUSTER))
+    assert json.loads(result.stdout) == {"worker": "SWMTKN-1-worker-token", "manager": "SWMTKN-1-manager-token"}
+
+
+def test_probe_reports_a_node_without_docker_as_absent(fake, tmp_path):
+    result = subprocess.run(["bash", "-c", formation.probe_manager()], capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin"})  # no docker at all: a node still booting
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"state": "absent", "manager": False}
+    fake.set(state="active", control="true", cluster=CLUSTER)
+    answer = json.loads(fake.run(formation.probe_manager()).stdout)
+    assert answer == {"state": "active", "manager": True, "cluster_id": CLUSTER, "address": "10.0.0.6",
+                      "token": "SWMTKN-1-manager-token"}
