@@ -1,20 +1,36 @@
-"""python3 -m localswarm up|status|down|node: a real GPU swarm of namespaces on this machine."""
+"""sudo .venv/bin/python -m localswarm: a real GPU swarm of namespaces on this machine, changed as `pulumi up` changes one."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
 
 from localswarm import rehearsal
-from localswarm.host import RehearsalError
+from localswarm.host import CLI, RehearsalError
 from localswarm.placement import render_table
 from swarm.gpu_kind import DEFAULT_KIND
 
+NEXT_STEPS = f"""
+Try next:
+  {CLI} status --watch          # watch tasks move (Ctrl-C to stop)
+  {CLI} node stop node-2        # a node fails; its tasks move to free GPUs
+  {CLI} node start node-2
+  {CLI} node replace node-1     # the first manager's instance is lost and replaced
+  {CLI} roll                    # new node software, one node per pool at a time
+  {CLI} down                    # remove everything"""
+
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python3 -m localswarm", description=__doc__)
+    p = argparse.ArgumentParser(prog=CLI, description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="create nodes, form the swarm, deploy stacks, show placement")
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=text, description=text)
+        c.add_argument("--json", action="store_true", help="print the result as JSON (progress goes to stderr)")
+        return c
+
+    up = command("up", "create nodes, form the swarm, deploy stacks, show placement")
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--gpus-per-node", type=int, default=2)
     up.add_argument("--managers", type=int, default=1)
@@ -22,46 +38,98 @@ def _parser() -> argparse.ArgumentParser:
                     help="compose file to deploy (repeatable); default: stacks/gpu-smoke.yml, "
                          "scaled to one more replica than there are GPUs")
     up.add_argument("--kind", default=DEFAULT_KIND, help="generic resource kind (default %(default)s)")
-    up.add_argument("--json", action="store_true", help="print the result as JSON")
-    st = sub.add_parser("status", help="show nodes, GPUs and task placement again")
-    st.add_argument("--json", action="store_true")
-    sub.add_parser("down", help="remove everything `up` made")
-    node = sub.add_parser("node", help="stop/start one node's engine, or re-run its GPU agent")
-    node.add_argument("action", choices=("stop", "start", "redetect"))
+    up.add_argument("--keep-on-failure", action="store_true",
+                    help="leave a failed rehearsal in place to look at (then run `down`)")
+    st = command("status", "show nodes, GPUs and task placement")
+    st.add_argument("--watch", action="store_true", help="refresh every --interval seconds until Ctrl-C")
+    st.add_argument("--interval", type=float, default=1.0)
+    command("down", "remove everything `up` made")
+    node = command("node", "fail, restore, re-detect, replace or remove one node")
+    node.add_argument("action", choices=("stop", "start", "redetect", "replace", "remove"),
+                      help="stop/start its engine; redetect: re-run its agent (--gpus) and restart the engine "
+                           "if that changed anything; replace: a new instance takes its place; remove: scale down")
     node.add_argument("name")
     node.add_argument("--gpus", type=int, help="redetect: simulated GPU count for the new inventory")
+    add = command("add", "scale up: a new node joins")
+    add.add_argument("--role", choices=("worker", "manager"), default="worker")
+    command("converge", "run every swarm step of `pulumi up` again (nothing changed)")
+    command("roll", "roll new node software through every node, one node per pool at a time")
+    stacks = command("stacks", "deploy exactly these compose files; stacks not listed are removed")
+    stacks.add_argument("files", nargs="*", metavar="[NAME=]FILE")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    as_json = getattr(args, "json", False)
     # With --json, stdout carries only the JSON document; progress goes to stderr.
-    say = (lambda m: print(m, file=sys.stderr, flush=True)) if as_json else (lambda m: print(m, flush=True))
+    say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
     try:
-        if args.command == "up":
-            result = rehearsal.up(n_nodes=args.nodes, gpus=args.gpus_per_node, managers=args.managers,
-                                  stacks=args.stack, kind=args.kind, progress=say)
-        elif args.command == "status":
-            result = rehearsal.status(progress=say)
-        elif args.command == "down":
-            rehearsal.down(progress=say)
-            return 0
-        else:
-            print(json.dumps(rehearsal.node_engine(args.name, args.action, gpus=args.gpus), indent=2))
-            return 0
+        if args.command == "status" and args.watch:
+            return _watch(args.interval)
+        result = _run(args, say)
     except RehearsalError as e:
         print(f"localswarm: {e}", file=sys.stderr)
         return 1
-    if as_json:
+    if args.json:
         print(json.dumps(result, indent=2))
-    else:
-        print(render_table(result))
-        if "timings" in result:
-            t = result["timings"]
-            print(f"\nnodes ready {t['nodes_ready_s']} s, swarm formed {t['swarm_ready_s']} s, "
-                  f"stack converged {t['stack_converged_s']} s")
+        return 0
+    view = result.get("view", result) if isinstance(result, dict) else None
+    if view and "nodes" in view:
+        print(render_table(view))
+    if args.command == "up":
+        t = result["timings"]
+        print(f"\nengines ready {t['nodes_ready_s']} s, swarm formed {t['swarm_ready_s']} s, "
+              f"stacks converged {t['stack_converged_s']} s")
+        print(NEXT_STEPS)
+    elif args.command == "roll":
+        print(f"\nmost nodes of a pool drained at once: {result['peak_drained_per_pool']}")
+    elif args.command == "node" and args.action in ("stop", "start"):
+        print(f"{args.name}: engine {'started' if result['running'] else 'stopped'}")
+    elif args.command == "node" and args.action == "redetect":
+        print(f"{args.name}: {len(result['gpus'])} GPU(s); daemon.json "
+              f"{'changed, engine restarted' if result['engine_restarted'] else 'unchanged'}")
     return 0
+
+
+def _run(args, say):
+    if args.command == "up":
+        return rehearsal.up(n_nodes=args.nodes, gpus=args.gpus_per_node, managers=args.managers, stacks=args.stack,
+                            kind=args.kind, progress=say, keep_on_failure=args.keep_on_failure)
+    if args.command == "status":
+        return rehearsal.status(progress=say)
+    if args.command == "down":
+        return rehearsal.down(progress=say)
+    if args.command == "node":
+        if args.action == "replace":
+            return rehearsal.replace_node(args.name, progress=say)
+        if args.action == "remove":
+            return rehearsal.remove_node(args.name, progress=say)
+        return rehearsal.node_engine(args.name, args.action, gpus=args.gpus)
+    if args.command == "add":
+        return rehearsal.add_node(role=args.role, progress=say)
+    if args.command == "converge":
+        return rehearsal.converge_again(progress=say)
+    if args.command == "roll":
+        return rehearsal.roll(progress=say)
+    if args.command == "stacks":
+        return rehearsal.set_stacks(args.files, progress=say)
+    raise AssertionError(args.command)
+
+
+def _watch(interval: float) -> int:
+    """Like `watch`: redraw the status until Ctrl-C."""
+    try:
+        while True:
+            try:
+                text = render_table(rehearsal.status(progress=lambda _: None))
+            except RehearsalError as e:
+                text = f"localswarm: {e}"
+            sys.stdout.write("\033[H\033[2J" + time.strftime("%H:%M:%S") + f"  every {interval:g}s, Ctrl-C to stop\n\n"
+                             + text + "\n")
+            sys.stdout.flush()
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return 0
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ from node_software import min_versions
 REPO = Path(__file__).resolve().parent.parent
 ENGINE_PREFIX = Path(os.environ.get("GPU_SWARM_ENGINE_PREFIX", "/opt/gpu-swarm/docker"))
 SETUP_HINT = "run `sudo ./scripts/setup.sh` (it installs everything the rehearsal needs)"
+# How the rehearsal is run from a checkout, as the README shows it; every hint uses it.
+CLI = "sudo .venv/bin/python -m localswarm"
 
 
 class RehearsalError(RuntimeError):

@@ -93,3 +93,8 @@ def teardown_network() -> None:
     for chain in _CHAINS:
         while shutil.which("iptables") and run(["iptables", "-C", *_rule(chain)], check=False).returncode == 0:
             run(["iptables", "-D", *_rule(chain)], check=False)
+
+
+def remove_node_netns(node: str) -> None:
+    """Remove one node's namespace (its veth goes with it)."""
+    run(["ip", "netns", "del", netns_name(node)], check=False)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,8 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from localswarm.host import REPO, Engine, RehearsalError, run
-from localswarm.network import BRIDGE_ADDR, netns_name, netns_pids, node_addr
-from swarm.commands import NodePaths
+from localswarm.network import BRIDGE_ADDR, netns_name, netns_pids, node_addr, remove_node_netns
 
 STATE_ROOT = Path("/var/lib/localswarm")
 RUN_ROOT = Path("/run/localswarm")
@@ -32,8 +32,9 @@ BASE_DAEMON_CONFIG = {
 @dataclass(frozen=True)
 class Node:
     name: str
-    index: int
+    index: int  # its address on the bridge; a replaced node gets a new one, like a new instance
     role: str  # "manager" | "worker"
+    pool: str = "rehearsal"
 
     @property
     def address(self) -> str:
@@ -72,13 +73,6 @@ class Node:
     @property
     def log(self) -> Path:
         return self.state_dir / "dockerd.log"
-
-    @property
-    def paths(self) -> NodePaths:
-        """Where the swarm join step looks on this node (there is no cloud-init here)."""
-        return NodePaths(daemon_json=str(self.daemon_json), bootstrap_log=str(self.log),
-                         bootstrap_done=None, bootstrap_failed=None,
-                         wait_for_cloud_init=False)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -181,9 +175,29 @@ def docker(node: Node, engine: Engine, *args: str, check: bool = True, input: st
                env=engine.env(), timeout=timeout)
 
 
-def run_script(node: Node, engine: Engine, script: str, *, stdin: str | None = None) -> str:
-    """Run one of swarm.commands' scripts against this node's engine, as SSH would on AWS."""
-    proc = run(["bash", "-c", script], env=engine.env(node.sock), input=stdin, check=False)
+def run_script(node: Node, engine: Engine, script: str, *, stdin: str = "", timeout: float = 600) -> str:
+    """Run one of the swarm/ scripts against this node's engine, as SSH runs it on AWS.
+
+    The scripts run as root on this host, which sees each node's data root, so the few
+    that read a node's files (its swarm certificate) find them as they would on the node.
+    """
+    proc = run(["bash", "-c", script], env=engine.env(node.sock), input=stdin, check=False, timeout=timeout)
     if proc.returncode != 0:
         raise RehearsalError(f"on {node.name}: {(proc.stderr or proc.stdout).strip()}")
     return proc.stdout
+
+
+def restart_dockerd(node: Node, engine: Engine) -> None:
+    """What the agent's unit does after changing daemon.json: dockerd reads its resources only at start."""
+    stop_dockerd(node)
+    start_dockerd(node, engine)
+    wait_ready(node, engine)
+
+
+def remove_everything_of(node: Node) -> None:
+    """A terminated instance: engine, namespace, its data and run folders gone."""
+    stop_dockerd(node)
+    remove_node_netns(node.name)
+    for folder in (node.run_dir, node.state_dir):
+        run(["umount", "-R", "-l", str(folder)], check=False)  # overlay mounts of its containers
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,83 +1,113 @@
-"""What the swarm did: nodes, their advertised GPUs, and where each task landed.
+"""What the swarm did: nodes, their state and GPUs, and where each task landed with which GPUs.
 
-Every GPU a task holds is read from the task's own process environment
-(DOCKER_RESOURCE_<KIND>), not from the scheduler's plan, so the view shows
-what a workload would really see.
+A task's GPUs are read from its container's configuration on its node (`docker inspect`
+.Config.Env, DOCKER_RESOURCE_<KIND>): what dockerd handed the runtime, whatever the
+task's processes did with their environment since. When the node cannot be asked (its
+engine is down), the manager's record of the assignment is shown and marked as such.
 """
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import re
+import time
+from datetime import datetime, timezone
 
 from localswarm.host import Engine
 from localswarm.nodes import Node, docker
-from swarm.commands import advertised_gpus
 from swarm.gpu_kind import resource_env_name
+from swarm.rollout import DRAINED_BY_LABEL, MAINTENANCE_LABEL, advertised_gpus
 
 
-def _inspect(manager: Node, engine: Engine, what: str, ids: list[str]) -> list[dict]:
-    if not ids:
-        return []
-    return json.loads(docker(manager, engine, what, "inspect", *ids).stdout)
+def _inspect(manager: Node, engine: Engine, ids: list[str]) -> list[dict]:
+    # `docker inspect` resolves node, service and task IDs alike.
+    return json.loads(docker(manager, engine, "inspect", *ids).stdout) if ids else []
 
 
-def _task_gpus(task: dict, env_name: str, nodes_by_id: dict, engine: Engine) -> list[str]:
-    status = task.get("Status", {}).get("ContainerStatus", {})
-    environ = []
-    pid = status.get("PID") or 0
-    try:
-        # Engines share the host's PID namespace, so the task's PID 1 is readable here.
-        environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0") if pid else []
-    except OSError:
-        pass
-    if not environ and status.get("ContainerID") and task.get("NodeID") in nodes_by_id:
-        node = nodes_by_id[task["NodeID"]]
-        out = docker(node, engine, "inspect", "--format", "{{json .Config.Env}}", status["ContainerID"],
-                     check=False).stdout
-        environ = json.loads(out) if out.strip() else []
-    for entry in environ:
-        if entry.startswith(env_name + "="):
+def _container_env(node: Node, engine: Engine, container: str) -> list[str] | None:
+    proc = docker(node, engine, "inspect", "--format", "{{json .Config.Env}}", container, check=False, timeout=10)
+    return json.loads(proc.stdout) if proc.returncode == 0 and proc.stdout.strip() else None
+
+
+def _assigned(task: dict, kind: str) -> list[str]:
+    """The scheduler's assignment, as the manager records it on the task."""
+    return sorted(r["NamedResourceSpec"]["Value"] for r in task.get("AssignedGenericResources") or []
+                  if r.get("NamedResourceSpec", {}).get("Kind") == kind)
+
+
+def _from_env(env: list[str], name: str) -> list[str]:
+    for entry in env:
+        if entry.startswith(name + "="):
             return sorted(v for v in entry.split("=", 1)[1].split(",") if v)
     return []
 
 
+def _age(timestamp: str) -> float | None:
+    """Seconds since a Docker timestamp such as 2026-11-22T23:08:24.123456789Z."""
+    match = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?Z$", timestamp or "")
+    if not match:
+        return None
+    when = datetime.strptime(match[1], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    return max(0.0, time.time() - when - float(match[2] or 0))
+
+
 def collect(nodes: list[Node], engine: Engine, kind: str) -> dict:
-    """The swarm as the manager sees it, with task GPUs read from each task's environment."""
-    manager = next(n for n in nodes if n.role == "manager")
+    """The swarm as a manager sees it, with task GPUs read from each task's container."""
     by_name = {n.name: n for n in nodes}
-    node_ids = docker(manager, engine, "node", "ls", "-q").stdout.split()
+    manager = next((n for n in nodes if n.role == "manager" and _answers(n, engine)), None)
+    if manager is None:
+        return {"nodes": [{"name": n.name, "role": n.role, "address": n.address, "state": "unknown",
+                           "availability": "unknown", "gpus": [], "drained_by": "", "maintenance": ""}
+                          for n in nodes], "services": [], "error": "no manager's engine answers"}
     view_nodes, nodes_by_id = [], {}
-    for info in _inspect(manager, engine, "node", node_ids):
+    for info in _inspect(manager, engine, docker(manager, engine, "node", "ls", "-q").stdout.split()):
         name = info["Description"]["Hostname"]
         if name in by_name:
             nodes_by_id[info["ID"]] = by_name[name]
+        labels = info["Spec"].get("Labels") or {}
         resources = json.dumps(info["Description"].get("Resources", {}).get("GenericResources") or [])
         view_nodes.append({
             "name": name,
+            "id": info["ID"],
             "role": info["Spec"]["Role"],
             "address": info["Status"].get("Addr", ""),
-            "state": info["Status"]["State"],
+            "state": info["Status"]["State"],  # ready / down / unknown
+            "availability": info["Spec"].get("Availability", "active"),  # active / pause / drain
+            "drained_by": labels.get(DRAINED_BY_LABEL, ""),
+            "maintenance": labels.get(MAINTENANCE_LABEL, ""),
             "gpus": advertised_gpus(resources, kind),
-            "id": info["ID"],
         })
-    view_nodes.sort(key=lambda n: by_name[n["name"]].index if n["name"] in by_name else 1 << 30)
+    view_nodes.sort(key=lambda n: (by_name[n["name"]].index if n["name"] in by_name else 1 << 30, n["id"]))
+    state_of = {n["id"]: n["state"] for n in view_nodes}
     names_by_id = {n["id"]: n["name"] for n in view_nodes}
 
     env_name = resource_env_name(kind)
     services = []
-    service_ids = docker(manager, engine, "service", "ls", "-q").stdout.split()
-    for svc in _inspect(manager, engine, "service", service_ids):
+    for svc in _inspect(manager, engine, docker(manager, engine, "service", "ls", "-q").stdout.split()):
         task_ids = docker(manager, engine, "service", "ps", "-q", "--no-trunc",
                           "--filter", "desired-state=running", svc["ID"]).stdout.split()
         tasks = []
-        for task in _inspect_tasks(manager, engine, task_ids):
+        for task in _inspect(manager, engine, task_ids):
             status = task["Status"]
+            node_id = task.get("NodeID", "")
+            state = status["State"]
+            gpus, source = _assigned(task, kind), "scheduler"
+            container = status.get("ContainerStatus", {}).get("ContainerID")
+            if container and node_id in nodes_by_id and state_of.get(node_id) == "ready":
+                env = _container_env(nodes_by_id[node_id], engine, container)
+                if env is not None:
+                    gpus, source = _from_env(env, env_name), "container"
+            if node_id and state_of.get(node_id) == "down" and state == "running":
+                state = "unknown"  # its node is down: the manager has not rescheduled it yet
+            reason = status.get("Err", "")
             tasks.append({
                 "slot": task.get("Slot", 0),
-                "node": names_by_id.get(task.get("NodeID", ""), ""),
-                "state": status["State"],
-                "gpus": _task_gpus(task, env_name, nodes_by_id, engine),
-                "error": status.get("Err", ""),
+                "node": names_by_id.get(node_id, ""),
+                "state": state,
+                "gpus": gpus,
+                "gpus_from": source,
+                "reason": reason,
+                "error": reason,  # the old name of "reason"
+                "reason_age_s": round(_age(status.get("Timestamp", "")) or 0, 1) if reason else None,
             })
         replicated = svc["Spec"].get("Mode", {}).get("Replicated")
         services.append({
@@ -90,9 +120,8 @@ def collect(nodes: list[Node], engine: Engine, kind: str) -> dict:
     return {"nodes": view_nodes, "services": sorted(services, key=lambda s: s["name"])}
 
 
-def _inspect_tasks(manager: Node, engine: Engine, ids: list[str]) -> list[dict]:
-    # `docker inspect` resolves task IDs too; there is no `docker task inspect`.
-    return json.loads(docker(manager, engine, "inspect", *ids).stdout) if ids else []
+def _answers(node: Node, engine: Engine) -> bool:
+    return docker(node, engine, "node", "ls", "-q", check=False, timeout=10).returncode == 0
 
 
 def converged(view: dict) -> bool:
@@ -102,27 +131,49 @@ def converged(view: dict) -> bool:
         if svc["replicas"] is not None and len(tasks) < svc["replicas"]:
             return False
         for t in tasks:
-            if not (t["state"] == "running" or (t["state"] == "pending" and t["error"])):
+            if not (t["state"] == "running" or (t["state"] == "pending" and t["reason"])):
                 return False
     return True
 
 
 def render_table(view: dict) -> str:
-    """One row per advertised GPU (free or held), then the tasks that hold none."""
+    """Nodes with their state, then one row per advertised GPU (free or held), then tasks without GPUs."""
+    rows = [("NODE", "ROLE", "STATE", "AVAILABILITY", "GPUS")]
+    for node in view["nodes"]:
+        availability = node["availability"] + (f" ({node['drained_by']})" if node.get("drained_by") else "")
+        rows.append((node["name"], node["role"], node["state"], availability, str(len(node["gpus"]))))
+    out = [_table(rows)]
+
     holders = {}
     for svc in view["services"]:
         for t in svc["tasks"]:
             for gpu in t["gpus"]:
                 holders[(t["node"], gpu)] = (svc["name"], t)
-    rows = [("NODE", "ROLE", "GPU", "SERVICE", "TASK", "STATE", "REASON")]
+    rows = [("NODE", "GPU", "SERVICE", "TASK", "STATE", "REASON")]
     for node in view["nodes"]:
-        for gpu in node["gpus"] or ["-"]:
+        for gpu in node["gpus"]:
             svc, t = holders.get((node["name"], gpu), ("-", None))
-            rows.append((node["name"], node["role"], gpu, svc, str(t["slot"]) if t else "-",
-                         t["state"] if t else ("free" if gpu != "-" else node["state"]), ""))
+            if t:
+                state = t["state"]
+            elif node["state"] != "ready":
+                state = f"unusable (node {node['state']})"
+            elif node["availability"] != "active":
+                state = f"unusable (node {node['availability']})"
+            else:
+                state = "free"
+            rows.append((node["name"], gpu, svc, str(t["slot"]) if t else "-", state, ""))
     for svc in view["services"]:
         for t in svc["tasks"]:
             if not t["gpus"]:
-                rows.append((t["node"] or "-", "", "-", svc["name"], str(t["slot"]), t["state"], t["error"]))
+                reason = t["reason"]
+                if reason and t.get("reason_age_s") is not None:
+                    reason += f" ({t['reason_age_s']:.0f}s ago)"
+                rows.append((t["node"] or "-", "-", svc["name"], str(t["slot"]), t["state"], reason))
+    out.append(_table(rows))
+    out.append("TASK is the replica's slot number (service.slot in `docker service ps`).")
+    return "\n\n".join(out)
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

@@ -6,6 +6,7 @@ answers at once, and the stand-in replaces images we cannot fetch.
 """
 from __future__ import annotations
 
+import functools
 import io
 import os
 import shutil
@@ -22,7 +23,18 @@ from localswarm.nodes import REGISTRY, STATE_ROOT, Node, docker
 REGISTRY_DIR = STATE_ROOT / "registry"
 STANDIN_IMAGE = f"{REGISTRY}/gpu-swarm/standin:1"
 STANDIN_FILES = Path(__file__).resolve().parent / "standin"
-BUSYBOX_APPLETS = ("sh", "sleep", "cat", "tr", "sed", "grep", "echo", "printf", "tail", "ls", "env")
+STANDIN_SCRIPTS = ("nvidia-smi", "gpu-standin")
+
+
+@functools.cache
+def busybox_applets() -> tuple[str, ...]:
+    """Every applet of this machine's busybox: the stand-in links them all, so service commands run."""
+    out = subprocess.run([shutil.which("busybox"), "--list"], capture_output=True, text=True, check=True).stdout
+    return tuple(sorted(set(out.split()) - set(STANDIN_SCRIPTS) - {"busybox"}))
+
+
+def standin_programs() -> set[str]:
+    return {*busybox_applets(), *STANDIN_SCRIPTS}
 
 
 def start_registry() -> int:
@@ -70,11 +82,11 @@ def _standin_rootfs() -> bytes:
             info.type, info.mode = tarfile.DIRTYPE, 0o755
             tar.addfile(info)
         tar.add(shutil.which("busybox"), "bin/busybox")
-        for applet in BUSYBOX_APPLETS:
+        for applet in busybox_applets():
             link = tarfile.TarInfo(f"bin/{applet}")
             link.type, link.linkname = tarfile.SYMTYPE, "busybox"
             tar.addfile(link)
-        for script in ("nvidia-smi", "gpu-standin"):
+        for script in STANDIN_SCRIPTS:
             tar.add(STANDIN_FILES / script, f"usr/bin/{script}")
     return buf.getvalue()
 

@@ -1,35 +1,32 @@
-"""Bring a rehearsal swarm up, show it, and take it down again.
+"""Bring a rehearsal swarm up, show it, change it as `pulumi up` would, and take it down again.
 
-The swarm is formed with swarm.commands, the same scripts the Pulumi
-components send over SSH, and each node's GPUs come from the real agent.
+The swarm is formed and changed by localswarm.converge, which runs the swarm/ scripts the
+Pulumi components send over SSH, and each node's GPUs come from the real agent.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-import yaml
-
+import node_software
 from localswarm import network, nodes as nodes_mod, placement, registry
-from localswarm.host import REPO, RehearsalError, check_host, find_engine, run
+from localswarm.converge import Desired, converge, deploy_stacks, form_swarm, pool_labels
+from localswarm.host import CLI, REPO, RehearsalError, check_host, find_engine, run
 from localswarm.nodes import RUN_ROOT, STATE_ROOT, Node
-from swarm import commands
+from localswarm.stacks import prepare_stack
+from swarm import rollout
 from swarm.gpu_kind import DEFAULT_KIND, validate_kind
-from swarm.stack_files import StackFileError, validate_stack_file
 
 STATE_FILE = STATE_ROOT / "state.json"
 DEFAULT_STACK = REPO / "stacks" / "gpu-smoke.yml"
-POOL = "rehearsal"
 Progress = Callable[[str], None]
-
-
-def _say(progress: Progress, started: float, message: str) -> None:
-    progress(f"[{time.monotonic() - started:5.1f}s] {message}")
 
 
 def load_state() -> dict | None:
@@ -41,11 +38,20 @@ def load_state() -> dict | None:
 
 def _save_state(state: dict) -> None:
     STATE_ROOT.mkdir(parents=True, exist_ok=True)
-    STATE_FILE.write_text(json.dumps(state, indent=2) + "\n")
+    tmp = STATE_FILE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.replace(STATE_FILE)
 
 
 def _nodes(state: dict) -> list[Node]:
     return [Node(**n) for n in state["nodes"]]
+
+
+def _require_state() -> dict:
+    state = load_state()
+    if not state:
+        raise RehearsalError(f"no rehearsal is up; start one with `{CLI} up`")
+    return state
 
 
 def _check_args(n_nodes: int, gpus: int, managers: int, kind: str) -> None:
@@ -64,36 +70,91 @@ def _check_args(n_nodes: int, gpus: int, managers: int, kind: str) -> None:
         raise RehearsalError("; ".join(problems))
 
 
-def _prepare_stack(path: Path, name: str, kind: str, gpus: int, total_gpus: int, scale: bool,
-                   progress: Progress) -> Path:
-    """Validate a stack file as the Pulumi program does, then point it at images we can serve."""
+def release_of(state: dict) -> str:
+    """What the rehearsal's nodes "run": the program's node software and the rehearsal's settings."""
+    seed = f"{node_software.software_hash()}\n{state['kind']}\n{state['gpus_per_node']}\n{state.get('rolls', 0)}"
+    return hashlib.sha256(seed.encode()).hexdigest()
+
+
+def desired(state: dict) -> Desired:
+    nodes = _nodes(state)
+    # Every rehearsal node has GPUs, managers too, so a small rehearsal still has room to schedule.
+    return Desired(nodes=nodes, kind=state["kind"], gpus={n.name: state["gpus_per_node"] for n in nodes},
+                   stacks={name: s["text"] for name, s in state["stacks"].items()}, release=release_of(state))
+
+
+def up(*, n_nodes: int = 3, gpus: int = 2, managers: int = 1, stacks: list[str] | None = None,
+       kind: str = DEFAULT_KIND, progress: Progress = print, converge_timeout: float = 120,
+       keep_on_failure: bool = False) -> dict:
+    started = time.monotonic()
+    say = lambda msg: progress(f"[{time.monotonic() - started:5.1f}s] {msg}")  # noqa: E731
+    _check_args(n_nodes, gpus, managers, kind)
+    check_host()
+    engine = find_engine()
+    if load_state() or network.our_netns():
+        raise RehearsalError(f"a rehearsal is already up; see it with `{CLI} status`, or run `{CLI} down` first")
+    stack_args = stacks or [str(DEFAULT_STACK)]
+    prepared = {}
+    for arg in stack_args:  # every stack is checked before anything is created
+        name, _, file = arg.rpartition("=") if "=" in arg else ("", "", arg)
+        name = name or stack_name(Path(file))
+        prepared[name] = prepare_stack(Path(file), name, kind, gpus, gpus * n_nodes, scale=not stacks, say=say)
+
+    nodes = [_node(i, "manager" if i <= managers else "worker") for i in range(1, n_nodes + 1)]
+    state = {"kind": kind, "gpus_per_node": gpus, "nodes": [n.to_dict() for n in nodes], "stacks": prepared}
+    _save_state(state)  # first, so that `down` can clean up after a failure below
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise RehearsalError(f"--stack {path}: cannot read it ({e.strerror})") from None
-    try:
-        info = validate_stack_file(text, kind=kind, max_gpus_per_node=gpus, source=str(path))
-    except StackFileError as e:
-        raise RehearsalError(str(e)) from None
-    gpu_services = {svc.name for svc in info.gpu_services}
-    doc = yaml.safe_load(text)
-    for svc_name, svc in (doc.get("services") or {}).items():
-        image = svc.get("image", "")
-        if not image.startswith(nodes_mod.REGISTRY + "/"):
-            # Nothing outside this machine is reachable; the stand-in prints its GPUs and
-            # stays up, so the service's own command (which needs its image) is dropped too.
-            progress(f"  {name}/{svc_name}: image {image} is not available offline; using the stand-in "
-                     f"{registry.STANDIN_IMAGE}")
-            svc["image"] = registry.STANDIN_IMAGE
-            svc.pop("command", None)
-            svc.pop("entrypoint", None)
-        if scale and svc_name in gpu_services:
-            svc.setdefault("deploy", {})["replicas"] = total_gpus + 1
-            progress(f"  {name}/{svc_name}: scaled to {total_gpus + 1} replicas, one more than there are GPUs")
-    out = STATE_ROOT / "stacks" / f"{name}.yml"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return out
+        timings = _build(state, engine, say, started, converge_timeout)
+    except BaseException as e:
+        if keep_on_failure:
+            raise RehearsalError(f"{e}\nThe partial rehearsal is still there: look at it, then run `{CLI} down`.")
+        say("up failed: removing what it made")
+        down(progress=lambda _: None)
+        if isinstance(e, RehearsalError):
+            raise RehearsalError(f"{e}\nNothing is left behind (`{CLI} down` ran).") from None
+        raise
+    view = timings.pop("view")
+    view["timings"] = timings
+    return view
+
+
+def _build(state: dict, engine, say, started: float, converge_timeout: float) -> dict:
+    nodes = _nodes(state)
+    network.create_bridge()
+    registry.start_registry()
+    for node in nodes:
+        network.create_node_netns(node.name, node.index)
+    for node, report in zip(nodes, _parallel(lambda n: _first_boot(n, state), nodes)):
+        say(f"{node.name}: agent wrote {len(report['resources'])} {state['kind']} resources to {node.daemon_json}")
+    # Engines start together: each takes a second or two, mostly waiting on its own containerd.
+    _parallel(lambda n: nodes_mod.start_dockerd(n, engine), nodes)
+    _parallel(lambda n: nodes_mod.wait_ready(n, engine), nodes)
+    nodes_ready = time.monotonic() - started
+    say(f"{len(nodes)} engines ready at {', '.join(n.address for n in nodes)}")
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        standin = pool.submit(registry.push_standin, nodes[0], engine)
+        formed = form_swarm(desired(state), engine, say)
+        standin.result()
+    state["cluster_id"] = formed["cluster_id"]
+    _save_state(state)
+    swarm_ready = time.monotonic() - started
+    managers = sum(n.role == "manager" for n in nodes)
+    say(f"swarm formed: {managers} manager(s), {len(nodes) - managers} worker(s); stand-in image pushed")
+    deploy_stacks(desired(state), engine)
+    say(f"stack(s) deployed: {', '.join(state['stacks'])}")
+    stacks_deployed = time.monotonic() - started
+    view = wait_converged(nodes, engine, state["kind"], converge_timeout)
+    say("stacks converged")
+    return {"view": view, "nodes_ready_s": round(nodes_ready, 2), "swarm_ready_s": round(swarm_ready, 2),
+            "stacks_deployed_s": round(stacks_deployed, 2),
+            "stack_converged_s": round(time.monotonic() - started, 2)}
+
+
+def _first_boot(node: Node, state: dict) -> dict:
+    """What the node software's bootstrap does here: the agent writes the node's daemon.json."""
+    nodes_mod.prepare(node)
+    return nodes_mod.run_agent(node, nodes_mod.simulated_gpus(state["gpus_per_node"]), state["kind"])
 
 
 def stack_name(path: Path) -> str:
@@ -102,121 +163,175 @@ def stack_name(path: Path) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in stem)
 
 
-def up(*, n_nodes: int = 3, gpus: int = 2, managers: int = 1, stacks: list[str] | None = None,
-       kind: str = DEFAULT_KIND, progress: Progress = print, converge_timeout: float = 120) -> dict:
-    started = time.monotonic()
-    say = lambda msg: _say(progress, started, msg)  # noqa: E731
-    _check_args(n_nodes, gpus, managers, kind)
-    check_host()
-    engine = find_engine()
-    if load_state() or network.our_netns():
-        raise RehearsalError("a rehearsal is already up; see it with `python3 -m localswarm status`, "
-                             "or run `python3 -m localswarm down` first")
-    stack_args = stacks or [str(DEFAULT_STACK)]
-    stack_files = []
-    for arg in stack_args:
-        name, _, file = arg.rpartition("=") if "=" in arg else ("", "", arg)
-        stack_files.append((name or stack_name(Path(file)), Path(file)))
-
-    nodes = [Node(f"node-{i}", i, "manager" if i <= managers else "worker") for i in range(1, n_nodes + 1)]
-    state = {"kind": kind, "gpus_per_node": gpus, "nodes": [n.to_dict() for n in nodes], "stacks": []}
-    _save_state(state)  # first, so that `down` can clean up after a failure below
-    say(f"engine {engine.version} ({engine.dockerd})")
-    network.create_bridge()
-    registry.start_registry()
-    for node in nodes:
-        network.create_node_netns(node.name, node.index)
-        nodes_mod.prepare(node)
-        report = nodes_mod.run_agent(node, nodes_mod.simulated_gpus(gpus), kind)
-        say(f"{node.name}: agent wrote {len(report['resources'])} {kind} resources to {node.daemon_json}")
-    for node in nodes:
-        nodes_mod.start_dockerd(node, engine)
-    for node in nodes:
-        nodes_mod.wait_ready(node, engine)
-    nodes_ready = time.monotonic() - started
-    say(f"{n_nodes} engines ready at {', '.join(n.address for n in nodes)}")
-
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        standin = pool.submit(registry.push_standin, nodes[0], engine)
-        _form_swarm(nodes, engine, kind, gpus, say)
-        standin.result()
-    swarm_ready = time.monotonic() - started
-    say(f"swarm formed: {managers} manager(s), {n_nodes - managers} worker(s); stand-in image pushed")
-
-    manager = nodes[0]
-    for name, path in stack_files:
-        prepared = _prepare_stack(path, name, kind, gpus, gpus * n_nodes, scale=not stacks, progress=say)
-        nodes_mod.run_script(manager, engine, commands.deploy_stack(name, str(prepared)))
-        state["stacks"].append({"name": name, "file": str(path)})
-        say(f"stack {name} deployed from {path}")
-    _save_state(state)
-
-    view = wait_converged(nodes, engine, kind, converge_timeout)
-    view["timings"] = {"nodes_ready_s": round(nodes_ready, 2), "swarm_ready_s": round(swarm_ready, 2),
-                       "stack_converged_s": round(time.monotonic() - started, 2)}
-    say("stack converged")
-    return view
-
-
-def _form_swarm(nodes: list[Node], engine, kind: str, gpus: int, say: Callable[[str], None]) -> None:
-    first = nodes[0]
-    nodes_mod.run_script(first, engine, commands.init_swarm(first.address))
-    # Rehearsal only: notice a stopped engine in seconds rather than the default ~15 s.
-    nodes_mod.docker(first, engine, "swarm", "update", "--dispatcher-heartbeat", "1s")
-    tokens = json.loads(nodes_mod.run_script(first, engine, commands.read_join_tokens()))
-
-    def join(node: Node) -> str:
-        role = "manager" if node.role == "manager" else "worker"
-        script = commands.join_swarm(role=role, manager_addr=first.address, advertise_addr=node.address,
-                                     expected_gpus=gpus, kind=kind, paths=node.paths)
-        return nodes_mod.run_script(node, engine, script, stdin=tokens[role] + "\n").strip()
-
-    node_ids = {first.name: join(first)}
-    for node in nodes[1:]:
-        if node.role == "manager":  # managers one at a time, so raft grows by one member per step
-            node_ids[node.name] = join(node)
-    workers = [n for n in nodes if n.role == "worker"]
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        for node, node_id in zip(workers, pool.map(join, workers)):
-            node_ids[node.name] = node_id
-    for node in nodes:
-        script = commands.label_node(node_ids[node.name], {"gpu-swarm.pool": POOL}, expected_gpus=gpus, kind=kind)
-        seen = commands.advertised_gpus(nodes_mod.run_script(first, engine, script), kind)
-        say(f"{node.name} joined as {node.role}, advertising {len(seen)} GPU(s)")
-
-
 def wait_converged(nodes: list[Node], engine, kind: str, timeout: float) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         view = placement.collect(nodes, engine, kind)
-        if placement.converged(view) or time.monotonic() > deadline:
-            if not placement.converged(view):
-                raise RehearsalError(f"the stacks did not converge in {timeout:.0f} s:\n"
-                                     + placement.render_table(view))
+        if placement.converged(view):
             return view
+        if time.monotonic() > deadline:
+            raise RehearsalError(f"the stacks did not converge in {timeout:.0f} s:\n" + placement.render_table(view))
         time.sleep(0.25)
 
 
 def status(*, progress: Progress = print) -> dict:
-    state = load_state()
-    if not state:
-        raise RehearsalError("no rehearsal is up; start one with `python3 -m localswarm up`")
-    nodes = _nodes(state)
+    state = _require_state()
+    return placement.collect(_nodes(state), find_engine(), state["kind"])
+
+
+# ---------------------------------------------------------------- changes, as `pulumi up` makes them
+
+
+def converge_again(*, progress: Progress = print) -> dict:
+    """Run every swarm step of `pulumi up` again, as a second `pulumi up` with nothing changed would."""
+    state = _require_state()
     engine = find_engine()
-    manager = next((n for n in nodes if n.role == "manager" and nodes_mod.is_running(n)), None)
-    if manager is None:
-        raise RehearsalError("no manager engine is running; run `python3 -m localswarm down` and `up` again")
-    return placement.collect([manager] + [n for n in nodes if n is not manager], engine, state["kind"])
+    result = converge(desired(state), engine, progress)
+    state["cluster_id"] = result["cluster_id"]
+    _save_state(state)
+    return {**result, "view": status()}
+
+
+def replace_node(name: str, *, progress: Progress = print) -> dict:
+    """The node's instance is lost and a new one takes its place (a new address, empty disk)."""
+    state = _require_state()
+    engine = find_engine()
+    old = _find(state, name)
+    new = Node(f"node-{_next_index(state)}", _next_index(state), old.role, old.pool)
+    progress(f"replacing {old.name} ({old.address}) with {new.name} ({new.address})")
+    nodes_mod.remove_everything_of(old)
+    network.create_node_netns(new.name, new.index)
+    state["nodes"] = [new.to_dict() if n["name"] == name else n for n in state["nodes"]]
+    _save_state(state)
+    _first_boot(new, state)
+    nodes_mod.start_dockerd(new, engine)
+    nodes_mod.wait_ready(new, engine)
+    return converge_again(progress=progress)
+
+
+def add_node(*, role: str = "worker", progress: Progress = print) -> dict:
+    state = _require_state()
+    engine = find_engine()
+    node = _node(_next_index(state), role)
+    network.create_node_netns(node.name, node.index)
+    state["nodes"].append(node.to_dict())
+    _save_state(state)
+    _first_boot(node, state)
+    nodes_mod.start_dockerd(node, engine)
+    nodes_mod.wait_ready(node, engine)
+    progress(f"added {node.name} as {role}")
+    return converge_again(progress=progress)
+
+
+def remove_node(name: str, *, progress: Progress = print) -> dict:
+    """Scale down: the program no longer has the node. The reconcile drains and removes it,
+    then its instance goes, as `pulumi up` deletes resources last."""
+    state = _require_state()
+    node = _find(state, name)
+    if node.role == "manager" and sum(n["role"] == "manager" for n in state["nodes"]) == 1:
+        raise RehearsalError("that is the only manager; the cluster needs one")
+    state["nodes"] = [n for n in state["nodes"] if n["name"] != name]
+    _save_state(state)
+    result = converge_again(progress=progress)
+    nodes_mod.remove_everything_of(node)
+    progress(f"{name} drained, removed from the swarm, and its instance terminated")
+    return result
+
+
+def set_stacks(files: list[str], *, progress: Progress = print) -> dict:
+    """The program's stack list changed: deploy what is listed, remove the rest."""
+    state = _require_state()
+    prepared = {}
+    for arg in files:
+        name, _, file = arg.rpartition("=") if "=" in arg else ("", "", arg)
+        name = name or stack_name(Path(file))
+        prepared[name] = prepare_stack(Path(file), name, state["kind"], state["gpus_per_node"], 0, scale=False,
+                                       say=progress)
+    state["stacks"] = prepared
+    _save_state(state)
+    return converge_again(progress=progress)
+
+
+def roll(*, progress: Progress = print) -> dict:
+    """New node software reaches every node as `pulumi up` rolls it: every node at once, each
+    drained under its pool's lease (so one node per pool is out at a time), "applied", and
+    admitted back. Applying here is what a bootstrap does when it changes daemon.json: the
+    engine restarts. Returns the most nodes of each pool the swarm had drained at once."""
+    state = _require_state()
+    engine = find_engine()
+    state["rolls"] = state.get("rolls", 0) + 1
+    _save_state(state)
+    want = desired(state)
+    first = want.nodes[0]
+    lock = str(STATE_ROOT / "rollout.lock")
+
+    def one(node: Node) -> None:
+        nodes_mod.run_script(first, engine, rollout.cordon_node(node.address, pool=node.pool,
+                                                                software=want.release, lock_path=lock))
+        nodes_mod.restart_dockerd(node, engine)
+        node_id = nodes_mod.docker(node, engine, "info", "--format", "{{.Swarm.NodeID}}").stdout.strip()
+        nodes_mod.run_script(first, engine, rollout.admit_node(
+            node_id, pool_labels(node, want.gpus[node.name]), expected_gpus=want.gpus[node.name],
+            kind=want.kind, software=want.release))
+        progress(f"{node.name}: software applied and admitted")
+
+    peak: dict[str, int] = {}
+    done = threading.Event()
+
+    def watch() -> None:  # what the swarm itself says: drained nodes per pool
+        while not done.is_set():
+            out = nodes_mod.docker(first, engine, "node", "ls", "-q", "--filter", "node.label=gpu-swarm.pool",
+                                   check=False).stdout.split()
+            counts: dict[str, int] = {}
+            for info in placement_nodes(first, engine, out):
+                if info["Spec"].get("Availability") == "drain":
+                    pool = (info["Spec"].get("Labels") or {}).get("gpu-swarm.pool", "?")
+                    counts[pool] = counts.get(pool, 0) + 1
+            for pool, n in counts.items():
+                peak[pool] = max(peak.get(pool, 0), n)
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        _parallel(one, [n for n in want.nodes if n is not first])
+        one(first)  # the first manager drains itself too; here it goes last, as its engine runs the scripts
+    finally:
+        done.set()
+        watcher.join()
+    converge(want, engine, progress)
+    return {"peak_drained_per_pool": peak, "view": status()}
+
+
+def placement_nodes(manager: Node, engine, ids: list[str]) -> list[dict]:
+    if not ids:
+        return []
+    proc = nodes_mod.docker(manager, engine, "node", "inspect", *ids, check=False)
+    return json.loads(proc.stdout) if proc.returncode == 0 else []
+
+
+def _node(index: int, role: str) -> Node:
+    # Pools as the program names them: the managers' own, and one GPU pool for the workers.
+    return Node(f"node-{index}", index, role, "managers" if role == "manager" else "rehearsal")
+
+
+def _find(state: dict, name: str) -> Node:
+    node = next((n for n in _nodes(state) if n.name == name), None)
+    if node is None:
+        raise RehearsalError(f"no node {name!r}; nodes are {', '.join(n['name'] for n in state['nodes'])}")
+    return node
+
+
+def _next_index(state: dict) -> int:
+    used = {n["index"] for n in state["nodes"]} | {int(p.name.split("-")[1]) for p in RUN_ROOT.glob("node-*")
+                                                    if p.name.split("-")[1].isdigit()}
+    return max(used, default=0) + 1
 
 
 def node_engine(name: str, action: str, *, gpus: int | None = None) -> dict:
     """Stop or start one node's engine, or re-run its agent on a new simulated inventory."""
-    state = load_state()
-    if not state:
-        raise RehearsalError("no rehearsal is up")
-    node = next((n for n in _nodes(state) if n.name == name), None)
-    if node is None:
-        raise RehearsalError(f"no node {name!r}; nodes are {', '.join(n['name'] for n in state['nodes'])}")
+    state = _require_state()
+    node = _find(state, name)
     engine = find_engine()
     if action == "stop":
         nodes_mod.stop_dockerd(node)
@@ -226,9 +341,26 @@ def node_engine(name: str, action: str, *, gpus: int | None = None) -> dict:
         nodes_mod.wait_ready(node, engine)
         return {"node": name, "running": True}
     if action == "redetect":
-        count = state["gpus_per_node"] if gpus is None else gpus
-        return nodes_mod.run_agent(node, nodes_mod.simulated_gpus(count), state["kind"])
+        # The same hardware keeps its GPUs (a reboot); another count is other hardware.
+        current = json.loads(node.inventory.read_text()) if node.inventory.exists() else []
+        inventory = current if gpus is None or gpus == len(current) else nodes_mod.simulated_gpus(gpus)
+        report = nodes_mod.run_agent(node, inventory, state["kind"])
+        # As the agent's unit does on a real node: dockerd reads its resources only at start.
+        report["engine_restarted"] = bool(report["changed"]) and nodes_mod.is_running(node)
+        if report["engine_restarted"]:
+            nodes_mod.restart_dockerd(node, engine)
+        return report
     raise ValueError(action)
+
+
+def _parallel(work, items: list) -> list:
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=min(8, len(items))) as pool:
+        return list(pool.map(work, items))
+
+
+# ---------------------------------------------------------------- down
 
 
 def _our_mounts() -> list[str]:
@@ -246,10 +378,10 @@ def down(*, progress: Progress = print) -> dict:
     if os.geteuid() != 0:
         raise RehearsalError("run `down` as root, as `up` was")
     state = load_state() or {}
-    nodes = _nodes(state) if state.get("nodes") else [
-        Node(p.name, 0, "worker") for p in sorted(RUN_ROOT.glob("node-*"))]
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(nodes_mod.stop_dockerd, nodes))
+    nodes = _nodes(state) if state.get("nodes") else []
+    known = {n.name for n in nodes}
+    nodes += [Node(p.name, 0, "worker") for p in sorted(RUN_ROOT.glob("node-*")) if p.name not in known]
+    _parallel(nodes_mod.stop_dockerd, nodes)
     registry.stop_registry()
     for ns in network.our_netns():  # anything else still living in our namespaces
         for pid in network.netns_pids(ns):

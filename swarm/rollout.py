@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 
 from swarm.gpu_kind import validate_kind
-from swarm.script import ip_address, label_key, node_id, quote, script, sha256_hex, swarm_name, wait_until
+from swarm.script import (RETRY_TRANSIENT_SWARM_ERRORS, ip_address, label_key, node_id, quote, script, sha256_hex,
+                          swarm_name, wait_until)
 
 # Node labels the program owns (besides the pool labels cluster.py sets).
 SOFTWARE_LABEL = "gpu-swarm.software"  # the node software hash the node runs
@@ -29,16 +30,18 @@ def manager_ready(timeout_s: int = 180) -> list[str]:
     A manager restarts its engine when its own software changes; the commands that other
     nodes run on it meanwhile wait rather than fail.
     """
-    return wait_until("docker node ls -q >/dev/null 2>&1", timeout_s,
-                      "this manager's engine does not answer or the swarm has no leader; see docker node ls")
+    return [RETRY_TRANSIENT_SWARM_ERRORS,
+            *wait_until("command docker node ls -q >/dev/null 2>&1", timeout_s,
+                        "this manager's engine does not answer or the swarm has no leader; see docker node ls")]
 
 
 def node_by_address() -> str:
     """A bash function: the ID of the swarm node whose address is $1, or nothing."""
     return (
         "node_by_address() {\n"
-        "  docker node ls -q | xargs -r docker node inspect --format '{{.ID}} {{.Status.Addr}}' |\n"
-        "    awk -v a=\"$1\" '$2 == a { print $1; exit }'\n"
+        "  local ids\n"
+        "  mapfile -t ids < <(docker node ls -q)\n"
+        "  docker node inspect --format '{{.ID}} {{.Status.Addr}}' \"${ids[@]}\" | awk -v a=\"$1\" '$2 == a { print $1; exit }'\n"
         "}"
     )
 
@@ -116,11 +119,13 @@ def admit_node(node: str, labels: dict[str, str], *, expected_gpus: int, kind: s
         f'[ "$n" -eq {int(expected_gpus)} ] || '
         f'{{ echo "gpu-swarm: swarm sees $n {kind} on node {node}, expected {int(expected_gpus)}" >&2; exit 1; }}',
         # End of maintenance: release the lease, and give back only what the program took.
-        f"set -- --label-rm {MAINTENANCE_LABEL}",
+        # (`docker node update --label-rm` fails on a label that is not there.)
+        "set --",
+        f'if [ -n "$(node_label {node} {MAINTENANCE_LABEL})" ]; then set -- --label-rm {MAINTENANCE_LABEL}; fi',
         f'case "$(node_label {node} {DRAINED_BY_LABEL})" in',
         f'  rollout|gpu-check) set -- "$@" --availability active --label-rm {DRAINED_BY_LABEL} ;;',
         "esac",
-        f'docker node update "$@" {node} >/dev/null',
+        f'if [ $# -gt 0 ]; then docker node update "$@" {node} >/dev/null; fi',
         "printf '%s\\n' \"$res\"",
     )
 

@@ -87,6 +87,25 @@ CLUSTER_OF_THIS_NODE = (
 )
 
 
+# For scripts that talk to a manager: while a manager's engine restarts (its software rolls)
+# the swarm elects a leader, and calls fail for seconds with "context deadline exceeded" or
+# "rpc error". Those, and only those, are tried again, for up to a minute.
+RETRY_TRANSIENT_SWARM_ERRORS = (
+    "docker() {\n"
+    "  local try=0 rc err\n"
+    "  err=$(mktemp)\n"
+    "  while :; do\n"
+    '    rc=0; command docker "$@" 2>"$err" || rc=$?\n'
+    "    if [ \"$rc\" -eq 0 ] || [ \"$try\" -ge 30 ] ||\n"
+    "       ! grep -qiE 'deadline exceeded|rpc error|no leader|cannot connect to the docker daemon|unavailable' \"$err\"; then\n"
+    '      cat "$err" >&2; rm -f "$err"; return "$rc"\n'
+    "    fi\n"
+    "    try=$((try + 1)); sleep 2\n"
+    "  done\n"
+    "}"
+)
+
+
 def wait_until(condition: str, timeout_s: int, message: str, interval_s: int = 2) -> list[str]:
     """Lines that poll `condition` (a shell test) until it holds; exit 1 with `message` after timeout_s."""
     return [

@@ -5,73 +5,27 @@ In CI (CI=true) a missing prerequisite fails the run instead of skipping it.
 """
 from __future__ import annotations
 
+import hashlib
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from localswarm import network
-from localswarm.host import REPO, RehearsalError, find_engine
+from localswarm import network, rehearsal as rehearsal_mod
+from localswarm.host import RehearsalError
 from localswarm.nodes import RUN_ROOT, STATE_ROOT, Node, docker, run_script
-from swarm import commands
+from swarm import stacks
+from tests.rehearsal_tools import (KIND, advertised, cli, cli_json, node_of, require_engine, status, tasks_of,
+                                   wait_for)
 
 pytestmark = pytest.mark.integration
-KIND = "NVIDIA-GPU"
-
-
-def _prerequisites() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root"
-    try:
-        find_engine()
-    except RehearsalError as e:
-        return str(e)
-    return None
 
 
 @pytest.fixture(scope="module")
 def engine():
-    missing = _prerequisites()
-    if missing:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the rehearsal tests: {missing}")
-        pytest.skip(missing)
-    return find_engine()
-
-
-def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "localswarm", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=600)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"localswarm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
-def status() -> dict:
-    return json.loads(cli("status", "--json").stdout)
-
-
-def wait_for(predicate, timeout: float, what: str) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        view = status()
-        if predicate(view):
-            return view
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}:\n{json.dumps(view, indent=1)}")
-        time.sleep(0.5)
-
-
-def tasks_of(view: dict, service: str) -> list[dict]:
-    return next((s["tasks"] for s in view["services"] if s["name"] == service), [])
-
-
-def advertised(view: dict) -> dict[str, set[str]]:
-    return {n["name"]: set(n["gpus"]) for n in view["nodes"]}
+    return require_engine()
 
 
 MANAGER = Node("node-1", 1, "manager")
@@ -92,7 +46,7 @@ def test_seven_one_gpu_replicas_on_six_gpus(rehearsal):
     running = [t for t in tasks if t["state"] == "running"]
     pending = [t for t in tasks if t["state"] == "pending"]
     assert len(running) == 6 and len(pending) == 1
-    assert "insufficient resources" in pending[0]["error"]
+    assert "insufficient resources" in pending[0]["reason"] == pending[0]["error"]
     pairs = [(t["node"], gpu) for t in running for gpu in t["gpus"]]
     assert all(len(t["gpus"]) == 1 for t in running)
     assert len(set(pairs)) == 6
@@ -144,7 +98,7 @@ def test_stopped_node_tasks_move_to_free_gpus_and_node_rejoins(rehearsal, engine
                     60, "3 smoke tasks to run")
     victim = next(t["node"] for t in tasks_of(view, "smoke_gpu") if t["node"] != "node-1")
     before = advertised(view)[victim]
-    cli("node", "stop", victim)
+    assert cli("node", "stop", victim).stdout.strip() == f"{victim}: engine stopped"
     started = time.monotonic()
     view = wait_for(
         lambda v: all(t["state"] == "running" and t["node"] not in ("", victim) for t in tasks_of(v, "smoke_gpu"))
@@ -153,22 +107,26 @@ def test_stopped_node_tasks_move_to_free_gpus_and_node_rejoins(rehearsal, engine
     moved_in = time.monotonic() - started
     pairs = {(t["node"], t["gpus"][0]) for t in tasks_of(view, "smoke_gpu")}
     assert len(pairs) == 3 and all(g in advertised(view)[n] for n, g in pairs)
-    assert next(n for n in view["nodes"] if n["name"] == victim)["state"] == "down"
+    assert node_of(view, victim)["state"] == "down"
     assert moved_in < 90
+    # The table says the down node's GPUs cannot be used, never that they are free.
+    table = cli("status").stdout
+    victim_rows = [line for line in table.splitlines() if line.startswith(victim + " ")]
+    assert any("down" in line for line in victim_rows)
+    assert [line for line in victim_rows if "GPU-" in line] and all(
+        "unusable (node down)" in line for line in victim_rows if "GPU-" in line)
 
-    cli("node", "start", victim)
-    view = wait_for(lambda v: next(n for n in v["nodes"] if n["name"] == victim)["state"] == "ready",
-                    60, f"{victim} to rejoin")
+    assert json.loads(cli("node", "start", victim, "--json").stdout) == {"node": victim, "running": True}
+    view = wait_for(lambda v: node_of(v, victim)["state"] == "ready", 60, f"{victim} to rejoin")
     assert advertised(view)[victim] == before
 
 
-def test_redetection_updates_the_swarm_and_keeps_other_daemon_keys(rehearsal, engine):
+def test_redetection_alone_changes_what_the_swarm_sees_and_keeps_other_daemon_keys(rehearsal, engine):
+    """The agent's unit restarts docker when it changed daemon.json; `node redetect` does the same."""
     daemon_json = STATE_ROOT / "node-2" / "daemon.json"
     before = json.loads(daemon_json.read_text())
-    report = json.loads(cli("node", "redetect", "node-2", "--gpus", "3").stdout)
-    assert report["changed"] is True and len(report["gpus"]) == 3
-    cli("node", "stop", "node-2")
-    cli("node", "start", "node-2")
+    report = json.loads(cli("node", "redetect", "node-2", "--gpus", "3", "--json").stdout)
+    assert report["changed"] is True and report["engine_restarted"] is True and len(report["gpus"]) == 3
     new = {g["uuid"] for g in report["gpus"]}
     view = wait_for(lambda v: advertised(v)["node-2"] == new, 60, "the swarm to see node-2's new GPUs")
     assert advertised(view)["node-2"] == new
@@ -176,18 +134,44 @@ def test_redetection_updates_the_swarm_and_keeps_other_daemon_keys(rehearsal, en
     for key in ("insecure-registries", "shutdown-timeout", "log-opts"):
         assert after[key] == before[key], f"the agent lost {key}"
     assert sorted(after["node-generic-resources"]) == sorted(f"{KIND}={u}" for u in new)
+    # The same GPUs again (a reboot): nothing changes, no restart.
+    again = cli("node", "redetect", "node-2").stdout
+    assert again.strip() == "node-2: 3 GPU(s); daemon.json unchanged"
 
 
 def test_stack_removed_and_redeployed_under_the_same_name(rehearsal, engine):
     """remove_stack waits until the stack's network is gone, so an immediate redeploy works."""
-    prepared = STATE_ROOT / "stacks" / "smoke.yml"
-    run_script(MANAGER, engine, commands.remove_stack("smoke"))
+    text = json.loads((STATE_ROOT / "state.json").read_text())["stacks"]["smoke"]["text"]
+    run_script(MANAGER, engine, stacks.remove_stack("smoke"))
     assert docker(MANAGER, engine, "network", "ls", "-q", "--filter",
                   "label=com.docker.stack.namespace=smoke").stdout.strip() == ""
-    run_script(MANAGER, engine, commands.deploy_stack("smoke", str(prepared)))
+    run_script(MANAGER, engine, stacks.deploy_stack("smoke", hashlib.sha256(text.encode()).hexdigest()), stdin=text)
     view = wait_for(lambda v: len([t for t in tasks_of(v, "smoke_gpu") if t["state"] == "running"]) >= 6,
                     60, "the redeployed stack to run")
     assert {n["state"] for n in view["nodes"]} == {"ready"}
+
+
+def test_a_task_gpus_come_from_its_container_and_its_own_command_runs(rehearsal, engine):
+    """The smoke stack's own command (sh -c 'nvidia-smi -L; exec sleep infinity') runs on the stand-in."""
+    view = status()
+    task = next(t for t in tasks_of(view, "smoke_gpu") if t["state"] == "running")
+    assert task["gpus_from"] == "container" and len(task["gpus"]) == 1
+    container = docker(MANAGER, engine, "ps", "-q", "--filter", "label=com.docker.swarm.service.name=smoke_gpu")
+    node = MANAGER if container.stdout.strip() else next(
+        Node(n["name"], int(n["name"].split("-")[1]), "worker") for n in view["nodes"] if n["name"] != "node-1")
+    ids = docker(node, engine, "ps", "-q", "--filter", "label=com.docker.swarm.service.name=smoke_gpu").stdout.split()
+    top = docker(node, engine, "top", ids[0]).stdout
+    assert "sleep infinity" in top
+    logs = docker(node, engine, "logs", ids[0]).stdout
+    assert "GPU 0: Simulated GPU (UUID: GPU-" in logs
+
+
+def test_node_commands_print_text_and_json_on_request(rehearsal):
+    text = cli("node", "redetect", "node-3").stdout
+    assert text == "node-3: 2 GPU(s); daemon.json unchanged\n"
+    assert not text.lstrip().startswith("{")
+    assert "gpus" in cli_json("node", "redetect", "node-3")
+    assert cli("status", "--json").stdout.lstrip().startswith("{")
 
 
 def test_down_removes_everything(engine):
@@ -205,6 +189,17 @@ def test_down_removes_everything(engine):
     assert str(STATE_ROOT) not in mounts and str(RUN_ROOT) not in mounts
     assert not STATE_ROOT.exists() and not RUN_ROOT.exists()
     assert cli("down").returncode == 0  # a second down is harmless
+
+
+def test_a_failed_up_leaves_nothing_behind_and_says_so(engine):
+    """A stack that does not converge in time fails `up`; everything it made is removed."""
+    cli("down")
+    with pytest.raises(RehearsalError) as err:
+        rehearsal_mod.up(n_nodes=2, gpus=1, progress=lambda _: None, converge_timeout=0)
+    assert "did not converge" in str(err.value) and "Nothing is left behind" in str(err.value)
+    assert network.our_netns() == [] and network.our_rules() == []
+    assert _our_processes() == []
+    assert not STATE_ROOT.exists() and not RUN_ROOT.exists()
 
 
 def _our_processes() -> list[str]:

@@ -10,6 +10,7 @@ import yaml
 
 from localswarm import host, rehearsal
 from localswarm.host import RehearsalError
+from localswarm.stacks import _missing_programs, prepare_stack
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -55,18 +56,43 @@ def test_a_misindented_stack_is_refused_before_deploy(tmp_path):
         "          generic_resources:\n            - discrete_resource_spec:\n"
         "              kind: NVIDIA-GPU\n              value: 1\n")
     with pytest.raises(RehearsalError, match="discrete_resource_spec"):
-        rehearsal._prepare_stack(bad, "bad", "NVIDIA-GPU", 2, 6, scale=False, progress=lambda m: None)
+        prepare_stack(bad, "bad", "NVIDIA-GPU", 2, 6, scale=False, say=lambda m: None)
 
 
-def test_stand_in_and_scaling_of_the_default_stack(tmp_path, monkeypatch):
-    monkeypatch.setattr(rehearsal, "STATE_ROOT", tmp_path)
+def test_the_default_stack_keeps_its_own_command_on_the_stand_in():
     said = []
-    out = rehearsal._prepare_stack(REPO / "stacks" / "gpu-smoke.yml", "smoke", "NVIDIA-GPU", 2, 6,
-                                   scale=True, progress=said.append)
-    svc = yaml.safe_load(out.read_text())["services"]["gpu"]
-    assert svc["image"].endswith("/gpu-swarm/standin:1") and "command" not in svc
+    out = prepare_stack(REPO / "stacks" / "gpu-smoke.yml", "smoke", "NVIDIA-GPU", 2, 6, scale=True, say=said.append)
+    svc = yaml.safe_load(out["text"])["services"]["gpu"]
+    original = yaml.safe_load((REPO / "stacks" / "gpu-smoke.yml").read_text())["services"]["gpu"]
+    assert svc["image"].endswith("/gpu-swarm/standin:1")
+    assert svc["command"] == original["command"]  # sh -c 'nvidia-smi -L; exec sleep infinity' runs as written
     assert svc["deploy"]["replicas"] == 7
     assert any("not available offline" in m for m in said)
+
+
+@pytest.mark.parametrize("service, missing", [
+    ({"command": ["sh", "-c", "nvidia-smi -L; exec sleep infinity"]}, []),
+    ({"command": "python3 train.py"}, ["python3"]),
+    ({"entrypoint": ["/opt/conda/bin/python"], "command": ["x"]}, ["python"]),
+    ({"command": ["bash", "-c", "FOO=1 torchrun --nproc 1 t.py && echo done"]}, ["bash", "torchrun"]),
+    ({}, []),
+])
+def test_commands_the_stand_in_cannot_run_are_found(service, missing):
+    assert _missing_programs(service) == missing
+
+
+def test_a_command_the_stand_in_cannot_run_is_replaced_and_said(tmp_path):
+    stack = tmp_path / "train.yml"
+    stack.write_text("services:\n  train:\n    image: pytorch/pytorch\n    command: python3 train.py\n")
+    said = []
+    svc = yaml.safe_load(prepare_stack(stack, "train", "NVIDIA-GPU", 2, 6, scale=False, say=said.append)["text"])
+    assert "command" not in svc["services"]["train"]
+    assert any("needs python3, which the stand-in lacks" in m for m in said)
+
+
+def test_hints_name_the_command_as_the_readme_shows_it():
+    assert host.CLI == "sudo .venv/bin/python -m localswarm"
+    assert host.CLI in (REPO / "README.md").read_text()
 
 
 def test_cli_reports_errors_without_a_traceback():

@@ -1,0 +1,98 @@
+"""The Pulumi program's swarm steps, in the order its resource graph runs them, on the rehearsal's engines.
+
+components/ wires these builders into pulumi-command resources; here they run one after the
+other through each node's socket: probe the other managers, init (or join a live swarm),
+read the tokens, join every node, admit it, reconcile, deploy the stacks. Running
+converge() again is what a second `pulumi up` does, so the scenarios in the tests (replace
+the first manager, scale down, remove a stack, roll new software) exercise the very scripts
+the program sends to AWS.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+from localswarm.host import Engine
+from localswarm.nodes import Node, run_script
+from swarm import formation, reconcile, rollout, stacks as stack_scripts
+
+OVERLAY_POOL = "10.200.0.0/16"  # the program's default; off the rehearsal's 192.168.213.0/24
+
+
+@dataclass(frozen=True)
+class Desired:
+    """What `pulumi up` would be asked for: nodes (managers first), labels, GPUs, stacks, software."""
+
+    nodes: list[Node]
+    kind: str
+    gpus: dict[str, int]  # node name -> GPUs it must advertise
+    stacks: dict[str, str]  # stack name -> compose text
+    release: str  # what every node runs (the program's node_software.release)
+
+
+def pool_labels(node: Node, gpus: int) -> dict[str, str]:
+    labels = {"gpu-swarm.pool": node.pool}
+    if node.role == "worker":
+        labels["gpu-swarm.gpu-count"] = str(gpus)
+    return labels
+
+
+def converge(desired: Desired, engine: Engine, say: Callable[[str], None] = lambda _: None) -> dict:
+    """Bring the swarm to `desired`; returns {"cluster_id", "node_ids"}. Safe to run again."""
+    formed = form_swarm(desired, engine, say)
+    deploy_stacks(desired, engine)
+    return formed
+
+
+def form_swarm(desired: Desired, engine: Engine, say: Callable[[str], None] = lambda _: None) -> dict:
+    """Every step up to the reconcile: the swarm has the desired members, admitted."""
+    managers = [n for n in desired.nodes if n.role == "manager"]
+    first, peers = managers[0], managers[1:]
+
+    answers = _parallel(lambda n: run_script(n, engine, formation.probe_manager()), peers)
+    init = json.loads(run_script(first, engine,
+                                 formation.init_swarm(first.address, peers=[p.address for p in peers],
+                                                      address_pool=OVERLAY_POOL),
+                                 stdin=formation.live_peers(answers)))
+    cluster = init["cluster_id"]
+    say(f"{first.name}: {'created the swarm' if init['created'] else 'in swarm'} {cluster[:12]}")
+    tokens = json.loads(run_script(first, engine, formation.read_join_tokens(cluster)))
+
+    def join(node: Node) -> str:
+        script = formation.join_swarm(role=node.role, managers=[m.address for m in managers],
+                                      advertise_addr=node.address, expected_cluster=cluster)
+        return run_script(node, engine, script, stdin=tokens[node.role] + "\n").strip()
+
+    node_ids = {}
+    for node in managers:  # managers one at a time, so Raft grows by one member per step
+        node_ids[node.name] = join(node)
+    workers = [n for n in desired.nodes if n.role == "worker"]
+    node_ids.update(zip((w.name for w in workers), _parallel(join, workers)))
+
+    def admit(node: Node) -> list[str]:
+        gpus = desired.gpus.get(node.name, 0)
+        script = rollout.admit_node(node_ids[node.name], pool_labels(node, gpus), expected_gpus=gpus,
+                                    kind=desired.kind, software=desired.release)
+        return rollout.advertised_gpus(run_script(first, engine, script), desired.kind)
+
+    for node, seen in zip(desired.nodes, _parallel(admit, desired.nodes)):
+        say(f"{node.name} is in as {node.role}, advertising {len(seen)} GPU(s)")
+    run_script(first, engine, reconcile.reconcile(nodes=list(node_ids.values()), stacks=list(desired.stacks)))
+    return {"cluster_id": cluster, "node_ids": node_ids}
+
+
+def deploy_stacks(desired: Desired, engine: Engine) -> None:
+    first = next(n for n in desired.nodes if n.role == "manager")
+    for name, text in desired.stacks.items():
+        run_script(first, engine, stack_scripts.deploy_stack(name, hashlib.sha256(text.encode()).hexdigest()),
+                   stdin=text)
+
+
+def _parallel(work, items: list) -> list:
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=min(8, len(items))) as pool:
+        return list(pool.map(work, items))

@@ -1,0 +1,77 @@
+"""A user's compose file made runnable here: checked as `pulumi preview` checks it, pointed at images we serve.
+
+Nothing outside this machine is reachable, so every image the local registry does not hold
+is replaced by the stand-in: busybox with every applet, plus an nvidia-smi that lists the
+GPUs the task was given. The service keeps its own command when the stand-in can run it,
+so what users deploy is what runs.
+"""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from localswarm import registry
+from localswarm.host import RehearsalError
+from localswarm.nodes import REGISTRY
+from swarm.stack_files import StackFileError, validate_stack_file
+
+
+def prepare_stack(path: Path, name: str, kind: str, gpus_per_node: int, total_gpus: int, *, scale: bool,
+                  say: Callable[[str], None]) -> dict:
+    """{"file", "text"}: the checked compose file, with its images replaced where needed."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise RehearsalError(f"--stack {path}: cannot read it ({e.strerror})") from None
+    try:
+        info = validate_stack_file(text, kind=kind, max_gpus_per_node=gpus_per_node, source=str(path))
+    except StackFileError as e:
+        raise RehearsalError(str(e)) from None
+    gpu_services = {svc.name: svc for svc in info.gpu_services}
+    doc = yaml.safe_load(text)
+    for svc_name, svc in (doc.get("services") or {}).items():
+        image = svc.get("image", "")
+        if not image.startswith(REGISTRY + "/"):
+            svc["image"] = registry.STANDIN_IMAGE
+            missing = _missing_programs(svc)
+            note = ""
+            if missing:
+                svc.pop("command", None)
+                svc.pop("entrypoint", None)
+                note = f"; its command needs {', '.join(missing)}, which the stand-in lacks, so it runs the stand-in's own"
+            say(f"  {name}/{svc_name}: image {image} is not available offline; using the stand-in{note}")
+        if scale and svc_name in gpu_services and total_gpus:
+            svc.setdefault("deploy", {})["replicas"] = total_gpus + 1
+            say(f"  {name}/{svc_name}: scaled to {total_gpus + 1} replicas, one more than there are GPUs")
+    return {"file": str(path), "text": yaml.safe_dump(doc, sort_keys=False)}
+
+
+def _missing_programs(service: dict) -> list[str]:
+    """The programs the service's entrypoint and command start that the stand-in does not have."""
+    wanted = []
+    for key in ("entrypoint", "command"):
+        value = service.get(key)
+        words = shlex.split(value) if isinstance(value, str) else list(value or [])
+        if words:
+            wanted.append(words[0])
+            if Path(words[0]).name in ("sh", "bash") and "-c" in words:
+                # `sh -c '...'`: the programs of the script it runs.
+                script = words[words.index("-c") + 1] if words.index("-c") + 1 < len(words) else ""
+                wanted += [part.split()[0] for part in _commands_of(script)]
+            break
+    have = registry.standin_programs()
+    return sorted({Path(w).name for w in wanted if Path(w).name not in have and w not in ("exec",)})
+
+
+def _commands_of(script: str) -> list[str]:
+    parts = []
+    for piece in script.replace("&&", ";").replace("||", ";").replace("|", ";").split(";"):
+        words = piece.split()
+        while words and (words[0] in ("exec", "then", "do", "else", "!") or "=" in words[0]):
+            words = words[1:]
+        if words and words[0] not in ("if", "fi", "done", "for", "while", "case", "esac", "true", "false", ":"):
+            parts.append(" ".join(words))
+    return parts
