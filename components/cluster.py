@@ -10,7 +10,7 @@ from components.gpu_stack import GpuStack, GpuStackArgs
 from components.network import Network, NetworkArgs
 from components.node_pool import Node, NodePool, NodePoolArgs
 from components.node_software import NodeSoftware, NodeSoftwareArgs
-from components.remote import BOOT, connection
+from components.remote import BOOT, as_root, connection
 from components.security_groups import SecurityGroups, SecurityGroupsArgs
 from components.ssh_key import SshKey, SshKeyArgs
 from components.swarm_init import SwarmInit, SwarmInitArgs
@@ -56,7 +56,10 @@ class Cluster(pulumi.ComponentResource):
             opts=self._child,
         )
         common = dict(subnet_ids=subnet_ids, key_name=self._key.key_name, user_data=render_user_data(),
-                      imds_hop_limit=s.imds_hop_limit, tags=self._tags)
+                      imds_hop_limit=s.imds_hop_limit, after=groups.ssh_rules, tags=self._tags)
+        # Every node takes the same keys: one script for all of them.
+        self._access = pulumi.Output.all(self._key.public_key, *s.ssh_authorized_keys).apply(
+            lambda keys: as_root(node_software.authorize_keys(s.ssh_user, list(keys))))
         managers = NodePool(f"{name}-managers", NodePoolArgs(
             role="manager", pool="managers", instance_type=s.managers.instance_type, count=s.managers.count,
             # Managers run no GPU work, so they always run plain Ubuntu, even when the GPU
@@ -81,7 +84,7 @@ class Cluster(pulumi.ComponentResource):
         self._jump_host = first.public_ip
         self._first_live = self._connection(first)
         # The first manager's software comes first: the swarm is made on it.
-        software = {first.name: self._node_software(first, None, after=[groups])}
+        software = {first.name: self._node_software(first, None)}
         swarm = SwarmInit(f"{name}-swarm", SwarmInitArgs(
             first=self._connection(first, BOOT), first_live=self._first_live,
             first_instance_id=first.instance.id, advertise_address=first.private_ip,
@@ -90,7 +93,7 @@ class Cluster(pulumi.ComponentResource):
         ), opts=self._child)
         for node, pool in nodes[1:]:
             # Draining a node for a software change needs the swarm; so does everything after.
-            software[node.name] = self._node_software(node, pool, after=[groups], cordon_after=[swarm.init])
+            software[node.name] = self._node_software(node, pool, cordon_after=[swarm.init])
 
         manager_ips = [n.private_ip for n in managers.nodes]
         members = [(node, pool, self._membership(node, pool, swarm, software[node.name], manager_ips))
@@ -148,7 +151,7 @@ class Cluster(pulumi.ComponentResource):
             return connection(host=node.public_ip, user=user, private_key=key, **extra)
         return connection(host=node.private_ip, user=user, private_key=key, jump_host=self._jump_host, **extra)
 
-    def _node_software(self, node: Node, pool: GpuPool | None, *, after, cordon_after=()) -> NodeSoftware:
+    def _node_software(self, node: Node, pool: GpuPool | None, *, cordon_after=()) -> NodeSoftware:
         s = self._s
         gpu = pool is not None
         instance_type = pool.instance_type if gpu else s.managers.instance_type
@@ -158,9 +161,8 @@ class Cluster(pulumi.ComponentResource):
             pool=node.pool, gpu=gpu, expected_gpus=pool.gpus_per_node if gpu else 0, instance_type=instance_type,
             env=env,
             software=self._software, node=self._connection(node, BOOT), manager=self._first_live,
-            private_ip=node.private_ip, instance_id=node.instance.id, ssh_user=s.ssh_user,
-            authorized_keys=[self._key.public_key, *s.ssh_authorized_keys],
-            after=list(after), cordon_after=list(cordon_after),
+            private_ip=node.private_ip, instance_id=node.instance.id, access_script=self._access,
+            cordon_after=list(cordon_after),
         ), opts=self._child)
 
     def _membership(self, node: Node, pool: GpuPool | None, swarm: SwarmInit, software: NodeSoftware,

@@ -29,6 +29,9 @@ class NodePoolArgs:
     # Managers hold the swarm's Raft quorum: change them one after the other (a resize
     # stops and starts each), never all at once.
     one_at_a_time: bool = False
+    # Created after these: the SSH rules, so that an operator whose address changed can reach
+    # the nodes within the same `pulumi up` that lets that address in.
+    after: Sequence[pulumi.Resource] = field(default_factory=list)
     tags: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
 
 
@@ -112,7 +115,7 @@ class NodePool(pulumi.ComponentResource):
                     # replaced nodes take them. See components/provider_facts.py.
                     ignore_changes=list(INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES),
                     replace_on_changes=replace_on,
-                    depends_on=previous if args.one_at_a_time else [],
+                    depends_on=[*args.after, *(previous if args.one_at_a_time else [])],
                 ),
             )
             if args.one_at_a_time:

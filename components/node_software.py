@@ -31,9 +31,7 @@ class NodeSoftwareArgs:
     manager: pulumi.Input[command.remote.ConnectionArgs]  # to the first manager
     private_ip: pulumi.Input[str]
     instance_id: pulumi.Input[str]
-    ssh_user: str
-    authorized_keys: Sequence[pulumi.Input[str]]  # public keys that may log in; the first is Pulumi's own
-    after: Sequence[pulumi.Resource] = field(default_factory=list)  # e.g. the SSH rules: reach the node first
+    access_script: pulumi.Input[str]  # node_software.authorize_keys() for the cluster's keys, as root
     # What the drain waits for: the swarm must exist (none for the first manager, which
     # cordons itself and makes the swarm afterwards).
     cordon_after: Sequence[pulumi.Resource] = field(default_factory=list)
@@ -46,7 +44,7 @@ class NodeSoftware(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: NodeSoftwareArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-swarm:node:Software", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self, depends_on=list(args.after))
+        child = pulumi.ResourceOptions(parent=self)
         # A replaced instance is a new node: its commands start afresh.
         fresh = [args.instance_id]
         steps = node_software.bootstrap_steps(gpu=args.gpu, instance_type=args.instance_type)
@@ -55,8 +53,7 @@ class NodeSoftware(pulumi.ComponentResource):
         command.remote.Command(
             f"{name}-access",
             connection=args.node,
-            create=pulumi.Output.all(*args.authorized_keys).apply(
-                lambda keys: as_root(node_software.authorize_keys(args.ssh_user, list(keys)))),
+            create=args.access_script,
             triggers=fresh,
             opts=child,
         )
@@ -76,7 +73,7 @@ class NodeSoftware(pulumi.ComponentResource):
             create=pulumi.Output.from_input(args.private_ip).apply(
                 lambda ip: as_root(cordon_node(ip, pool=args.pool, software=self.release))),
             triggers=fresh,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[*args.after, *args.cordon_after]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.cordon_after)),
         )
         self.applied = command.remote.Command(
             f"{name}-apply",
@@ -84,7 +81,7 @@ class NodeSoftware(pulumi.ComponentResource):
             create=as_root(node_software.apply_software(
                 software=args.software, steps=steps, env=args.env, expected_gpus=args.expected_gpus)),
             triggers=fresh,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[*args.after, copy, cordon]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[copy, cordon]),
         )
         self.bootstrap_timings = self.applied.stdout.apply(_parse_timings)
         self.register_outputs({"bootstrap_timings": self.bootstrap_timings})

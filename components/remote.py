@@ -32,14 +32,22 @@ def connection(
     private_key: pulumi.Input[str],
     jump_host: pulumi.Input[str] | None = None,
     budget: tuple[int, int] = LIVE,
-) -> command.remote.ConnectionArgs:
-    """SSH straight to `host`, or through `jump_host` (a manager) to a node with no public SSH."""
+) -> pulumi.Output[command.remote.ConnectionArgs]:
+    """SSH straight to `host`, or through `jump_host` (a manager) to a node with no public SSH.
+
+    One Output that resolves to plain ConnectionArgs: a cluster passes the same connection to
+    many commands, and nested Outputs would be walked again for each of them. It is secret,
+    as the private key is.
+    """
     limit, timeout = budget
-    proxy = None
-    if jump_host is not None:
-        proxy = command.remote.ProxyConnectionArgs(
-            host=jump_host, user=user, private_key=private_key, dial_error_limit=limit, per_dial_timeout=timeout,
-        )
-    return command.remote.ConnectionArgs(
-        host=host, user=user, private_key=private_key, proxy=proxy, dial_error_limit=limit, per_dial_timeout=timeout,
-    )
+
+    def build(values) -> command.remote.ConnectionArgs:
+        host_, user_, key_, jump_ = values
+        proxy = None
+        if jump_ is not None:
+            proxy = command.remote.ProxyConnectionArgs(
+                host=jump_, user=user_, private_key=key_, dial_error_limit=limit, per_dial_timeout=timeout)
+        return command.remote.ConnectionArgs(
+            host=host_, user=user_, private_key=key_, proxy=proxy, dial_error_limit=limit, per_dial_timeout=timeout)
+
+    return pulumi.Output.secret(pulumi.Output.all(host, user, private_key, jump_host).apply(build))

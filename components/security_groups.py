@@ -38,12 +38,14 @@ class SecurityGroups(pulumi.ComponentResource):
     cluster_id: pulumi.Output[str]
     managers_id: pulumi.Output[str]
     workers_id: pulumi.Output[str]
+    ssh_rules: list[aws.vpc.SecurityGroupIngressRule]  # what `pulumi up` needs before it can reach a node
 
     def __init__(self, name: str, args: SecurityGroupsArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-swarm:aws:SecurityGroups", name, None, opts)
         self._name = name
         self._child = pulumi.ResourceOptions(parent=self)
         self._tags = args.tags
+        self.ssh_rules = []
 
         cluster = self._group("cluster", args.vpc_id, "Every swarm node: gossip, overlay and ESP between members")
         managers = self._group("managers", args.vpc_id,
@@ -55,8 +57,10 @@ class SecurityGroups(pulumi.ComponentResource):
         self._ingress("managers-swarm-api", managers, "tcp", SWARM_API_PORT,
                       "swarm API and Raft, from members", source_group=cluster)
         for cidr in args.allowed_ssh_cidrs:
-            self._ingress(f"managers-ssh-{_slug(cidr)}", managers, "tcp", 22, f"SSH from {cidr}", cidr=cidr)
-        self._ingress("workers-ssh", workers, "tcp", 22, "SSH from the managers (jump host)", source_group=managers)
+            self.ssh_rules.append(
+                self._ingress(f"managers-ssh-{_slug(cidr)}", managers, "tcp", 22, f"SSH from {cidr}", cidr=cidr))
+        self.ssh_rules.append(
+            self._ingress("workers-ssh", workers, "tcp", 22, "SSH from the managers (jump host)", source_group=managers))
 
         # Egress stays open: nodes pull packages, drivers and images from the internet.
         aws.vpc.SecurityGroupEgressRule(f"{name}-cluster-egress-ipv4", security_group_id=cluster.id,
@@ -83,9 +87,9 @@ class SecurityGroups(pulumi.ComponentResource):
 
     def _ingress(self, rule: str, group: aws.ec2.SecurityGroup, protocol: str, port: int | None,
                  description: str, *, source_group: aws.ec2.SecurityGroup | None = None,
-                 cidr: str | None = None) -> None:
+                 cidr: str | None = None) -> aws.vpc.SecurityGroupIngressRule:
         version = ipaddress.ip_network(cidr).version if cidr else None
-        aws.vpc.SecurityGroupIngressRule(
+        return aws.vpc.SecurityGroupIngressRule(
             f"{self._name}-{rule}",
             security_group_id=group.id,
             ip_protocol=protocol,

@@ -158,7 +158,7 @@ def command_stdout(name: str, create: str) -> str:
     if "docker swarm join" in create:
         return fake_node_id(name) + "\n"
     if "GenericResources" in create:
-        expected = int(re.search(r"-eq (\d+) \]", create)[1])
+        expected = int(re.search(r"\"\$n\" -eq (\d+) \]", create)[1])
         kind = re.search(r'"Kind":"([^"]+)"', create)[1]
         entries = [{"NamedResourceSpec": {"Kind": kind, "Value": fake_gpu_uuid(name, i)}} for i in range(expected)]
         return json.dumps(entries or None) + "\n"

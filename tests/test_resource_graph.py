@@ -253,9 +253,11 @@ def test_commands_that_meet_a_node_first_wait_for_its_boot_others_give_up_soon(p
             assert (conn["proxy"]["dialErrorLimit"], conn["proxy"]["perDialTimeout"]) == expected, name
 
 
-def test_ssh_waits_for_the_security_group_rules(prod):
-    for name in prod.commands("-access"):
+def test_nodes_wait_for_the_ssh_rules(prod):
+    """An operator whose address changed is let in before `pulumi up` dials the nodes."""
+    for name in prod.instances():
         assert prod.depends_on(name, "gpu-swarm-sg-managers-ssh-198-51-100-0-24"), name
+        assert prod.depends_on(name, "gpu-swarm-sg-workers-ssh"), name
 
 
 # ---------------------------------------------------------------- the swarm
