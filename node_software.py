@@ -202,6 +202,8 @@ def apply_software(*, software: str, steps: list[str], env: dict[str, str], expe
         f'    [ "$got" = {want} ] || fail "the copy in $staged has hash $got, expected {want}"',
         f'    mkdir -p "$(dirname {sw})" && rm -rf {sw}.new && cp -R "$staged" {sw}.new',
         f"    chown -R 0:0 {sw}.new && chmod -R go-w {sw}.new",
+        # The copy keeps no modes (SFTP): the runtime guard and the scripts must be executable.
+        f'    chmod 0755 {sw}.new/gpu-swarm-runtime {sw}.new/*.sh {sw}.new/*.py',
         f"    echo {want} >{sw}.new/.hash",
         f"    rm -rf {sw}.old; if [ -e {sw} ]; then mv {sw} {sw}.old; fi",
         f"    mv {sw}.new {sw}; rm -rf {sw}.old",

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Boot-time GPU agent for gpu-swarm nodes.
 
-Asks NVML which GPUs this node has, then writes the Docker daemon.json and the
-nvidia-container-toolkit config.toml that make swarm schedule each GPU as a
-generic resource and hand a task only the GPU it was given. It runs before
-docker at every boot (gpu-swarm-agent.service), so a node that comes back on
-other hardware or another driver advertises what it really has.
-Stdlib plus pynvml (package nvidia-ml-py) only. The rest of the project imports
-DEFAULT_KIND, validate_kind, resource_env_name and resource_entries from here.
+Asks NVML which GPUs this node has (gpu_detect.py), then writes the Docker
+daemon.json, the nvidia-container-toolkit config.toml and the runtime guard's
+settings that make swarm schedule each GPU (or each slot of a shared GPU) as a
+generic resource and hand a task only what it was given. It runs before docker
+at every boot (gpu-swarm-agent.service), so a node that comes back on other
+hardware or another driver advertises what it really has.
+Stdlib plus pynvml (package nvidia-ml-py) only.
 
 Exit codes: 0 done; 1 a file could not be read or written; 2 bad input
 (nothing was written); 3 NVML or nvidia-smi present but failing.
@@ -15,8 +15,6 @@ Exit codes: 0 done; 1 a file could not be read or written; 2 bad input
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import os
 import re
@@ -26,260 +24,29 @@ import subprocess
 import sys
 import tempfile
 
-DEFAULT_KIND = "NVIDIA-GPU"
+from gpu_detect import BadInput, DetectionFailed, detect_gpus, gpu_labels, json_type, load_inventory
+from gpu_resources import (DEFAULT_KIND, MAX_SLOTS_PER_GPU, default_shared_kind, resource_entries, resource_env_name,
+                           slot_entries, validate_kind)
+
 DEFAULT_DAEMON_JSON = "/etc/docker/daemon.json"
 DEFAULT_TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 DEFAULT_RUNTIME_PATH = "nvidia-container-runtime"
+# The runtime guard (gpu-swarm-runtime + gpu_guard.py, beside this file on a node): the
+# default runtime, in front of nvidia-container-runtime. Swarm services cannot pick a
+# runtime, so the default is what every task gets.
+GUARD_RUNTIME = "gpu-swarm"
+DEFAULT_GUARD = "/opt/gpu-swarm/software/gpu-swarm-runtime"
+DEFAULT_RUNTIME_CONFIG = "/etc/gpu-swarm/runtime.env"
+COMPUTE_MODE_DEFAULT = 0  # NVML_COMPUTEMODE_DEFAULT: several processes may share the GPU
 # nvidia-container-toolkit 1.18.0-1.18.2 default to jit-cdi mode, which ignores
 # swarm-resource so every task sees every GPU (toolkit#1599, fixed in 1.19.0).
 TOOLKIT_JIT_CDI_TRAP = ((1, 18, 0), (1, 18, 2))
 
-_KIND_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
-_HEX_UUID = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
-_UUID_RE = re.compile(rf"GPU-{_HEX_UUID}|MIG-{_HEX_UUID}|MIG-GPU-{_HEX_UUID}/\d+/\d+")
 _SECTION_RE = re.compile(r"\s*\[\[?[^\[\]=]+\]\]?\s*(#.*)?$")  # a [table] or [[array]] header
 _SWARM_KEY_RE = re.compile(r"""\s*["']?swarm-resource["']?\s*=""")
 _SWARM_COMMENT_RE = re.compile(r"\s*#\s*swarm-resource\s*=")
 _MODE_KEY_RE = re.compile(r"""\s*["']?mode["']?\s*=""")
 _RUNTIME_SECTION_RE = re.compile(r"""\s*\[\s*["']?nvidia-container-runtime["']?\s*\]\s*(#.*)?$""")
-
-
-class BadInput(Exception):
-    """Input a person must fix: exit 2, nothing written."""
-
-
-class DetectionFailed(Exception):
-    """NVML or nvidia-smi exists but does not work: exit 3."""
-
-
-class _NvmlMissing(Exception):
-    """There is no NVML to ask (no pynvml, or no libnvidia-ml): not an error by itself."""
-
-
-def validate_kind(kind: str) -> str:
-    """Return kind if it is a usable swarm generic-resource kind, else raise ValueError."""
-    if not isinstance(kind, str) or not _KIND_RE.fullmatch(kind):
-        raise ValueError(
-            f"invalid GPU resource kind {kind!r}: expected 1-64 letters, digits, '-' or '_' "
-            f"(for example {DEFAULT_KIND}); choose such a name, since it becomes the "
-            "generic-resource name services reserve and the DOCKER_RESOURCE_<KIND> variable")
-    return kind
-
-
-def resource_env_name(kind: str) -> str:
-    """The variable swarm sets in a task with the UUIDs it assigned (swarmkit EnvFormat)."""
-    return "DOCKER_RESOURCE_" + validate_kind(kind).upper()
-
-
-def validate_uuid(uuid: object) -> str:
-    if not isinstance(uuid, str) or not _UUID_RE.fullmatch(uuid):
-        raise ValueError(
-            f"GPU UUID {uuid!r} is not a full UUID: expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx "
-            "or MIG-... (see nvidia-smi -L); current toolkits refuse truncated UUIDs such as "
-            "GPU-be74ca1f, so give the whole UUID")
-    return uuid
-
-
-def resource_entries(kind: str, uuids) -> list[str]:
-    """The daemon.json node-generic-resources entries: one KIND=UUID per device."""
-    kind = validate_kind(kind)
-    return [f"{kind}={validate_uuid(uuid)}" for uuid in uuids]
-
-
-def _text(value) -> str:
-    # nvidia-ml-py returns str; older pynvml releases returned bytes.
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _check_unique(gpus: list[dict], source: str, error: type[Exception]) -> None:
-    seen = set()
-    for gpu in gpus:
-        if gpu["uuid"] in seen:
-            raise error(f"{source}: UUID {gpu['uuid']} appears twice; each device must be listed once")
-        seen.add(gpu["uuid"])
-
-
-def load_inventory(path: str) -> tuple[list[dict], dict]:
-    """Simulated GPUs from a JSON list shaped like the report's "gpus"."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as e:
-        raise BadInput(f"{path}: cannot read the GPU inventory ({e.strerror}); pass an existing file to --inventory")
-    except (ValueError, UnicodeDecodeError) as e:
-        raise BadInput(f"{path}: the GPU inventory is not valid JSON ({e}); fix the file")
-    if not isinstance(data, list):
-        raise BadInput(f"{path}: expected a JSON list of GPUs, found {_json_type(data)}; wrap the entries in [...]")
-    gpus, extra = [], {}
-    for n, entry in enumerate(data):
-        where = f"{path}: GPU entry {n}"
-        if not isinstance(entry, dict):
-            raise BadInput(f"{where}: expected an object, found {_json_type(entry)}")
-        for field, kind in (("index", int), ("uuid", str), ("name", str), ("memory_mib", int)):
-            value = entry.get(field)
-            if field not in entry:
-                raise BadInput(f"{where} has no {field!r}; every GPU needs index, uuid, name and memory_mib")
-            wrong = not isinstance(value, kind) or isinstance(value, bool)
-            if wrong or (kind is str and not value.strip()) or (kind is int and value < 0):
-                what = "a non-empty string" if kind is str else "a whole number >= 0"
-                raise BadInput(f"{where}: {field!r} must be {what}, found {value!r}")
-        if not isinstance(entry.get("mig", False), bool):
-            raise BadInput(f"{where}: 'mig' must be true or false, found {entry['mig']!r}")
-        try:
-            validate_uuid(entry["uuid"])
-        except ValueError as e:
-            raise BadInput(f"{where}: {e}")
-        gpus.append({"index": entry["index"], "uuid": entry["uuid"], "name": entry["name"],
-                     "memory_mib": entry["memory_mib"], "mig": entry.get("mig", False)})
-        for key in ("driver", "cuda", "compute"):
-            if isinstance(entry.get(key), str) and entry[key]:
-                extra.setdefault(f"gpu.{key}", entry[key])
-    _check_unique(gpus, path, BadInput)
-    return gpus, extra
-
-
-def detect_with_nvml(warnings: list[str]) -> tuple[list[dict], dict]:
-    try:
-        import pynvml  # imported here so the module (and --inventory) works without it
-    except ImportError as e:
-        raise _NvmlMissing(f"pynvml is not importable ({e})")
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
-        if isinstance(e, getattr(pynvml, "NVMLError_LibraryNotFound", ())):
-            raise _NvmlMissing("libnvidia-ml.so.1 was not found (no NVIDIA driver installed)")
-        raise DetectionFailed(f"NVML initialisation failed: {e}")
-    try:
-        gpus: list[dict] = []
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        for index, handle in enumerate(handles):
-            if not _mig_enabled(pynvml, handle):
-                gpus.append(_nvml_device(pynvml, handle, index, mig=False))
-                continue
-            before = len(gpus)
-            for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-                try:
-                    mig_handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
-                except pynvml.NVMLError_NotFound:
-                    continue  # an empty slot: no MIG device was created there
-                gpus.append(_nvml_device(pynvml, mig_handle, index, mig=True))
-            if len(gpus) == before:
-                warnings.append(f"GPU {index} is in MIG mode but has no MIG devices; it advertises nothing "
-                                "until MIG instances are created (or MIG mode is turned off)")
-        extra = {"gpu.driver": _optional(pynvml, pynvml.nvmlSystemGetDriverVersion)}
-        cuda = (_optional(pynvml, getattr(pynvml, "nvmlSystemGetCudaDriverVersion_v2", None))
-                or _optional(pynvml, pynvml.nvmlSystemGetCudaDriverVersion))
-        if cuda:  # NVML encodes 13.0 as 13000
-            extra["gpu.cuda"] = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}"
-        if gpus:
-            capability = _optional(pynvml, pynvml.nvmlDeviceGetCudaComputeCapability, handles[gpus[0]["index"]])
-            if capability:
-                extra["gpu.compute"] = f"{capability[0]}.{capability[1]}"
-        for gpu in gpus:
-            validate_uuid(gpu["uuid"])
-        _check_unique(gpus, "NVML", DetectionFailed)
-        return gpus, {k: _text(v) for k, v in extra.items() if v}
-    except pynvml.NVMLError as e:
-        raise DetectionFailed(f"NVML query failed: {e}")
-    except ValueError as e:
-        raise DetectionFailed(f"NVML returned unusable data: {e}")
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError as e:
-            warnings.append(f"nvmlShutdown failed ({e}); harmless, the process exits next")
-
-
-def _mig_enabled(pynvml, handle) -> bool:
-    try:
-        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
-    except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
-        return False  # a GPU (or driver) without MIG
-    return current == getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1)
-
-
-def _nvml_device(pynvml, handle, index: int, mig: bool) -> dict:
-    return {"index": index, "uuid": _text(pynvml.nvmlDeviceGetUUID(handle)),
-            "name": _text(pynvml.nvmlDeviceGetName(handle)),
-            "memory_mib": int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024), "mig": mig}
-
-
-def _optional(pynvml, call, *args):
-    # Labels only describe the node: an older driver lacking a call must not cost it its GPUs.
-    if call is None:
-        return None
-    try:
-        return call(*args)
-    except pynvml.NVMLError:
-        return None
-
-
-def detect_with_nvidia_smi(smi: str) -> list[dict]:
-    cmd = [smi, "--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader,nounits"]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise DetectionFailed(f"{smi} could not run: {e}")
-    if done.returncode != 0:
-        if "No devices were found" in done.stdout + done.stderr:
-            return []  # a driver without GPUs (e.g. a GPU AMI on a CPU instance)
-        raise DetectionFailed(f"{smi} exited {done.returncode}: {(done.stderr or done.stdout).strip()}")
-    gpus = []
-    for row in csv.reader(io.StringIO(done.stdout), skipinitialspace=True):
-        if not row:
-            continue
-        try:
-            index, uuid, name, memory = row
-            gpus.append({"index": int(index), "uuid": validate_uuid(uuid.strip()), "name": name.strip(),
-                         "memory_mib": int(float(memory)), "mig": False})
-        except ValueError as e:
-            raise DetectionFailed(f"{smi} printed an unexpected line {','.join(row)!r}: {e}")
-    _check_unique(gpus, smi, DetectionFailed)
-    return gpus
-
-
-def detect_gpus(warnings: list[str]) -> tuple[list[dict], dict]:
-    """NVML first, nvidia-smi second; no driver at all means no GPUs, not a failure."""
-    try:
-        return detect_with_nvml(warnings)
-    except _NvmlMissing as e:
-        nvml_missing, nvml_failure = str(e), None
-    except DetectionFailed as e:
-        nvml_missing, nvml_failure = None, str(e)
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        if nvml_failure:
-            raise DetectionFailed(f"{nvml_failure}; there is no nvidia-smi on PATH to fall back to. "
-                                  "Check the NVIDIA driver (dmesg, nvidia-smi) and reboot or reinstall it")
-        warnings.append(f"no NVIDIA driver found: {nvml_missing} and there is no nvidia-smi on PATH; "
-                        "this node advertises no GPUs")
-        return [], {}
-    warnings.append(f"{nvml_failure or 'NVML is unavailable: ' + nvml_missing}; read the GPUs from {smi} "
-                    "instead, which cannot see MIG devices or the driver/CUDA labels")
-    try:
-        return detect_with_nvidia_smi(smi), {}
-    except DetectionFailed as e:
-        raise DetectionFailed(f"{nvml_failure or nvml_missing}; the nvidia-smi fallback failed too: {e}. "
-                              "Check the NVIDIA driver (dmesg, nvidia-smi) and reboot or reinstall it")
-
-
-def gpu_labels(gpus: list[dict], extra: dict, warnings: list[str]) -> dict:
-    """Engine labels named like gpu-feature-discovery's; they describe GPU 0 of the node."""
-    if not gpus:
-        return {}
-    if len({(g["name"], g["memory_mib"]) for g in gpus}) > 1:
-        warnings.append("this node's GPUs differ; gpu.product and gpu.memory describe the first one")
-    labels = {"gpu.count": str(len(gpus)), "gpu.product": gpus[0]["name"].strip().replace(" ", "-"),
-              "gpu.memory": str(gpus[0]["memory_mib"])}
-    for key in ("gpu.driver", "gpu.cuda", "gpu.compute"):
-        if extra.get(key):
-            labels[key] = extra[key]
-    return labels
-
-
-def _json_type(value) -> str:
-    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
-    return names.get(type(value), "a number")
 
 
 def read_daemon_json(path: str) -> dict | None:
@@ -296,11 +63,11 @@ def read_daemon_json(path: str) -> dict | None:
     except (UnicodeDecodeError, ValueError) as e:
         raise BadInput(f"{path}: not valid JSON ({e}); {fix}")
     if not isinstance(config, dict):
-        raise BadInput(f"{path}: expected a JSON object at the top level, found {_json_type(config)}; {fix}")
+        raise BadInput(f"{path}: expected a JSON object at the top level, found {json_type(config)}; {fix}")
     for key, kind in (("node-generic-resources", list), ("labels", list), ("runtimes", dict),
                       ("default-runtime", str)):
         if key in config and not isinstance(config[key], kind):
-            raise BadInput(f"{path}: {key!r} must be {_json_type(kind())}, found {_json_type(config[key])}; {fix}")
+            raise BadInput(f"{path}: {key!r} must be {json_type(kind())}, found {json_type(config[key])}; {fix}")
     for key in ("node-generic-resources", "labels"):
         if not all(isinstance(item, str) for item in config.get(key, [])):
             raise BadInput(f"{path}: {key!r} must be a list of \"key=value\" strings; {fix}")
@@ -310,26 +77,75 @@ def read_daemon_json(path: str) -> dict | None:
     return config
 
 
-def merge_daemon_config(config: dict, kind: str, gpus: list[dict], labels: dict,
-                        set_runtime: bool, warnings: list[str]) -> dict:
-    """config with the agent's keys set; every other key kept as it was, in order."""
+def merge_daemon_config(config: dict, resources: list[str], labels: dict, guard: dict | None,
+                        warnings: list[str]) -> dict:
+    """config with the agent's keys set; every other key kept as it was, in order.
+
+    guard: {"path", "config"} of the runtime guard to make the default runtime, or None.
+    """
     new = json.loads(json.dumps(config))  # a deep copy that keeps key order
-    if gpus:
-        new["node-generic-resources"] = resource_entries(kind, [g["uuid"] for g in gpus])
+    if resources:
+        new["node-generic-resources"] = resources
     else:
         new.pop("node-generic-resources", None)
     if "labels" in new or labels:
         kept = [label for label in new.get("labels", []) if not label.split("=", 1)[0].startswith("gpu.")]
         new["labels"] = kept + [f"{key}={value}" for key, value in labels.items()]
-    if gpus and set_runtime:
+    if resources and guard:
         runtimes = new.setdefault("runtimes", {})
+        # nvidia stays registered for `docker run --runtime=nvidia`; tasks get the guard.
         runtimes.setdefault("nvidia", {"path": DEFAULT_RUNTIME_PATH, "runtimeArgs": []})
         runtimes["nvidia"].setdefault("path", DEFAULT_RUNTIME_PATH)
-        if new.get("default-runtime", "nvidia") != "nvidia":
-            warnings.append(f"default-runtime was {new['default-runtime']!r}; set it to 'nvidia' because "
-                            "swarm services cannot choose a runtime")
-        new["default-runtime"] = "nvidia"
+        runtimes[GUARD_RUNTIME] = {"path": guard["path"], "runtimeArgs": ["--gpu-swarm-config", guard["config"]]}
+        if new.get("default-runtime", GUARD_RUNTIME) not in (GUARD_RUNTIME, "nvidia"):
+            warnings.append(f"default-runtime was {new['default-runtime']!r}; set it to {GUARD_RUNTIME!r} because "
+                            "swarm services cannot choose a runtime, and tasks must get only the GPUs they reserved")
+        new["default-runtime"] = GUARD_RUNTIME
     return new
+
+
+def runtime_settings(*, kind: str, shared_kind: str, slots: int, gpus: list[dict], guard: str, delegate: str,
+                     allow_docker_run_gpus: bool) -> str:
+    """The guard's runtime.env: read by its sh front (sourced) and by gpu_guard.py."""
+    python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    values = {
+        "DELEGATE": delegate,
+        "GUARD": os.path.join(os.path.dirname(guard), "gpu_guard.py"),
+        "GUARD_PYTHON": python,
+        "KIND": kind,
+        "SHARED_KIND": shared_kind if slots else "",
+        "SLOTS_PER_GPU": str(slots),
+        "GPUS": ",".join(g["uuid"] for g in gpus),
+        "ALLOW_DOCKER_RUN_GPUS": "true" if allow_docker_run_gpus else "false",
+    }
+    for key, value in values.items():
+        if not re.fullmatch(r"[A-Za-z0-9_./:,=+-]*", value):
+            raise BadInput(f"{key}={value!r} cannot be written to the runtime settings safely")
+    return "# Written by gpu-swarm's GPU agent at every boot; read by gpu-swarm-runtime.\n" + \
+        "".join(f"{k}={v}\n" for k, v in values.items())
+
+
+def advertised(kind: str, shared_kind: str, slots: int, gpus: list[dict], warnings: list[str]) -> tuple[list, dict]:
+    """node-generic-resources and the labels that describe sharing.
+
+    A pool that shares GPUs advertises only slots, so a whole-GPU task and a slot never
+    meet on one GPU. Time-slicing needs the GPU's compute mode to be Default: a GPU in an
+    exclusive mode is left out, which the swarm-side check then reports.
+    """
+    if not slots:
+        return resource_entries(kind, [g["uuid"] for g in gpus]), {}
+    shareable = []
+    for gpu in gpus:
+        mode = gpu.get("compute_mode", COMPUTE_MODE_DEFAULT)
+        if mode == COMPUTE_MODE_DEFAULT:
+            shareable.append(gpu["uuid"])
+        else:
+            warnings.append(f"GPU {gpu['uuid']} is in compute mode {mode}, not Default, so tasks cannot share it; "
+                            "it advertises nothing. Run nvidia-smi -i <index> -c DEFAULT, or turn sharing off")
+    labels = {"gpu.sharing": "time-slicing", "gpu.replicas": str(slots)}
+    if len(shareable) < len(gpus):
+        labels["gpu.sharing"] = "refused-compute-mode"
+    return slot_entries(shared_kind, shareable, slots), labels
 
 
 def edit_toolkit_config(text: str, env_name: str, legacy_mode: bool, warnings: list[str]) -> str:
@@ -460,6 +276,14 @@ def run(args: argparse.Namespace, warnings: list[str]) -> dict:
         kind = validate_kind(args.kind)
     except ValueError as e:
         raise BadInput(f"--kind: {e}")
+    try:
+        shared_kind = validate_kind(args.shared_kind or default_shared_kind(kind))
+        if args.slots_per_gpu and not 2 <= args.slots_per_gpu <= MAX_SLOTS_PER_GPU:
+            raise ValueError(f"must be from 2 to {MAX_SLOTS_PER_GPU}, or 0 for whole GPUs")
+        if shared_kind == kind:
+            raise ValueError(f"the shared kind must differ from --kind {kind}: a GPU is advertised one way")
+    except ValueError as e:
+        raise BadInput(f"--slots-per-gpu/--shared-kind: {e}")
     gpus, extra = load_inventory(args.inventory) if args.inventory else (None, {})
     old_daemon = read_daemon_json(args.daemon_json)
     toolkit_text = read_toolkit_config(args.toolkit_config)
@@ -474,15 +298,25 @@ def run(args: argparse.Namespace, warnings: list[str]) -> dict:
         gpus, extra = detect_gpus(warnings)
     if not gpus:
         warnings.append("no GPUs found: removing node-generic-resources and gpu.* labels from daemon.json")
-    labels = gpu_labels(gpus, extra, warnings)
+    resources, sharing = advertised(kind, shared_kind, args.slots_per_gpu, gpus, warnings)
+    labels = {**gpu_labels(gpus, extra, warnings), **sharing}
+    guard = None if args.no_runtime else {"path": args.guard, "config": args.runtime_config}
 
-    new_daemon = merge_daemon_config(old_daemon or {}, kind, gpus, labels, not args.no_runtime, warnings)
+    new_daemon = merge_daemon_config(old_daemon or {}, resources, labels, guard if gpus else None, warnings)
     plans = {}
     # Compared as data, so a hand-formatted file that already says the right thing is
     # not rewritten (nor docker restarted); a missing one with nothing to say stays missing.
     if new_daemon != old_daemon and (old_daemon is not None or new_daemon):
         plans["daemon_json"] = (args.daemon_json, json.dumps(new_daemon, indent=2, ensure_ascii=False) + "\n")
-    files = {"daemon_json": "unchanged", "toolkit_config": "unchanged"}
+    files = {"daemon_json": "unchanged", "toolkit_config": "unchanged", "runtime_config": "absent"}
+    if gpus and guard:
+        text = runtime_settings(kind=kind, shared_kind=shared_kind, slots=args.slots_per_gpu, gpus=gpus,
+                                guard=args.guard, delegate=args.runtime_delegate,
+                                allow_docker_run_gpus=not args.refuse_docker_run_gpus)
+        old = open(args.runtime_config).read() if os.path.exists(args.runtime_config) else None
+        files["runtime_config"] = "unchanged"
+        if text != old:
+            plans["runtime_config"] = (args.runtime_config, text)
     if toolkit_text is None:
         files["toolkit_config"] = "absent"
         warnings.append(f"{os.path.dirname(args.toolkit_config)} does not exist: nvidia-container-toolkit is "
@@ -497,7 +331,7 @@ def run(args: argparse.Namespace, warnings: list[str]) -> dict:
         else:
             write_atomic(path, content.encode("utf-8"))
             files[name] = "written"
-    return {"gpus": gpus, "resources": resource_entries(kind, [g["uuid"] for g in gpus]), "labels": labels,
+    return {"gpus": gpus, "resources": resources, "labels": labels,
             "changed": bool(plans), "files": files, "warnings": warnings}
 
 
@@ -511,12 +345,28 @@ def parse_args(argv) -> argparse.Namespace:
                         help=f"Docker daemon config to merge into (default {DEFAULT_DAEMON_JSON})")
     parser.add_argument("--toolkit-config", default=DEFAULT_TOOLKIT_CONFIG, metavar="PATH",
                         help=f"nvidia-container-toolkit config (default {DEFAULT_TOOLKIT_CONFIG})")
-    parser.add_argument("--kind", default=DEFAULT_KIND, metavar="NAME",
+    # Defaults also come from the node's settings (node.env), which the unit loads.
+    env = os.environ.get
+    parser.add_argument("--kind", default=env("GPU_SWARM_KIND") or DEFAULT_KIND, metavar="NAME",
                         help=f"generic-resource kind services reserve (default {DEFAULT_KIND})")
+    parser.add_argument("--slots-per-gpu", type=int, default=int(env("GPU_SWARM_SLOTS_PER_GPU") or 0), metavar="K",
+                        help="share each GPU between K tasks: advertise K slots per GPU under --shared-kind "
+                             "(default 0: whole GPUs)")
+    parser.add_argument("--shared-kind", default=env("GPU_SWARM_SHARED_KIND") or "", metavar="NAME",
+                        help="kind of the slots of shared GPUs (default <kind>-SHARED)")
+    parser.add_argument("--guard", default=DEFAULT_GUARD, metavar="PATH",
+                        help=f"the runtime guard made the default runtime (default {DEFAULT_GUARD})")
+    parser.add_argument("--runtime-config", default=DEFAULT_RUNTIME_CONFIG, metavar="PATH",
+                        help=f"where the guard's settings go (default {DEFAULT_RUNTIME_CONFIG})")
+    parser.add_argument("--runtime-delegate", default=shutil.which("nvidia-container-runtime") or
+                        f"/usr/bin/{DEFAULT_RUNTIME_PATH}", metavar="PATH",
+                        help="the runtime the guard hands containers to (default nvidia-container-runtime)")
+    parser.add_argument("--refuse-docker-run-gpus", action="store_true",
+                        help="also refuse GPUs to `docker run --gpus` containers that reserved nothing in swarm")
     parser.add_argument("--inventory", metavar="FILE",
                         help="read GPUs from a JSON list instead of NVML (simulated GPUs; NVML is not touched)")
     parser.add_argument("--no-runtime", action="store_true",
-                        help="for simulated GPUs: advertise resources but do not set the nvidia runtime")
+                        help="advertise resources only: set no runtime (the tasks would not be guarded)")
     parser.add_argument("--toolkit-version", metavar="X.Y.Z",
                         help="assume this nvidia-container-toolkit version instead of asking nvidia-ctk")
     parser.add_argument("--dry-run", action="store_true", help="write nothing; show what would change")
@@ -546,7 +396,8 @@ def main(argv=None) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     print(f"{len(report['gpus'])} GPU device(s): " + ", ".join(report["resources"] or ["none"]))
     print("labels: " + (" ".join(f"{k}={v}" for k, v in report["labels"].items()) or "none"))
-    for name, path in (("daemon_json", args.daemon_json), ("toolkit_config", args.toolkit_config)):
+    for name, path in (("daemon_json", args.daemon_json), ("toolkit_config", args.toolkit_config),
+                       ("runtime_config", args.runtime_config)):
         print(f"{path}: {report['files'][name]}")
     return 0
 

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# nvidia-container-toolkit >= TOOLKIT_MIN_VERSION, nvidia as Docker's default runtime
-# (swarm services cannot pick one). 1.18.0-1.18.2 ignore swarm-resource: upgrade them.
+# nvidia-container-toolkit >= TOOLKIT_MIN_VERSION, registered with Docker as the "nvidia"
+# runtime. The default runtime is the guard in front of it, which the GPU agent sets
+# (swarm services cannot pick a runtime). 1.18.0-1.18.2 ignore swarm-resource: upgrade them.
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 found=$(toolkit_version)
-is_default() { grep -qsE '"default-runtime": *"nvidia"' "$DOCKER_DAEMON_JSON"; }
+registered() { grep -qsE '"nvidia": *\{' "$DOCKER_DAEMON_JSON"; }
 if [ -n "$found" ] && version_ge "$found" "$TOOLKIT_MIN_VERSION"; then
-  if is_default; then
+  if registered; then
     hold_nvidia_packages
-    skip "toolkit $found, default runtime nvidia"
+    skip "toolkit $found, registered with Docker"
   fi
 else
   log "installing nvidia-container-toolkit (found ${found:-none}, need >= $TOOLKIT_MIN_VERSION)"
@@ -27,5 +28,5 @@ else
     log "WARNING !!! nvidia-container-toolkit ${found:-?} < $TOOLKIT_MIN_VERSION: on 1.18.0-1.18.2 tasks see every GPU unless the runtime is in legacy mode (the agent sets it) !!!"
 fi
 hold_nvidia_packages
-nvidia-ctk runtime configure --runtime=docker --set-as-default
-is_default || die "nvidia is not the default runtime in $DOCKER_DAEMON_JSON"
+nvidia-ctk runtime configure --runtime=docker
+registered || die "nvidia-ctk did not register the nvidia runtime in $DOCKER_DAEMON_JSON"

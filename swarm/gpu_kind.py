@@ -1,26 +1,29 @@
-"""The GPU resource kind, from its one source of truth: the node agent.
+"""The GPU resource rules, from their one source of truth: node/gpu_resources.py.
 
-The agent must stay a single stdlib file that lands on nodes, so the rest of
-the project loads it by path instead of keeping a second copy of the rules
-that tie the kind to daemon.json and the toolkit's swarm-resource.
+That file lands on every node (the agent and the runtime guard use it), so the rest of the
+project loads it by path instead of keeping a second copy of the rules that tie a kind to
+daemon.json, the task's DOCKER_RESOURCE_<KIND> variable and the shared slots.
 """
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
-AGENT_PATH = Path(__file__).resolve().parent.parent / "node" / "gpu_agent.py"
+RULES_PATH = Path(__file__).resolve().parent.parent / "node" / "gpu_resources.py"
 
 
-def _load_agent():
-    spec = importlib.util.spec_from_file_location("gpu_agent", AGENT_PATH)
+def _load_rules():
+    spec = importlib.util.spec_from_file_location("gpu_resources", RULES_PATH)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-_agent = _load_agent()
+_rules = _load_rules()
 
-DEFAULT_KIND: str = _agent.DEFAULT_KIND
-validate_kind = _agent.validate_kind
-resource_env_name = _agent.resource_env_name
+DEFAULT_KIND: str = _rules.DEFAULT_KIND
+MAX_SLOTS_PER_GPU: int = _rules.MAX_SLOTS_PER_GPU
+validate_kind = _rules.validate_kind
+resource_env_name = _rules.resource_env_name
+default_shared_kind = _rules.default_shared_kind
+slot_gpu = _rules.slot_gpu

@@ -36,7 +36,8 @@ class ServiceInfo:
     name: str
     image: str
     replicas: int | None  # None for `mode: global`
-    gpus: int  # GPUs reserved per replica (0: the task sees no GPU)
+    gpus: int  # whole GPUs reserved per replica (0: the task sees no GPU)
+    slots: int = 0  # slots of shared GPUs per replica: 0 or 1
 
 
 @dataclass(frozen=True)
@@ -45,17 +46,19 @@ class StackInfo:
 
     @property
     def gpu_services(self) -> tuple[ServiceInfo, ...]:
-        return tuple(s for s in self.services if s.gpus)
+        return tuple(s for s in self.services if s.gpus or s.slots)
 
 
 def validate_stack_file(
-    text: str, *, kind: str, max_gpus_per_node: int, source: str = "<stack>"
+    text: str, *, kind: str, max_gpus_per_node: int, shared_kind: str | None = None, source: str = "<stack>"
 ) -> StackInfo:
     """Parse a compose file and check its GPU reservations against the cluster.
 
     `kind` is the cluster's generic resource kind (gpu-swarm:gpuKind) and
-    `max_gpus_per_node` the largest GPU count of any node pool: a replica that
-    reserves more can never be placed. Raises StackFileError listing all problems.
+    `max_gpus_per_node` the largest GPU count of any pool with whole GPUs (0: every
+    pool shares its GPUs): a replica that reserves more can never be placed.
+    `shared_kind` is the kind of shared GPUs' slots, or None when no pool shares.
+    Raises StackFileError listing all problems.
     """
     try:
         doc = yaml.safe_load(text)
@@ -90,10 +93,11 @@ def validate_stack_file(
                 "so push one to a registry and name it here"
             )
             image = ""
-        gpus = _check_resources(where, service, kind, max_gpus_per_node, problems)
+        reserved = _check_resources(where, service, kind, max_gpus_per_node, shared_kind, problems)
         _check_service_keys(where, service, problems)
         _check_environment(where, service.get("environment"), problems)
-        infos.append(ServiceInfo(str(name), image, _replicas(where, service, problems), gpus))
+        infos.append(ServiceInfo(str(name), image, _replicas(where, service, problems),
+                                 reserved.get(kind, 0), reserved.get(shared_kind, 0) if shared_kind else 0))
 
     if problems:
         raise StackFileError(source, problems)
@@ -114,19 +118,19 @@ def _replicas(where: str, service: dict, problems: list[str]) -> int | None:
 
 
 def _check_resources(
-    where: str, service: dict, kind: str, max_gpus: int, problems: list[str]
-) -> int:
-    """Check the reservations; return the GPUs one replica reserves."""
+    where: str, service: dict, kind: str, max_gpus: int, shared_kind: str | None, problems: list[str]
+) -> dict[str, int]:
+    """Check the reservations; return what one replica reserves, by kind."""
     deploy = service.get("deploy")
     if deploy is None:
-        return 0
+        return {}
     if not isinstance(deploy, dict):
         problems.append(f"{where}.deploy: must be a mapping")
-        return 0
+        return {}
     resources = deploy.get("resources") or {}
     reservations = resources.get("reservations") if isinstance(resources, dict) else None
     if not isinstance(reservations, dict):
-        return 0
+        return {}
     where = f"{where}.deploy.resources.reservations"
 
     if "devices" in reservations:
@@ -138,12 +142,13 @@ def _check_resources(
 
     entries = reservations.get("generic_resources")
     if entries is None:
-        return 0
+        return {}
     if not isinstance(entries, list):
         problems.append(f"{where}.generic_resources: must be a list of `- discrete_resource_spec:` entries")
-        return 0
+        return {}
 
-    gpus = 0
+    reserved: dict[str, int] = {}
+    kinds = [kind] + ([shared_kind] if shared_kind else [])
     for i, entry in enumerate(entries):
         at = f"{where}.generic_resources[{i}]"
         if not isinstance(entry, dict):
@@ -178,10 +183,12 @@ def _check_resources(
         entry_kind, value = spec.get("kind"), spec.get("value")
         if isinstance(value, str) and value.strip().isdigit():
             value = int(value)  # the compose schema allows a quoted number
-        if entry_kind != kind:
+        if entry_kind not in kinds:
+            offered = f"{kind!r} (gpu-swarm:gpuKind)" + (
+                f" and {shared_kind!r} (gpu-swarm:sharedGpuKind)" if shared_kind else "")
             problems.append(
                 f"{at}.discrete_resource_spec.kind: is {entry_kind!r}, but this cluster's nodes "
-                f"advertise {kind!r} (gpu-swarm:gpuKind); tasks would never be scheduled"
+                f"advertise {offered}; tasks would never be scheduled"
             )
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -189,17 +196,33 @@ def _check_resources(
                 f"{at}.discrete_resource_spec.value: expected a whole number of GPUs >= 1, got {value!r}"
             )
             continue
-        if gpus:
-            problems.append(f"{at}: {kind} is reserved twice in one service; reserve it once with the total")
+        if entry_kind in reserved:
+            problems.append(f"{at}: {entry_kind} is reserved twice in one service; reserve it once with the total")
             continue
-        if value > max_gpus:
+        if reserved:
+            problems.append(f"{at}: a service reserves whole GPUs or one slot of a shared GPU, not both")
+            continue
+        if entry_kind == shared_kind and value != 1:
+            problems.append(
+                f"{at}.discrete_resource_spec.value: {value} slots of {shared_kind} per replica; reserve 1. "
+                "Two slots may come from two GPUs, or from the same one: they do not add up to more GPU. "
+                f"For more than a share, reserve whole GPUs ({kind})"
+            )
+            continue
+        if entry_kind == kind and max_gpus == 0:
+            problems.append(
+                f"{at}.discrete_resource_spec.kind: every pool shares its GPUs, so no node advertises whole "
+                f"{kind}; reserve value 1 of {shared_kind}, or add a pool without sharing"
+            )
+            continue
+        if entry_kind == kind and value > max_gpus:
             problems.append(
                 f"{at}.discrete_resource_spec.value: {value} GPUs per replica, but the largest "
                 f"node pool has {max_gpus} per node; the tasks would stay Pending forever"
             )
             continue
-        gpus = value
-    return gpus
+        reserved[entry_kind] = value
+    return reserved
 
 
 def _check_service_keys(where: str, service: dict, problems: list[str]) -> None:
@@ -224,6 +247,15 @@ _ENV_NAME = "NVIDIA_VISIBLE_DEVICES"
 
 
 def _check_environment(where: str, env, problems: list[str]) -> None:
+    names = list(env) if isinstance(env, dict) else [str(e).partition("=")[0] for e in env or []
+                                                      if isinstance(e, str)] if isinstance(env, list) else []
+    for name in names:
+        if str(name).startswith("DOCKER_RESOURCE_"):
+            problems.append(
+                f"{where}.environment: sets {name}, the variable swarm itself sets to the GPUs it "
+                "assigned; the node's runtime guard cannot tell it from swarm's. Remove it and reserve "
+                "GPUs with generic_resources"
+            )
     if isinstance(env, dict):
         found = _ENV_NAME in env
         value = env.get(_ENV_NAME)

@@ -11,6 +11,7 @@ import hashlib
 import json
 import re
 import runpy
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from pulumi.runtime import rpc
 from settings import aws_lookups
 
 REPO = Path(__file__).resolve().parent.parent
+# The node programs import their siblings (gpu_agent imports gpu_detect), as they do on a node.
+sys.path.insert(0, str(REPO / "node"))
 REGION = "us-east-1"
 ZONES = ("us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1f")
 

@@ -31,6 +31,7 @@ def _load(name, path):
     return module
 
 
+sys.path.insert(0, str(ROOT / "node"))  # the agent imports its siblings, as on a node
 agent = _load("gpu_agent", AGENT)
 fake_pynvml = _load("pynvml", FAKE_NVML_DIR / "pynvml.py")
 
@@ -107,8 +108,13 @@ class Node:
         path.write_text(json.dumps(gpus))
         return str(path)
 
+    @property
+    def runtime_config(self):
+        return self.root / "etc" / "gpu-swarm" / "runtime.env"
+
     def paths(self):
-        return ["--daemon-json", str(self.daemon_json), "--toolkit-config", str(self.toolkit)]
+        return ["--daemon-json", str(self.daemon_json), "--toolkit-config", str(self.toolkit),
+                "--runtime-config", str(self.runtime_config), "--runtime-delegate", "/usr/bin/nvidia-container-runtime"]
 
     def run(self, capsys, *args, version="1.19.0"):
         """Run main() in-process; returns (exit code, report or None, stderr)."""
@@ -127,6 +133,7 @@ class Node:
             hidden.mkdir(exist_ok=True)
             (hidden / "pynvml.py").write_text("raise ImportError('pynvml hidden by the test')\n")
             env["PYTHONPATH"] = str(hidden)
+        env["PYTHONPATH"] += os.pathsep + str(ROOT / "node")
         return subprocess.run([sys.executable, str(AGENT), *self.paths(), *args],
                               capture_output=True, text=True, env=env, timeout=60)
 
@@ -149,7 +156,7 @@ def node(tmp_path, monkeypatch):
 # --- the names the rest of the project imports -----------------------------------
 
 def test_module_imports_without_pynvml():
-    code = ("import sys, importlib.util; sys.modules['pynvml'] = None; "
+    code = (f"import sys, importlib.util; sys.modules['pynvml'] = None; sys.path.insert(0, {str(AGENT.parent)!r}); "
             f"s = importlib.util.spec_from_file_location('a', {str(AGENT)!r}); m = importlib.util.module_from_spec(s); "
             "s.loader.exec_module(m); print(m.DEFAULT_KIND, m.resource_env_name(m.DEFAULT_KIND))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -195,7 +202,7 @@ def test_nvml_gpu_counts(node, capsys, count):
     if count:
         assert node.daemon()["node-generic-resources"] == expected
         assert report["labels"]["gpu.count"] == str(count)
-        assert node.daemon()["default-runtime"] == "nvidia"
+        assert node.daemon()["default-runtime"] == "gpu-swarm"
     else:
         assert not node.daemon_json.exists()  # nothing to advertise, nothing to remove
         assert report["labels"] == {}
@@ -318,10 +325,11 @@ def test_nvidia_smi_without_devices_means_no_gpus(node, capsys):
 
 TWO = [f"NVIDIA-GPU={uuid(0)}", f"NVIDIA-GPU={uuid(1)}"]
 NV_RUNTIME = {"path": "nvidia-container-runtime", "runtimeArgs": []}
+GUARD = {"path": "/opt/gpu-swarm/software/gpu-swarm-runtime", "runtimeArgs": ["--gpu-swarm-config", "RUNTIME_CONFIG"]}
 LABELS = ["gpu.count=2", "gpu.product=NVIDIA-H200", "gpu.memory=143771"]
 MERGE_TABLE = {
-    "empty": ({}, {"node-generic-resources": TWO, "labels": LABELS, "runtimes": {"nvidia": NV_RUNTIME},
-                   "default-runtime": "nvidia"}),
+    "empty": ({}, {"node-generic-resources": TWO, "labels": LABELS, "runtimes": {"nvidia": NV_RUNTIME, "gpu-swarm": GUARD},
+                   "default-runtime": "gpu-swarm"}),
     "foreign keys kept in order": (
         {"data-root": "/data/docker", "log-driver": "json-file", "log-opts": {"max-size": "10m"},
          "registry-mirrors": ["https://mirror.example"], "insecure-registries": ["10.0.0.5:5000"],
@@ -329,31 +337,32 @@ MERGE_TABLE = {
         {"data-root": "/data/docker", "log-driver": "json-file", "log-opts": {"max-size": "10m"},
          "registry-mirrors": ["https://mirror.example"], "insecure-registries": ["10.0.0.5:5000"],
          "features": {"buildkit": True}, "mtu": 9001, "node-generic-resources": TWO, "labels": LABELS,
-         "runtimes": {"nvidia": NV_RUNTIME}, "default-runtime": "nvidia"}),
+         "runtimes": {"nvidia": NV_RUNTIME, "gpu-swarm": GUARD}, "default-runtime": "gpu-swarm"}),
     "other runtimes kept, nvidia path kept": (
         {"runtimes": {"crun": {"path": "/usr/bin/crun"},
                       "nvidia": {"path": "/usr/local/bin/nvidia-container-runtime", "runtimeArgs": ["--x"]}}},
         {"runtimes": {"crun": {"path": "/usr/bin/crun"},
-                      "nvidia": {"path": "/usr/local/bin/nvidia-container-runtime", "runtimeArgs": ["--x"]}},
-         "node-generic-resources": TWO, "labels": LABELS, "default-runtime": "nvidia"}),
+                      "nvidia": {"path": "/usr/local/bin/nvidia-container-runtime", "runtimeArgs": ["--x"]},
+                      "gpu-swarm": GUARD},
+         "node-generic-resources": TWO, "labels": LABELS, "default-runtime": "gpu-swarm"}),
     "nvidia runtime without path": (
         {"runtimes": {"nvidia": {"runtimeArgs": []}}, "default-runtime": "nvidia"},
-        {"runtimes": {"nvidia": {"runtimeArgs": [], "path": "nvidia-container-runtime"}},
-         "default-runtime": "nvidia", "node-generic-resources": TWO, "labels": LABELS}),
+        {"runtimes": {"nvidia": {"runtimeArgs": [], "path": "nvidia-container-runtime"}, "gpu-swarm": GUARD},
+         "default-runtime": "gpu-swarm", "node-generic-resources": TWO, "labels": LABELS}),
     "old gpu labels replaced, others kept in order": (
         {"labels": ["zone=a", "gpu.count=8", "gpu.product=Tesla-V100", "team=ml", "gpuish=yes"]},
         {"labels": ["zone=a", "team=ml", "gpuish=yes", *LABELS], "node-generic-resources": TWO,
-         "runtimes": {"nvidia": NV_RUNTIME}, "default-runtime": "nvidia"}),
+         "runtimes": {"nvidia": NV_RUNTIME, "gpu-swarm": GUARD}, "default-runtime": "gpu-swarm"}),
     "stale resources replaced in place": (
         {"debug": False, "node-generic-resources": ["NVIDIA-GPU=GPU-be74ca1f", "FPGA=fpga0"], "iptables": True},
         {"debug": False, "node-generic-resources": TWO, "iptables": True, "labels": LABELS,
-         "runtimes": {"nvidia": NV_RUNTIME}, "default-runtime": "nvidia"}),
+         "runtimes": {"nvidia": NV_RUNTIME, "gpu-swarm": GUARD}, "default-runtime": "gpu-swarm"}),
     "swarm-friendly settings kept": (
         {"live-restore": False, "default-address-pools": [{"base": "10.20.0.0/16", "size": 24}],
          "exec-opts": ["native.cgroupdriver=systemd"]},
         {"live-restore": False, "default-address-pools": [{"base": "10.20.0.0/16", "size": 24}],
          "exec-opts": ["native.cgroupdriver=systemd"], "node-generic-resources": TWO, "labels": LABELS,
-         "runtimes": {"nvidia": NV_RUNTIME}, "default-runtime": "nvidia"}),
+         "runtimes": {"nvidia": NV_RUNTIME, "gpu-swarm": GUARD}, "default-runtime": "gpu-swarm"}),
 }
 
 
@@ -362,6 +371,7 @@ def test_merge_keeps_what_the_agent_does_not_own(node, capsys, before, after):
     node.write_daemon(before)
     rc, report, _ = node.run(capsys, "--inventory", node.inventory([inventory_gpu(0), inventory_gpu(1)]))
     assert rc == 0
+    after = json.loads(json.dumps(after).replace("RUNTIME_CONFIG", str(node.runtime_config)))
     assert node.daemon() == after
     assert list(node.daemon()) == list(after)  # key order kept, new keys appended
 
@@ -369,7 +379,7 @@ def test_merge_keeps_what_the_agent_does_not_own(node, capsys, before, after):
 def test_other_default_runtime_is_replaced_with_a_warning(node, capsys):
     node.write_daemon({"default-runtime": "crun", "runtimes": {"crun": {"path": "/usr/bin/crun"}}})
     rc, report, _ = node.run(capsys, "--inventory", node.inventory([inventory_gpu(0)]))
-    assert node.daemon()["default-runtime"] == "nvidia"
+    assert node.daemon()["default-runtime"] == "gpu-swarm"
     assert any("default-runtime was 'crun'" in w for w in report["warnings"])
 
 
@@ -430,7 +440,7 @@ def test_bad_daemon_json_is_refused_and_left_intact(node, capsys, content):
 def test_empty_daemon_json_counts_as_no_settings(node, capsys):
     node.write_daemon("")
     rc, report, _ = node.run(capsys, "--inventory", node.inventory([inventory_gpu(0)]))
-    assert rc == 0 and node.daemon()["default-runtime"] == "nvidia"
+    assert rc == 0 and node.daemon()["default-runtime"] == "gpu-swarm"
 
 
 # --- inventories (simulated GPUs) -------------------------------------------------
@@ -488,11 +498,12 @@ def test_second_run_changes_nothing(node, capsys):
     node.set_nvml({"gpus": [gpu(0), gpu(1)]})
     rc, first, _ = node.run(capsys)
     assert rc == 0 and first["changed"] is True
-    assert first["files"] == {"daemon_json": "written", "toolkit_config": "written"}
+    assert first["files"] == {"daemon_json": "written", "toolkit_config": "written", "runtime_config": "written"}
     written = node.snapshot()
     rc, second, _ = node.run(capsys)
     assert rc == 0 and second["changed"] is False
-    assert second["files"] == {"daemon_json": "unchanged", "toolkit_config": "unchanged"}
+    assert second["files"] == {"daemon_json": "unchanged", "toolkit_config": "unchanged",
+                                 "runtime_config": "unchanged"}
     assert node.snapshot() == written
     assert node.daemon_json.read_text() == json.dumps(node.daemon(), indent=2) + "\n"
 
@@ -503,7 +514,7 @@ def test_file_modes_are_kept(node, capsys):
     node.toolkit.write_text(TOOLKIT_CONFIG)
     node.toolkit.chmod(0o640)
     rc, report, _ = node.run(capsys, "--inventory", node.inventory([inventory_gpu(0)]))
-    assert report["files"] == {"daemon_json": "written", "toolkit_config": "written"}
+    assert report["files"] == {"daemon_json": "written", "toolkit_config": "written", "runtime_config": "written"}
     assert stat.S_IMODE(node.daemon_json.stat().st_mode) == 0o600
     assert stat.S_IMODE(node.toolkit.stat().st_mode) == 0o640
 
@@ -530,12 +541,14 @@ def test_dry_run_writes_nothing(node, capsys):
     before = node.snapshot()
     rc, report, _ = node.run(capsys, "--inventory", inventory, "--dry-run")
     assert rc == 0 and report["changed"] is True
-    assert report["files"] == {"daemon_json": "would-change", "toolkit_config": "would-change"}
+    assert report["files"] == {"daemon_json": "would-change", "toolkit_config": "would-change",
+                              "runtime_config": "would-change"}
     assert node.snapshot() == before and not node.daemon_json.parent.exists()
     node.run(capsys, "--inventory", inventory)
     rc, report, _ = node.run(capsys, "--inventory", inventory, "--dry-run")
     assert report["changed"] is False
-    assert report["files"] == {"daemon_json": "unchanged", "toolkit_config": "unchanged"}
+    assert report["files"] == {"daemon_json": "unchanged", "toolkit_config": "unchanged",
+                                 "runtime_config": "unchanged"}
 
 
 # --- toolkit config ----------------------------------------------------------------
@@ -643,7 +656,7 @@ def test_cli_json_report(node):
     assert report["gpus"][0] == {"index": 0, "uuid": uuid(0), "name": "NVIDIA H200", "memory_mib": 143771,
                                  "mig": False}
     assert report["resources"] == TWO and report["labels"]["gpu.cuda"] == "13.0"
-    assert report["changed"] is True and report["files"] == {"daemon_json": "written", "toolkit_config": "written"}
+    assert report["changed"] is True and report["files"] == {"daemon_json": "written", "toolkit_config": "written", "runtime_config": "written"}
     again = json.loads(node.cli("--json", "--toolkit-version", "1.20.0").stdout)
     assert again["changed"] is False
 
@@ -675,7 +688,7 @@ def test_cli_help_documents_the_flags():
     text = " ".join(done.stdout.split())
     for flag in ("--daemon-json", "--toolkit-config", "--kind", "--inventory", "--dry-run", "--json"):
         assert flag in text
-    assert "for simulated GPUs: advertise resources but do not set the nvidia runtime" in text
+    assert "advertise resources only: set no runtime" in text and "--slots-per-gpu K" in text
 
 
 # --- the systemd unit the cloud-init installs -------------------------------------
@@ -754,3 +767,89 @@ def test_dockerd_validates_generated_daemon_json(node, capsys, dockerd, before, 
     done = dockerd_validate(dockerd, node.daemon_json)
     assert done.returncode == 0, f"dockerd --validate refused {node.daemon_json.read_text()}: {done.stderr}"
     assert "configuration OK" in done.stdout + done.stderr
+
+
+# --- the runtime guard's settings, and shared GPUs ------------------------------------
+
+
+def runtime_env(node) -> dict:
+    return dict(line.split("=", 1) for line in node.runtime_config.read_text().splitlines()
+                if line and not line.startswith("#"))
+
+
+def test_the_guard_becomes_the_default_runtime_with_its_settings(node, capsys):
+    rc, report, _ = node.run(capsys, "--inventory", node.inventory([inventory_gpu(0), inventory_gpu(1)]))
+    assert rc == 0 and report["files"]["runtime_config"] == "written"
+    daemon = node.daemon()
+    assert daemon["default-runtime"] == "gpu-swarm"
+    assert daemon["runtimes"]["gpu-swarm"] == {"path": "/opt/gpu-swarm/software/gpu-swarm-runtime",
+                                               "runtimeArgs": ["--gpu-swarm-config", str(node.runtime_config)]}
+    assert daemon["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime"  # `docker run --runtime=nvidia`
+    env = runtime_env(node)
+    assert env["DELEGATE"] == "/usr/bin/nvidia-container-runtime" and env["KIND"] == "NVIDIA-GPU"
+    assert env["GUARD"] == "/opt/gpu-swarm/software/gpu_guard.py"
+    assert env["GPUS"] == f"{uuid(0)},{uuid(1)}" and env["SLOTS_PER_GPU"] == "0" and env["SHARED_KIND"] == ""
+    assert env["ALLOW_DOCKER_RUN_GPUS"] == "true"
+    # The guard reads the same file the same way the sh front sources it.
+    import gpu_guard
+    assert gpu_guard.read_settings(str(node.runtime_config))["GPUS"] == env["GPUS"]
+    sourced = subprocess.run(["/bin/sh", "-c", '. "$1"; echo "$DELEGATE|$GPUS"', "-", str(node.runtime_config)],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert sourced == f"{env['DELEGATE']}|{env['GPUS']}"
+
+
+def test_new_gpus_rewrite_the_guards_settings(node, capsys):
+    node.run(capsys, "--inventory", node.inventory([inventory_gpu(0)]))
+    rc, report, _ = node.run(capsys, "--inventory", node.inventory([inventory_gpu(3)]))
+    assert report["files"]["runtime_config"] == "written" and runtime_env(node)["GPUS"] == uuid(3)
+
+
+def test_a_shared_pool_advertises_slots_only(node, capsys):
+    rc, report, _ = node.run(capsys, "--inventory", node.inventory([inventory_gpu(0), inventory_gpu(1)]),
+                             "--slots-per-gpu", "4")
+    assert rc == 0
+    slots = [f"NVIDIA-GPU-SHARED={uuid(g)}-s{n}" for g in (0, 1) for n in range(4)]
+    assert node.daemon()["node-generic-resources"] == slots == report["resources"]
+    assert not any(r.startswith("NVIDIA-GPU=") for r in report["resources"])  # never advertised both ways
+    assert report["labels"]["gpu.sharing"] == "time-slicing" and report["labels"]["gpu.replicas"] == "4"
+    env = runtime_env(node)
+    assert (env["SHARED_KIND"], env["SLOTS_PER_GPU"]) == ("NVIDIA-GPU-SHARED", "4")
+    assert node.toolkit.read_text().count('swarm-resource = "DOCKER_RESOURCE_NVIDIA-GPU"') == 1
+
+
+def test_a_gpu_not_in_default_compute_mode_is_not_shared(node, capsys):
+    exclusive = inventory_gpu(1, compute_mode=3)  # EXCLUSIVE_PROCESS
+    rc, report, _ = node.run(capsys, "--inventory", node.inventory([inventory_gpu(0), exclusive]),
+                             "--slots-per-gpu", "2")
+    assert rc == 0
+    assert report["resources"] == [f"NVIDIA-GPU-SHARED={uuid(0)}-s0", f"NVIDIA-GPU-SHARED={uuid(0)}-s1"]
+    assert report["labels"]["gpu.sharing"] == "refused-compute-mode"
+    assert any(f"GPU {uuid(1)} is in compute mode 3" in w and "-c DEFAULT" in w for w in report["warnings"])
+
+
+def test_nvml_reports_the_compute_mode(node, capsys):
+    node.set_nvml({"gpus": [gpu(0, compute_mode=0), gpu(1)]})
+    rc, report, _ = node.run(capsys)
+    assert report["gpus"][0]["compute_mode"] == 0 and "compute_mode" not in report["gpus"][1]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--slots-per-gpu", "1"], "must be from 2 to 48"),
+    (["--slots-per-gpu", "49"], "must be from 2 to 48"),
+    (["--slots-per-gpu", "2", "--shared-kind", "NVIDIA-GPU"], "must differ from --kind"),
+    (["--slots-per-gpu", "2", "--shared-kind", "GPU SLOTS"], "invalid GPU resource kind"),
+])
+def test_bad_sharing_flags_write_nothing(node, capsys, args, message):
+    rc, _, err = node.run(capsys, "--inventory", node.inventory([inventory_gpu(0)]), *args)
+    assert rc == 2 and message in err
+    assert not node.daemon_json.exists() and not node.runtime_config.exists()
+
+
+def test_sharing_settings_come_from_node_env(node):
+    env = {"PATH": str(node.bin), "PYTHONPATH": f"{FAKE_NVML_DIR}{os.pathsep}{ROOT / 'node'}",
+           "GPU_SWARM_KIND": "GPU", "GPU_SWARM_SLOTS_PER_GPU": "3", "FAKE_PYNVML": json.dumps({"gpus": []})}
+    done = subprocess.run([sys.executable, str(AGENT), *node.paths(), "--json",
+                           "--inventory", node.inventory([inventory_gpu(0)]), "--toolkit-version", "1.19.0"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["resources"] == [f"GPU-SHARED={uuid(0)}-s{n}" for n in range(3)]

@@ -306,7 +306,8 @@ def test_install_fabric_manager_skips_when_running(node):
     assert node.statuses() == {"install-fabric-manager": "skipped"}
 
 
-def test_toolkit_step_sets_default_runtime_once_and_keeps_other_keys(node):
+def test_toolkit_step_registers_the_runtime_once_and_keeps_other_keys(node):
+    """The guard, not the toolkit, is the default runtime: the agent sets it after this step."""
     node.real_step("install-container-toolkit")
     node.fake("nvidia-ctk", """case "$1" in
   --version) echo "NVIDIA Container Toolkit CLI version 1.19.0"; echo "commit: 1a2b3c" ;;
@@ -315,21 +316,21 @@ import json, sys
 path = sys.argv[1]
 config = json.load(open(path))
 config["runtimes"] = {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}
-config["default-runtime"] = "nvidia"
 json.dump(config, open(path, "w"), indent=4)
 PY
   ;;
 esac""")
-    node.write(node.daemon_json, '{"log-driver": "json-file"}\n')
+    node.write(node.daemon_json, '{"log-driver": "json-file", "default-runtime": "gpu-swarm"}\n')
     fake_dpkg(node)
 
     assert node.bootstrap("install-container-toolkit").returncode == 0, node.log.read_text()
     assert node.statuses() == {"install-container-toolkit": "done"}
-    assert json.loads(node.daemon_json.read_text())["log-driver"] == "json-file"
+    after = json.loads(node.daemon_json.read_text())
+    assert after["log-driver"] == "json-file" and after["default-runtime"] == "gpu-swarm"
     assert node.bootstrap("install-container-toolkit").returncode == 0
     assert node.statuses() == {"install-container-toolkit": "skipped"}
     assert [c for c in node.called() if c.startswith("nvidia-ctk runtime")] == [
-        "nvidia-ctk runtime configure --runtime=docker --set-as-default"]
+        "nvidia-ctk runtime configure --runtime=docker"]
 
 
 PINNED_NVML = node_software.min_versions()["NVIDIA_ML_PY_VERSION"]

@@ -2,6 +2,8 @@
 from pathlib import Path
 from textwrap import dedent
 
+import re
+
 import pytest
 
 from swarm.stack_files import StackFileError, validate_stack_file
@@ -143,3 +145,48 @@ def test_kind_comes_from_the_caller():
     assert validate_stack_file(text, kind="AMD-GPU", max_gpus_per_node=1).services[0].gpus == 1
     with pytest.raises(StackFileError):
         validate_stack_file(text, kind=KIND, max_gpus_per_node=1)
+
+
+# --- shared GPUs and the swarm's own variable ------------------------------------------
+
+
+def reserving(kind: str, value) -> str:
+    return (f"services:\n  infer:\n    image: x\n    deploy:\n      resources:\n        reservations:\n"
+            f"          generic_resources:\n            - discrete_resource_spec:\n"
+            f"                kind: {kind}\n                value: {value}\n")
+
+
+@pytest.mark.parametrize("text, whole_max, message", [  # noqa: E501
+    (reserving("NVIDIA-GPU-SHARED", 2), 8, "2 slots of NVIDIA-GPU-SHARED per replica; reserve 1"),
+    (reserving("NVIDIA-GPU", 1), 0, "every pool shares its GPUs"),
+    (reserving("OTHER", 1), 8, "advertise 'NVIDIA-GPU' (gpu-swarm:gpuKind) and 'NVIDIA-GPU-SHARED'"),
+    (reserving("NVIDIA-GPU", 1).replace("                value: 1\n",
+                                        "                value: 1\n            - discrete_resource_spec:\n"
+                                        "                kind: NVIDIA-GPU-SHARED\n                value: 1\n"),
+     8, "whole GPUs or one slot of a shared GPU, not both"),
+])
+def test_shared_reservations_are_checked(text, whole_max, message):
+    with pytest.raises(StackFileError, match=re.escape(message)):
+        validate_stack_file(text, kind="NVIDIA-GPU", max_gpus_per_node=whole_max, shared_kind="NVIDIA-GPU-SHARED")
+
+
+def test_a_shared_kind_no_pool_advertises_is_refused():
+    with pytest.raises(StackFileError, match=re.escape("advertise 'NVIDIA-GPU' (gpu-swarm:gpuKind);")):
+        validate_stack_file(reserving("NVIDIA-GPU-SHARED", 1), kind="NVIDIA-GPU", max_gpus_per_node=8)
+
+
+def test_one_slot_is_a_gpu_service():
+    info = validate_stack_file(reserving("NVIDIA-GPU-SHARED", 1), kind="NVIDIA-GPU", max_gpus_per_node=0,
+                               shared_kind="NVIDIA-GPU-SHARED")
+    (service,) = info.gpu_services
+    assert (service.gpus, service.slots) == (0, 1)
+
+
+@pytest.mark.parametrize("environment", [
+    "      DOCKER_RESOURCE_NVIDIA-GPU: GPU-48f73d5c-653c-94b5-f00e-d5bba41a1cfb\n",
+    "      - DOCKER_RESOURCE_NVIDIA-GPU-SHARED=x\n",
+])
+def test_the_swarms_own_gpu_variable_is_refused_in_a_service(environment):
+    text = f"services:\n  x:\n    image: x\n    environment:\n{environment}"
+    with pytest.raises(StackFileError, match="the variable swarm itself sets"):
+        validate_stack_file(text, kind="NVIDIA-GPU", max_gpus_per_node=8)

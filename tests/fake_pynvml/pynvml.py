@@ -97,6 +97,13 @@ def nvmlDeviceGetName(handle):
     return _str(_device(handle)["name"])
 
 
+def nvmlDeviceGetComputeMode(handle):
+    gpu = _device(handle)
+    if "compute_mode" not in gpu:
+        raise NVMLError_NotSupported("Not Supported")
+    return gpu["compute_mode"]
+
+
 def nvmlDeviceGetMemoryInfo(handle):
     return _Memory(_device(handle)["memory_mib"])
 

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""The GPU resource rules every part of gpu-swarm shares: kinds, UUIDs, slots, variable names.
+
+The agent writes node-generic-resources with them, the runtime guard reads tasks'
+variables with them, and the Pulumi program checks stack files with them (through
+swarm/gpu_kind.py, which loads this file), so there is one source of truth. Stdlib only.
+"""
+from __future__ import annotations
+
+import re
+
+DEFAULT_KIND = "NVIDIA-GPU"
+SHARED_SUFFIX = "-SHARED"
+MAX_SLOTS_PER_GPU = 48
+
+_KIND_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_HEX_UUID = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+UUID_RE = re.compile(rf"GPU-{_HEX_UUID}|MIG-{_HEX_UUID}|MIG-GPU-{_HEX_UUID}/\d+/\d+")
+# A slot of a shared GPU: its UUID and a slot number. swarm needs distinct values per
+# slot (it consumes every entry with the claimed value), and a value that is a plain
+# number would be read as a count, and one with '=' or ',' would not parse.
+SLOT_RE = re.compile(rf"(?P<gpu>{UUID_RE.pattern})-s(?P<slot>\d+)")
+
+
+def validate_kind(kind: str) -> str:
+    """Return kind if it is a usable swarm generic-resource kind, else raise ValueError."""
+    if not isinstance(kind, str) or not _KIND_RE.fullmatch(kind):
+        raise ValueError(
+            f"invalid GPU resource kind {kind!r}: expected 1-64 letters, digits, '-' or '_' "
+            f"(for example {DEFAULT_KIND}); choose such a name, since it becomes the "
+            "generic-resource name services reserve and the DOCKER_RESOURCE_<KIND> variable")
+    return kind
+
+
+def resource_env_name(kind: str) -> str:
+    """The variable swarm sets in a task with the UUIDs it assigned (swarmkit EnvFormat)."""
+    return "DOCKER_RESOURCE_" + validate_kind(kind).upper()
+
+
+def validate_uuid(uuid: object) -> str:
+    if not isinstance(uuid, str) or not UUID_RE.fullmatch(uuid):
+        raise ValueError(
+            f"GPU UUID {uuid!r} is not a full UUID: expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx "
+            "or MIG-... (see nvidia-smi -L); current toolkits refuse truncated UUIDs such as "
+            "GPU-be74ca1f, so give the whole UUID")
+    return uuid
+
+
+def resource_entries(kind: str, uuids) -> list[str]:
+    """The daemon.json node-generic-resources entries: one KIND=UUID per device."""
+    kind = validate_kind(kind)
+    return [f"{kind}={validate_uuid(uuid)}" for uuid in uuids]
+
+
+def default_shared_kind(kind: str) -> str:
+    """The kind that slots of shared GPUs are advertised under, unless configured otherwise."""
+    return validate_kind(kind) + SHARED_SUFFIX
+
+
+def slot_entries(shared_kind: str, uuids, slots_per_gpu: int) -> list[str]:
+    """node-generic-resources for GPUs shared by slots: KIND=<uuid>-s<n>, slots_per_gpu of them per GPU."""
+    shared_kind = validate_kind(shared_kind)
+    if not 2 <= slots_per_gpu <= MAX_SLOTS_PER_GPU:
+        raise ValueError(f"slots per GPU must be from 2 to {MAX_SLOTS_PER_GPU}, got {slots_per_gpu}")
+    return [f"{shared_kind}={validate_uuid(uuid)}-s{n}" for uuid in uuids for n in range(slots_per_gpu)]
+
+
+def slot_gpu(value: str) -> str:
+    """The GPU UUID a slot value such as GPU-...-s3 belongs to."""
+    match = SLOT_RE.fullmatch(value or "")
+    if not match:
+        raise ValueError(f"{value!r} is not a GPU slot (expected <GPU UUID>-s<number>)")
+    return match["gpu"]

@@ -1,0 +1,230 @@
+"""The runtime guard (node/gpu-swarm-runtime + node/gpu_guard.py) on real OCI bundle files, in real sh.
+
+The delegate runtime is a script that records the arguments and config.json it was
+handed, exit codes included; the guard's decisions are also checked one by one.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.tools import require_tool
+
+REPO = Path(__file__).resolve().parent.parent
+FRONT = REPO / "node" / "gpu-swarm-runtime"
+sys.path.insert(0, str(REPO / "node"))
+import gpu_guard  # noqa: E402  (the guard imports nothing of ours; it runs with -E -s on a node)
+
+A = "GPU-48f73d5c-653c-94b5-f00e-d5bba41a1cfb"
+B = "GPU-558ebd1d-bf3c-6536-ecae-e740b71254de"
+SETTINGS = {"DELEGATE": "/usr/bin/nvidia-container-runtime", "KIND": "NVIDIA-GPU", "SHARED_KIND": "NVIDIA-GPU-SHARED",
+            "SLOTS_PER_GPU": "4", "GPUS": f"{A},{B}", "ALLOW_DOCKER_RUN_GPUS": "true"}
+CUDA_IMAGE_ENV = ["PATH=/usr/local/nvidia/bin:/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES=all",
+                  "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]
+
+
+def spec(*env: str, hooks=None, annotations=None) -> dict:
+    """A bundle's config.json as dockerd writes it (trimmed)."""
+    out = {"ociVersion": "1.1.0", "process": {"args": ["sleep", "infinity"], "env": list(env), "cwd": "/"},
+           "root": {"path": "/var/lib/docker/overlay2/x/merged"}, "linux": {"namespaces": []}}
+    if hooks:
+        out["hooks"] = hooks
+    if annotations:
+        out["annotations"] = annotations
+    return out
+
+
+def env_of(s: dict) -> dict:
+    return dict(e.split("=", 1) for e in s["process"]["env"])
+
+
+def decide(s: dict, **settings) -> dict:
+    out, _ = gpu_guard.guard(copy.deepcopy(s), {**SETTINGS, **settings})
+    return out
+
+
+def test_a_task_that_reserved_nothing_gets_no_gpu_whatever_its_image_says():
+    env = env_of(decide(spec(*CUDA_IMAGE_ENV)))
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"  # the rest is left alone
+
+
+def test_a_task_gets_exactly_the_gpus_swarm_assigned():
+    env = env_of(decide(spec(*CUDA_IMAGE_ENV, f"DOCKER_RESOURCE_NVIDIA-GPU={A}")))
+    assert env["NVIDIA_VISIBLE_DEVICES"] == A and env["DOCKER_RESOURCE_NVIDIA-GPU"] == A
+    env = env_of(decide(spec(f"DOCKER_RESOURCE_NVIDIA-GPU={A},{B}", "NVIDIA_VISIBLE_DEVICES=all")))
+    assert env["NVIDIA_VISIBLE_DEVICES"] == f"{A},{B}"
+
+
+@pytest.mark.parametrize("value, message", [
+    ("all", "is not a GPU swarm assigned"),
+    ("0", "is not a GPU swarm assigned"),
+    ("GPU-be74ca1f", "is not a GPU swarm assigned"),  # the truncated UUIDs of old guides
+    ("GPU-00000000-0000-0000-0000-000000000000", "which this node does not have"),
+])
+def test_a_gpu_variable_swarm_did_not_set_is_refused(value, message):
+    with pytest.raises(gpu_guard.Refused, match=message):
+        decide(spec(f"DOCKER_RESOURCE_NVIDIA-GPU={value}"))
+
+
+def test_cdi_annotations_cannot_bring_gpus_past_the_guard():
+    out = decide(spec(annotations={"cdi.k8s.io/x": "nvidia.com/gpu=all", "org.opencontainers.image.title": "x"}))
+    assert out["annotations"] == {"org.opencontainers.image.title": "x"}
+    assert env_of(out)["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
+def test_docker_run_gpus_passes_as_the_administrator_asked_unless_refused():
+    hook = {"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook", "args": ["nvidia-container-runtime-hook",
+                                                                                       "prestart"]}]}
+    asked = spec("NVIDIA_VISIBLE_DEVICES=all", hooks=hook)
+    assert decide(asked) == asked
+    assert env_of(decide(asked, ALLOW_DOCKER_RUN_GPUS="false"))["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
+def test_a_slot_of_a_shared_gpu_becomes_that_gpu_with_its_share():
+    env = env_of(decide(spec(*CUDA_IMAGE_ENV, f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={B}-s3")))
+    assert env["NVIDIA_VISIBLE_DEVICES"] == B and env["DOCKER_RESOURCE_NVIDIA-GPU"] == B
+    assert (env["GPU_SWARM_GPU"], env["GPU_SWARM_SLOT"], env["GPU_SWARM_SHARE"]) == (B, f"{B}-s3", "1/4")
+
+
+@pytest.mark.parametrize("env, message", [
+    ([f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={A}-s0,{B}-s1"], "may hold one slot"),
+    ([f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={A}-s0", f"DOCKER_RESOURCE_NVIDIA-GPU={B}"], "whole GPUs and a shared slot"),
+    (["DOCKER_RESOURCE_NVIDIA-GPU-SHARED=GPU-00000000-0000-0000-0000-000000000000-s0"], "not a slot of a GPU of this"),
+    ([f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={A}"], "not a slot"),
+])
+def test_slots_that_are_not_one_slot_of_this_node_are_refused(env, message):
+    with pytest.raises(gpu_guard.Refused, match=message):
+        decide(spec(*env))
+
+
+@pytest.mark.parametrize("env", [
+    CUDA_IMAGE_ENV, [f"DOCKER_RESOURCE_NVIDIA-GPU={A}"], [f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={A}-s1"]])
+def test_the_guard_is_idempotent(env):
+    once = decide(spec(*env, annotations={"cdi.k8s.io/x": "y"}))
+    assert decide(once) == once
+
+
+# ---------------------------------------------------------------- the runtime, in real sh
+
+
+class Runtime:
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.bundle = tmp / "bundle"
+        self.bundle.mkdir()
+        self.calls = tmp / "calls.jsonl"
+        delegate = tmp / "delegate"
+        # A runc stand-in: records its argv and the config.json it would create from.
+        delegate.write_text(f"""#!/bin/sh
+python3 -c 'import json, sys, os; b = sys.argv[sys.argv.index("--bundle") + 1] if "--bundle" in sys.argv else "."
+c = open(os.path.join(b, "config.json")).read() if os.path.exists(os.path.join(b, "config.json")) else ""
+open("{self.calls}", "a").write(json.dumps({{"argv": sys.argv[1:], "config": c}}) + chr(10))' "$@"
+exit "${{FAKE_EXIT:-0}}"
+""")
+        delegate.chmod(0o755)
+        self.config = tmp / "runtime.env"
+        settings = {**SETTINGS, "DELEGATE": str(delegate), "GUARD": str(REPO / "node" / "gpu_guard.py"),
+                    "GUARD_PYTHON": sys.executable}
+        self.config.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+
+    def write(self, s: dict) -> None:
+        (self.bundle / "config.json").write_text(json.dumps(s, indent=2))
+
+    def run(self, *args: str, **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["sh", str(FRONT), "--gpu-swarm-config", str(self.config), *args],
+                              capture_output=True, text=True, env={**os.environ, **env}, timeout=30)
+
+    def delegated(self) -> list[dict]:
+        return [json.loads(line) for line in self.calls.read_text().splitlines()] if self.calls.exists() else []
+
+
+@pytest.fixture
+def runtime(tmp_path) -> Runtime:
+    return Runtime(tmp_path)
+
+
+CREATE = ["--root", "/run/docker/runtime-runc/moby", "--log", "/run/x/log.json", "--log-format", "json",
+          "--systemd-cgroup", "create", "--bundle", "BUNDLE", "--pid-file", "/run/x/init.pid", "c0ffee"]
+
+
+def create_args(runtime: Runtime) -> list[str]:
+    return [str(runtime.bundle) if a == "BUNDLE" else a for a in CREATE]
+
+
+def test_create_rewrites_the_bundle_then_hands_the_same_call_on(runtime):
+    runtime.write(spec(*CUDA_IMAGE_ENV))
+    result = runtime.run(*create_args(runtime))
+    assert result.returncode == 0, result.stderr
+    (call,) = runtime.delegated()
+    assert call["argv"] == create_args(runtime)  # our own option is gone, the rest as dockerd sent it
+    assert env_of(json.loads(call["config"]))["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
+@pytest.mark.parametrize("args", [["start", "c0ffee"], ["--root", "/r", "state", "c0ffee"],
+                                  ["--root", "/r", "--log", "/l", "delete", "--force", "c0ffee"],
+                                  ["kill", "c0ffee", "9"], ["--version"]])
+def test_every_other_call_goes_straight_on_without_python(runtime, args):
+    runtime.config.write_text(runtime.config.read_text().replace(f"GUARD_PYTHON={sys.executable}",
+                                                                 "GUARD_PYTHON=/nonexistent/python"))
+    result = runtime.run(*args)
+    assert result.returncode == 0, result.stderr
+    assert [c["argv"] for c in runtime.delegated()] == [args]
+
+
+def test_the_delegates_exit_code_is_the_runtimes(runtime):
+    runtime.write(spec(f"DOCKER_RESOURCE_NVIDIA-GPU={A}"))
+    assert runtime.run(*create_args(runtime), FAKE_EXIT="3").returncode == 3
+    assert runtime.run("delete", "c0ffee", FAKE_EXIT="5").returncode == 5
+
+
+def test_a_refused_container_is_not_created_and_says_why(runtime):
+    runtime.write(spec("DOCKER_RESOURCE_NVIDIA-GPU=all"))
+    result = runtime.run(*create_args(runtime))
+    assert result.returncode == 1
+    assert result.stderr.startswith("gpu-swarm guard: DOCKER_RESOURCE_NVIDIA-GPU=all is not a GPU swarm assigned")
+    assert "the container was not started" in result.stderr
+    assert runtime.delegated() == []
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda r: (r.bundle / "config.json").write_text("{not json"), "cannot check this container"),
+    (lambda r: (r.bundle / "config.json").unlink(), "cannot check this container"),
+    (lambda r: r.config.write_text("KIND=NVIDIA-GPU\n"), "lacks DELEGATE, GUARD or GUARD_PYTHON"),
+])
+def test_anything_unreadable_fails_closed(runtime, damage, message):
+    runtime.write(spec(*CUDA_IMAGE_ENV))
+    damage(runtime)
+    result = runtime.run(*create_args(runtime))
+    assert result.returncode == 1 and message in result.stderr
+    assert runtime.delegated() == []
+
+
+def test_a_missing_settings_file_says_how_to_make_it(runtime, tmp_path):
+    result = subprocess.run(["sh", str(FRONT), "--gpu-swarm-config", str(tmp_path / "nope.env"), "state", "x"],
+                            capture_output=True, text=True)
+    assert result.returncode == 1 and "run the GPU agent" in result.stderr
+
+
+def test_the_bundle_keeps_its_mode_and_a_second_create_changes_nothing(runtime):
+    runtime.write(spec(f"DOCKER_RESOURCE_NVIDIA-GPU={A}", *CUDA_IMAGE_ENV))
+    (runtime.bundle / "config.json").chmod(0o600)
+    assert runtime.run(*create_args(runtime)).returncode == 0
+    first = (runtime.bundle / "config.json").read_text()
+    assert oct((runtime.bundle / "config.json").stat().st_mode & 0o777) == "0o600"
+    assert runtime.run(*create_args(runtime)).returncode == 0
+    assert (runtime.bundle / "config.json").read_text() == first
+    assert [p.name for p in runtime.bundle.iterdir()] == ["config.json"]  # no temp file left
+
+
+def test_the_front_passes_shellcheck_and_runs_under_dash():
+    shellcheck = require_tool("shellcheck")
+    result = subprocess.run([shellcheck, "-s", "sh", str(FRONT)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+    assert FRONT.read_text().startswith("#!/bin/sh\n") and os.access(FRONT, os.X_OK)
