@@ -124,10 +124,11 @@ def bootstrap_steps(*, gpu: bool, instance_type: str) -> list[str]:
     steps = ["install-docker", "install-nvidia-driver"]
     if needs_fabric_manager(instance_type):
         steps.append("install-fabric-manager")
-    return steps + ["install-container-toolkit", "install-gpu-agent", "apply-docker-config"]
+    return steps + ["install-container-toolkit", "install-gpu-agent", "build-check-image", "apply-docker-config"]
 
 
-def node_env(*, gpu: bool, gpu_kind: str, instance_type: str, image: str) -> dict[str, str]:
+def node_env(*, gpu: bool, gpu_kind: str, instance_type: str, image: str, slots_per_gpu: int = 0,
+             shared_kind: str = "") -> dict[str, str]:
     """The node's settings, written to /etc/gpu-swarm/node.env, which every step and unit sources."""
     if image not in IMAGES:
         raise ValueError(f"image: expected one of {', '.join(IMAGES)}, found {image!r}")
@@ -138,6 +139,9 @@ def node_env(*, gpu: bool, gpu_kind: str, instance_type: str, image: str) -> dic
     env = {"GPU_SWARM_IMAGE": image, "GPU_SWARM_KIND": validate_kind(gpu_kind)}
     if gpu:
         env["NVIDIA_KERNEL_MODULES"] = kernel_modules(instance_type)
+    if gpu and slots_per_gpu:  # read by the agent: it advertises slots instead of whole GPUs
+        env["GPU_SWARM_SLOTS_PER_GPU"] = str(slots_per_gpu)
+        env["GPU_SWARM_SHARED_KIND"] = validate_kind(shared_kind)
     return env
 
 

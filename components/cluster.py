@@ -17,6 +17,7 @@ from components.swarm_init import SwarmInit, SwarmInitArgs
 from components.swarm_membership import Membership, MembershipArgs
 from components.swarm_reconcile import SwarmReconcile, SwarmReconcileArgs
 from components.user_data import render_user_data
+from swarm.gpu_check import GpuCheck
 from settings import GpuPool, Settings
 
 
@@ -156,7 +157,8 @@ class Cluster(pulumi.ComponentResource):
         gpu = pool is not None
         instance_type = pool.instance_type if gpu else s.managers.instance_type
         env = node_software.node_env(gpu=gpu, gpu_kind=s.gpu_kind, instance_type=instance_type,
-                                     image=s.image if gpu else "ubuntu")
+                                     image=s.image if gpu else "ubuntu", slots_per_gpu=pool.slots_per_gpu if gpu else 0,
+                                     shared_kind=s.shared_gpu_kind)
         return NodeSoftware(f"{self._name}-software-{node.pool}-{node.index}", NodeSoftwareArgs(
             pool=node.pool, gpu=gpu, expected_gpus=pool.gpus_per_node if gpu else 0, instance_type=instance_type,
             env=env,
@@ -173,6 +175,9 @@ class Cluster(pulumi.ComponentResource):
             labels={"gpu-swarm.pool": "managers"} if manager else _pool_labels(pool),
             expected_gpus=0 if manager else pool.gpus_per_node,
             kind=self._s.gpu_kind,
+            slots_per_gpu=0 if manager else pool.slots_per_gpu,
+            shared_kind=self._s.shared_gpu_kind,
+            check=None if manager else GpuCheck(),
             software=software.release,
             node=self._connection(node, BOOT),
             manager=self._first_live,
@@ -199,7 +204,8 @@ class Cluster(pulumi.ComponentResource):
 
     def _inventory_entry(self, node: Node, pool: GpuPool | None, member: Membership) -> pulumi.Output[dict]:
         return pulumi.Output.all(
-            node.instance.instance_type, node.private_ip, node.public_ip, member.node_id, member.advertised_gpus
+            node.instance.instance_type, node.private_ip, node.public_ip, member.node_id, member.advertised_gpus,
+            member.gpus_verified,
         ).apply(lambda v: {
             "name": node.name,
             "role": node.role,
@@ -210,6 +216,10 @@ class Cluster(pulumi.ComponentResource):
             "swarmNodeId": v[3],
             "gpusExpected": pool.gpus_per_node if pool else 0,
             "gpusAdvertised": v[4],
+            # The post-join check: a task reserving them saw exactly these GPUs, one reserving
+            # none saw none. Its evidence is in the result when it failed.
+            "gpusVerified": (v[5] or {}).get("verified") if pool else None,
+            "slotsPerGpu": pool.slots_per_gpu if pool else 0,
             "software": self._software[:12],
         })
 
@@ -223,4 +233,5 @@ def _pool_labels(pool: GpuPool) -> dict[str, str]:
         "gpu-swarm.gpu-model": pool.gpu_model,
         "gpu-swarm.gpu-count": str(pool.gpus_per_node),
         "gpu-swarm.spot": "true" if pool.spot else "false",
+        "gpu-swarm.slots-per-gpu": str(pool.slots_per_gpu),
     }

@@ -19,6 +19,7 @@ STATE_ROOT = Path("/var/lib/localswarm")
 RUN_ROOT = Path("/run/localswarm")
 REGISTRY = f"{BRIDGE_ADDR}:5000"
 AGENT = REPO / "node" / "gpu_agent.py"
+GUARD = REPO / "node" / "gpu-swarm-runtime"
 
 # Keys the rehearsal owns in each node's daemon.json. The agent merges its keys into
 # this file and must keep these, which the re-detection test checks.
@@ -63,6 +64,10 @@ class Node:
         return self.state_dir / "nvidia-container-runtime" / "config.toml"
 
     @property
+    def runtime_config(self) -> Path:
+        return self.state_dir / "runtime.env"
+
+    @property
     def sock(self) -> str:
         return str(self.run_dir / "docker.sock")
 
@@ -91,14 +96,17 @@ def prepare(node: Node) -> None:
         node.daemon_json.write_text(json.dumps(BASE_DAEMON_CONFIG, indent=2) + "\n")
 
 
-def run_agent(node: Node, gpus: list[dict], kind: str) -> dict:
+def run_agent(node: Node, gpus: list[dict], kind: str, extra: tuple[str, ...] = ()) -> dict:
     """Write the node's inventory and let the real agent turn it into daemon.json."""
     node.inventory.write_text(json.dumps(gpus, indent=2) + "\n")
-    # --no-runtime: simulated nodes have no nvidia-container-runtime, and making it the
-    # default runtime would stop every container from starting.
+    # The runtime guard is the default runtime, as on a GPU node, but hands containers to runc:
+    # there is no nvidia-container-runtime here. The stand-in nvidia-smi then shows what the
+    # toolkit would have given each task.
     proc = run([sys.executable, str(AGENT), "--inventory", str(node.inventory),
                 "--daemon-json", str(node.daemon_json), "--toolkit-config", str(node.toolkit_config),
-                "--kind", kind, "--no-runtime", "--json"], check=False)
+                "--runtime-config", str(node.runtime_config), "--guard", str(GUARD),
+                "--runtime-delegate", shutil.which("runc") or "/usr/sbin/runc",
+                "--kind", kind, *extra, "--json"], check=False)
     if proc.returncode != 0:
         raise RehearsalError(f"GPU agent failed on {node.name} (exit {proc.returncode}): {proc.stderr.strip()}")
     return json.loads(proc.stdout)

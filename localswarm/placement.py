@@ -15,7 +15,8 @@ from datetime import datetime, timezone
 from localswarm.host import Engine
 from localswarm.nodes import Node, docker
 from swarm.gpu_kind import resource_env_name
-from swarm.rollout import DRAINED_BY_LABEL, MAINTENANCE_LABEL, advertised_gpus
+from swarm.labels import DRAINED_BY_LABEL, MAINTENANCE_LABEL
+from swarm.rollout import advertised_gpus
 
 
 def _inspect(manager: Node, engine: Engine, ids: list[str]) -> list[dict]:

@@ -95,6 +95,9 @@ def push_standin(node: Node, engine: Engine) -> str:
     """Build the stand-in on one node's engine and push it, so every node can pull it."""
     proc = subprocess.run([engine.docker, "-H", f"unix://{node.sock}", "import",
                            "--change", 'CMD ["/usr/bin/gpu-standin"]', "--change", "ENV PATH=/usr/bin:/bin",
+                           # As in every nvidia/cuda image: the runtime guard must override it.
+                           "--change", "ENV NVIDIA_VISIBLE_DEVICES=all",
+                           "--change", "ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility",
                            "-", STANDIN_IMAGE], input=_standin_rootfs(), capture_output=True,
                           env=engine.env(), timeout=60)
     if proc.returncode != 0:

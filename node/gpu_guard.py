@@ -23,6 +23,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 
 _HEX = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 UUID_RE = re.compile(rf"GPU-{_HEX}|MIG-{_HEX}|MIG-GPU-{_HEX}/\d+/\d+")
@@ -143,6 +144,37 @@ def bundle_of(args: list[str]) -> str:
     return "."
 
 
+def _global_option(args: list[str], name: str) -> str | None:
+    """A runc global option's value (before the subcommand): --log PATH or --log=PATH."""
+    for i, arg in enumerate(args):
+        if arg == "create":
+            return None
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def report_error(args: list[str], message: str) -> None:
+    """Say why the container did not start where containerd reads a runtime's error (runc's --log
+    file: it ignores stderr), and on stderr for anyone calling by hand."""
+    print(message, file=sys.stderr)
+    log = _global_option(args, "--log")
+    if not log:
+        return
+    if _global_option(args, "--log-format") == "json":
+        line = json.dumps({"level": "error", "msg": message,
+                           "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    else:
+        line = f'level=error msg="{message}"'
+    try:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+    except OSError:
+        pass
+
+
 def rewrite(path: str, spec: dict) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     mode = os.stat(path).st_mode & 0o777
@@ -169,11 +201,11 @@ def main(argv: list[str]) -> int:
         if json.dumps(spec) != json.dumps(json.loads(original)):
             rewrite(path, spec)
     except Refused as e:
-        print(f"gpu-swarm guard: {e}; the container was not started", file=sys.stderr)
+        report_error(args, f"gpu-swarm guard: {e}; the container was not started")
         return 1
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        print(f"gpu-swarm guard: cannot check this container ({type(e).__name__}: {e}); it was not started. "
-              "See /etc/gpu-swarm/runtime.env and the GPU agent's log", file=sys.stderr)
+        report_error(args, f"gpu-swarm guard: cannot check this container ({type(e).__name__}: {e}); it was not "
+                           "started. See /etc/gpu-swarm/runtime.env and the GPU agent's log")
         return 1
     if settings.get("LOG"):
         with open(settings["LOG"], "a", encoding="utf-8") as log:

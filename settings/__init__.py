@@ -14,7 +14,7 @@ import pulumi
 from settings import reader
 from settings.aws_checks import (check_overlay_pool, region_problem, resolve_amis, resolve_instance_types,
                                  resolve_network)
-from settings.config_checks import (read_authorized_keys, read_image, read_overlay_pool, read_managers, read_network, read_pools, read_ssh, read_ssh_cidrs,
+from settings.config_checks import (read_authorized_keys, read_image, read_overlay_pool, read_shared_kind, read_managers, read_network, read_pools, read_ssh, read_ssh_cidrs,
                                     read_stacks, read_tags)
 from settings.model import PROJECT, GpuPool, Managers, Network, Settings, SettingsError, StackFile
 from settings.reader import DEFAULTS, Reader, suggest
@@ -47,6 +47,7 @@ def load_settings() -> Settings:
     hop_limit = r.integer("imdsHopLimit", 1, 64)
     stack_cfgs = read_stacks(r)
     overlay_pool = read_overlay_pool(r)
+    shared_kind = read_shared_kind(r, kind if kind_ok else None)
     extra_keys = read_authorized_keys(r)
 
     # Checks against AWS, for the values that passed the checks above.
@@ -65,18 +66,20 @@ def load_settings() -> Settings:
             if p.valid and found and found.nvidia_gpus:
                 resolved_pools.append(
                     GpuPool(p.name, p.instance_type, p.count, p.spot, p.spot_max_price, p.root_volume_gib,
-                            gpus_per_node=found.nvidia_gpus, gpu_model=found.gpu_model)
+                            gpus_per_node=found.nvidia_gpus, gpu_model=found.gpu_model, slots_per_gpu=p.slots_per_gpu)
                 )
         if image:
             manager_ami, gpu_ami = resolve_amis(r, image, ami_id, managers, pools)
 
     stacks = []
-    if kind_ok and pools and len(resolved_pools) == len(pools):
-        max_gpus = max(p.gpus_per_node for p in resolved_pools)
+    if kind_ok and shared_kind and pools and len(resolved_pools) == len(pools):
+        max_whole = max((p.gpus_per_node for p in resolved_pools if not p.slots_per_gpu), default=0)
+        sharing = shared_kind if any(p.slots_per_gpu for p in resolved_pools) else None
         for i, name, file in stack_cfgs:
             text = (reader.PROJECT_DIR / file).read_text()
             try:
-                info = validate_stack_file(text, kind=kind, max_gpus_per_node=max_gpus, source=file)
+                info = validate_stack_file(text, kind=kind, max_gpus_per_node=max_whole, shared_kind=sharing,
+                                           source=file)
             except StackFileError as exc:
                 for problem in exc.problems:
                     r.error(f"stacks[{i}].file", f"{file}: {problem}")
@@ -85,7 +88,7 @@ def load_settings() -> Settings:
 
     if r.problems:
         raise SettingsError(r.problems)
-    assert network and managers and manager_ami and gpu_ami, "every missing value has a problem"
+    assert network and managers and manager_ami and gpu_ami and shared_kind, "every missing value has a problem"
     return Settings(
         cluster_name=f"{PROJECT}-{pulumi.get_stack()}",
         allowed_ssh_cidrs=cidrs,
@@ -105,4 +108,5 @@ def load_settings() -> Settings:
         imds_hop_limit=hop_limit,
         overlay_address_pool=overlay_pool,
         ssh_authorized_keys=extra_keys,
+        shared_gpu_kind=shared_kind,
     )

@@ -12,7 +12,9 @@ import pulumi.runtime.config as runtime_config
 
 from settings import reader
 from settings.model import PROJECT, Managers
-from settings.reader import DEFAULTS, POOL_DEFAULTS, STACK_DEFAULTS, Reader, boolean, integer, key, suggest
+from settings.reader import (DEFAULTS, POOL_DEFAULTS, SHARING_DEFAULTS, STACK_DEFAULTS, Reader, boolean, integer, key,
+                             suggest)
+from swarm.gpu_kind import MAX_SLOTS_PER_GPU, default_shared_kind, validate_kind
 
 MANAGER_COUNTS = (1, 3, 5, 7)
 IMAGES = ("ubuntu", "deep-learning", "custom")
@@ -118,6 +120,7 @@ class PoolConfig:
     root_volume_gib: int
     index: int
     valid: bool  # False: a problem is reported, but the instance type is still checked
+    slots_per_gpu: int = 0
 
 
 def read_pools(r: Reader) -> list[PoolConfig]:
@@ -188,12 +191,52 @@ def read_pools(r: Reader) -> list[PoolConfig]:
         )
         if volume is None:
             ok = False
+        slots = _sharing(entry.get("sharing"), error)
+        if slots is None:
+            ok, slots = False, 0
         type_ok = bool(instance_type) and _INSTANCE_TYPE_RE.match(instance_type)
         if type_ok:
-            pools.append(PoolConfig(name, instance_type, count, spot, price, volume, i, ok))
+            pools.append(PoolConfig(name, instance_type, count, spot, price, volume, i, ok, slots))
         elif ok:
             raise AssertionError("a pool without a valid instance type must have a problem")
     return pools
+
+
+def _sharing(value: Any, error: Callable[[str, str], None]) -> int | None:
+    """The pool's slots per GPU: 0 without sharing, None when reported as bad."""
+    if value is None or value == {}:
+        return 0
+    if not isinstance(value, dict):
+        error("sharing", f"expected an object such as {{slotsPerGpu: 4}}, found {value!r}")
+        return None
+    for unknown in sorted(set(value) - set(SHARING_DEFAULTS)):
+        error(f"sharing.{unknown}", "is not a sharing setting" + suggest(unknown, SHARING_DEFAULTS))
+        return None
+    if "slotsPerGpu" not in value:
+        error("sharing.slotsPerGpu", "required: how many tasks share each GPU (2 to 48)")
+        return None
+    slots = integer(value["slotsPerGpu"], None, 2, MAX_SLOTS_PER_GPU,
+                    lambda m: error("sharing.slotsPerGpu", m + " (how many tasks share each GPU)"))
+    return slots
+
+
+def read_shared_kind(r: Reader, kind: str | None) -> str | None:
+    """The kind of shared GPUs' slots: sharedGpuKind, or <gpuKind>-SHARED."""
+    text = r.string("sharedGpuKind")
+    if not kind:
+        return None
+    if not text:
+        return default_shared_kind(kind)
+    try:
+        validate_kind(text)
+    except ValueError as exc:
+        r.error("sharedGpuKind", str(exc))
+        return None
+    if text == kind:
+        r.error("sharedGpuKind", f"{text!r} is also gpu-swarm:gpuKind; a GPU is advertised whole or as slots, "
+                                 f"never both, so give the slots their own kind such as {kind}-SHARED")
+        return None
+    return text
 
 
 def read_image(r: Reader) -> tuple[str | None, str | None]:

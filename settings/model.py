@@ -31,6 +31,7 @@ class GpuPool:
     root_volume_gib: int
     gpus_per_node: int  # from the instance type, the number each node must advertise
     gpu_model: str
+    slots_per_gpu: int = 0  # > 0: each GPU is shared by this many tasks (time-slicing)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,16 @@ class Settings:
     imds_hop_limit: int
     overlay_address_pool: str  # swarm overlay networks are cut from it, /24 each
     ssh_authorized_keys: tuple[str, ...]  # besides the program's own key
+    shared_gpu_kind: str  # the kind of the slots of shared GPUs
+
+    @property
+    def max_whole_gpus_per_node(self) -> int:
+        """The most whole GPUs a task can reserve: the largest pool that does not share (0: none)."""
+        return max((p.gpus_per_node for p in self.gpu_pools if not p.slots_per_gpu), default=0)
+
+    @property
+    def shares_gpus(self) -> bool:
+        return any(p.slots_per_gpu for p in self.gpu_pools)
 
     @property
     def max_gpus_per_node(self) -> int:

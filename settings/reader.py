@@ -39,6 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "imdsHopLimit": 1,
     "overlayAddressPool": "10.200.0.0/16",
     "sshAuthorizedKeys": [],
+    "sharedGpuKind": "",
 }
 POOL_DEFAULTS: dict[str, Any] = {
     "name": None,
@@ -47,7 +48,9 @@ POOL_DEFAULTS: dict[str, Any] = {
     "spot": False,
     "spotMaxPrice": "",
     "rootVolumeGiB": 200,
+    "sharing": None,  # {slotsPerGpu: K}: the pool's GPUs are shared by K tasks each
 }
+SHARING_DEFAULTS: dict[str, Any] = {"slotsPerGpu": None}
 STACK_DEFAULTS: dict[str, Any] = {"name": None, "file": None}
 
 

@@ -8,7 +8,8 @@ Only what the program made is touched: nodes with a pool label, stacks with a ma
 """
 from __future__ import annotations
 
-from swarm.rollout import POOL_LABEL, manager_ready
+from swarm.labels import POOL_LABEL
+from swarm.rollout import manager_ready
 from swarm.script import node_id, quote, script, swarm_name, wait_until
 from swarm.stacks import STACK_MARKER_PREFIX
 

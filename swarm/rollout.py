@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import json
 
+from swarm.gpu_check import GpuCheck, verify_gpus
 from swarm.gpu_kind import validate_kind
+from swarm.labels import DRAINED_BY_LABEL, MAINTENANCE_LABEL, POOL_LABEL, SOFTWARE_LABEL, node_label_function
 from swarm.script import (RETRY_TRANSIENT_SWARM_ERRORS, ip_address, label_key, node_id, quote, script, sha256_hex,
                           swarm_name, wait_until)
 
-# Node labels the program owns (besides the pool labels cluster.py sets).
-SOFTWARE_LABEL = "gpu-swarm.software"  # the node software hash the node runs
-MAINTENANCE_LABEL = "gpu-swarm.maintenance"  # the pool's lease: since when the node is out
-DRAINED_BY_LABEL = "gpu-swarm.drained-by"  # who drained it: rollout, gpu-check, health; none: an operator
-POOL_LABEL = "gpu-swarm.pool"
 LOCK_PATH = "/run/lock/gpu-swarm-rollout.lock"
 # A lease older than this belongs to a `pulumi up` that died half-way: it no longer blocks.
 STALE_LEASE_S = 2 * 3600
@@ -46,11 +43,6 @@ def node_by_address() -> str:
     )
 
 
-def node_label() -> str:
-    """A bash function: label $2 of node $1, empty when unset."""
-    return "node_label() { docker node inspect --format \"{{index .Spec.Labels \\\"$2\\\"}}\" \"$1\"; }"
-
-
 def cordon_node(address: str, *, pool: str, software: str, lock_path: str = LOCK_PATH,
                 lease_timeout_s: int = 3600, drain_timeout_s: int = 300) -> str:
     """Drain the node at `address` before its software changes; a no-op for new nodes.
@@ -65,7 +57,7 @@ def cordon_node(address: str, *, pool: str, software: str, lock_path: str = LOCK
     return script(
         *manager_ready(),
         node_by_address(),
-        node_label(),
+        node_label_function(),
         f"id=$(node_by_address {addr})",
         f'if [ -z "$id" ]; then echo "node {address} is not in the swarm yet: nothing to drain"; exit 0; fi',
         f'if [ "$(node_label "$id" {SOFTWARE_LABEL})" = {want} ]; then echo "node $id already runs this software"; exit 0; fi',
@@ -100,24 +92,34 @@ def cordon_node(address: str, *, pool: str, software: str, lock_path: str = LOCK
     )
 
 
-def admit_node(node: str, labels: dict[str, str], *, expected_gpus: int, kind: str, software: str) -> str:
-    """Label a node, check the swarm sees its GPUs, end its maintenance; print its GPU resources as JSON."""
+def admit_node(node: str, labels: dict[str, str], *, expected_gpus: int, kind: str, software: str,
+               slots_per_gpu: int = 0, shared_kind: str = "", check: GpuCheck | None = None) -> str:
+    """Label a node, check the swarm sees its GPUs, end its maintenance, prove its GPUs (check).
+
+    A node that shares its GPUs advertises slots_per_gpu slots of shared_kind per GPU.
+    Prints {"resources": <its generic resources>, "check": <the GPU check's result or null>}.
+    """
     node = node_id(node)
     kind = validate_kind(kind)
     want = sha256_hex(software)
     if expected_gpus < 0:
         raise ValueError(f"expected_gpus must be >= 0, got {expected_gpus}")
+    advertised_kind = validate_kind(shared_kind) if slots_per_gpu else kind
+    expected = expected_gpus * (slots_per_gpu or 1)
     adds = [f"--label-add {quote(f'{label_key(k)}={v}')}" for k, v in sorted(labels.items())]
     adds.append(f"--label-add {SOFTWARE_LABEL}={want}")
-    kind_field = quote(f'"Kind":"{kind}"')
+    kind_field = quote(f'"Kind":"{advertised_kind}"')
+    if check and slots_per_gpu:
+        check = GpuCheck(image=check.image, devices=check.devices, shared_kind=advertised_kind,
+                         timeout_s=check.timeout_s)
     return script(
         *manager_ready(),
-        node_label(),
+        node_label_function(),
         f"docker node update {' '.join(adds)} {node} >/dev/null",
         f"res=$(docker node inspect {node} --format '{{{{json .Description.Resources.GenericResources}}}}')",
         f"n=$(printf '%s' \"$res\" | grep -o {kind_field} | wc -l)",
-        f'[ "$n" -eq {int(expected_gpus)} ] || '
-        f'{{ echo "gpu-swarm: swarm sees $n {kind} on node {node}, expected {int(expected_gpus)}" >&2; exit 1; }}',
+        f'[ "$n" -eq {expected} ] || '
+        f'{{ echo "gpu-swarm: swarm sees $n {advertised_kind} on node {node}, expected {expected}" >&2; exit 1; }}',
         # End of maintenance: release the lease, and give back only what the program took.
         # (`docker node update --label-rm` fails on a label that is not there.)
         "set --",
@@ -126,8 +128,17 @@ def admit_node(node: str, labels: dict[str, str], *, expected_gpus: int, kind: s
         f'  rollout|gpu-check) set -- "$@" --availability active --label-rm {DRAINED_BY_LABEL} ;;',
         "esac",
         f'if [ $# -gt 0 ]; then docker node update "$@" {node} >/dev/null; fi',
-        "printf '%s\\n' \"$res\"",
+        "check=null",
+        *(verify_gpus(node, kind=kind, count=expected_gpus, release=want, check=check)
+          if check and expected_gpus else []),
+        "printf '{\"resources\": %s, \"check\": %s}\\n' \"$res\" \"$check\"",
     )
+
+
+def admitted(stdout: str) -> tuple[list, dict | None]:
+    """admit_node's output: the node's generic resources, and its GPU check's result (None: not checked)."""
+    doc = json.loads(stdout.strip().splitlines()[-1]) if stdout.strip() else {}
+    return doc.get("resources") or [], doc.get("check")
 
 
 def advertised_gpus(generic_resources_json: str, kind: str) -> list[str]:

@@ -160,11 +160,14 @@ def command_stdout(name: str, create: str) -> str:
         return json.dumps({"cluster_id": FAKE_CLUSTER_ID, "node_id": fake_node_id(name), "created": True}) + "\n"
     if "docker swarm join" in create:
         return fake_node_id(name) + "\n"
-    if "GenericResources" in create:
+    if "GenericResources" in create:  # admit_node: the swarm sees what the node advertises
         expected = int(re.search(r"\"\$n\" -eq (\d+) \]", create)[1])
         kind = re.search(r'"Kind":"([^"]+)"', create)[1]
-        entries = [{"NamedResourceSpec": {"Kind": kind, "Value": fake_gpu_uuid(name, i)}} for i in range(expected)]
-        return json.dumps(entries or None) + "\n"
+        slots = "SHARED" in kind
+        entries = [{"NamedResourceSpec": {"Kind": kind, "Value": fake_gpu_uuid(name, i // 4 if slots else i)
+                                          + (f"-s{i % 4}" if slots else "")}} for i in range(expected)]
+        check = {"verified": True, "expected": sorted({e["NamedResourceSpec"]["Value"] for e in entries})}
+        return json.dumps({"resources": entries or None, "check": check if expected else None}) + "\n"
     if "bootstrap-timings.json" in create:
         return '{"install-docker": {"seconds": 41.250, "status": "done"}}\n'
     return ""

@@ -228,3 +228,14 @@ def test_the_front_passes_shellcheck_and_runs_under_dash():
     result = subprocess.run([shellcheck, "-s", "sh", str(FRONT)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
     assert FRONT.read_text().startswith("#!/bin/sh\n") and os.access(FRONT, os.X_OK)
+
+
+def test_a_refusal_is_written_where_containerd_reads_runtime_errors(runtime):
+    """containerd reports a runc-style runtime's error from its --log file, not from stderr."""
+    runtime.write(spec("DOCKER_RESOURCE_NVIDIA-GPU=all"))
+    log = runtime.tmp / "log.json"
+    args = [str(log) if a == "/run/x/log.json" else a for a in create_args(runtime)]
+    assert runtime.run(*args).returncode == 1
+    (entry,) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert entry["level"] == "error"
+    assert entry["msg"].startswith("gpu-swarm guard: DOCKER_RESOURCE_NVIDIA-GPU=all is not a GPU swarm assigned")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import platform
+import shutil
 from dataclasses import dataclass, field
 
 import pytest
@@ -103,13 +104,15 @@ def test_a_new_manager_type_resizes_the_managers_in_place():
 def test_a_new_gpu_type_resizes_on_demand_nodes_and_replaces_spot_ones():
     result = plan(PROD, with_(gpuPools=[
         {"name": "training", "instanceType": "p5.48xlarge", "count": 1, "rootVolumeGiB": 500},
-        {"name": "inference", "instanceType": "g6e.12xlarge", "count": 2, "spot": True, "rootVolumeGiB": 300},
+        {"name": "inference", "instanceType": "g6e.12xlarge", "count": 2, "spot": True, "rootVolumeGiB": 300,
+         "sharing": {"slotsPerGpu": 4}},
     ]))
     assert result.instances_replaced() == {}  # a bigger root volume grows in place
     assert set(result.updated) == {"gpu-swarm-inference-0", "gpu-swarm-inference-1"}
     result = plan(PROD, with_(gpuPools=[
         {"name": "training", "instanceType": "p5.48xlarge", "count": 1, "rootVolumeGiB": 500},
-        {"name": "inference", "instanceType": "g4dn.12xlarge", "count": 2, "spot": True},
+        {"name": "inference", "instanceType": "g4dn.12xlarge", "count": 2, "spot": True,
+         "sharing": {"slotsPerGpu": 4}},
     ]))
     # A one-time spot instance cannot be stopped to be resized: it is replaced, as the README says.
     assert result.instances_replaced() == {"gpu-swarm-inference-0": {"instanceType"},
@@ -182,7 +185,8 @@ def test_a_new_custom_ami_reaches_new_nodes_only():
 def test_scaling_a_pool_up_adds_its_nodes_and_touches_nothing_else_but_the_reconcile():
     result = plan(PROD, with_(gpuPools=[
         {"name": "training", "instanceType": "p5.48xlarge", "count": 1, "rootVolumeGiB": 500},
-        {"name": "inference", "instanceType": "g6e.12xlarge", "count": 3, "spot": True},
+        {"name": "inference", "instanceType": "g6e.12xlarge", "count": 3, "spot": True,
+         "sharing": {"slotsPerGpu": 4}},
     ]))
     assert not result.replaced and not result.deleted
     assert "gpu-swarm-inference-2" in result.created and "gpu-swarm-member-inference-2-join" in result.created
@@ -192,7 +196,8 @@ def test_scaling_a_pool_up_adds_its_nodes_and_touches_nothing_else_but_the_recon
 def test_scaling_a_pool_down_drains_the_node_in_the_reconcile_before_the_instance_goes():
     result = plan(PROD, with_(gpuPools=[
         {"name": "training", "instanceType": "p5.48xlarge", "count": 1, "rootVolumeGiB": 500},
-        {"name": "inference", "instanceType": "g6e.12xlarge", "count": 1, "spot": True},
+        {"name": "inference", "instanceType": "g6e.12xlarge", "count": 1, "spot": True,
+         "sharing": {"slotsPerGpu": 4}},
     ]))
     assert not result.replaced and not result.created
     assert {"gpu-swarm-inference-1", "gpu-swarm-member-inference-1-join"} <= result.deleted
@@ -203,7 +208,8 @@ def test_scaling_a_pool_down_drains_the_node_in_the_reconcile_before_the_instanc
 def test_adding_a_pool_adds_its_nodes_only():
     result = plan(PROD, with_(gpuPools=[
         {"name": "training", "instanceType": "p5.48xlarge", "count": 1, "rootVolumeGiB": 500},
-        {"name": "inference", "instanceType": "g6e.12xlarge", "count": 2, "spot": True},
+        {"name": "inference", "instanceType": "g6e.12xlarge", "count": 2, "spot": True,
+         "sharing": {"slotsPerGpu": 4}},
         {"name": "t4", "instanceType": "g4dn.xlarge", "count": 1},
     ]))
     assert not result.replaced and not result.deleted
@@ -212,7 +218,8 @@ def test_adding_a_pool_adds_its_nodes_only():
 
 
 def test_adding_and_removing_a_stack_touches_the_stack_and_the_reconcile_only():
-    two = [{"name": "gpu-smoke", "file": "stacks/gpu-smoke.yml"}, {"name": "second", "file": "stacks/gpu-smoke.yml"}]
+    two = [{"name": "gpu-smoke", "file": "stacks/gpu-smoke.yml"}, {"name": "inference", "file": "stacks/inference-shared.yml"},
+           {"name": "second", "file": "stacks/gpu-smoke.yml"}]
     result = plan(PROD, with_(stacks=two))
     assert result.created == {"gpu-swarm-stack-second-deploy"}
     assert set(result.updated) == {"gpu-swarm-reconcile-run"} and not result.replaced
@@ -224,9 +231,8 @@ def test_adding_and_removing_a_stack_touches_the_stack_and_the_reconcile_only():
 def test_a_changed_compose_file_updates_its_deploy_in_place(tmp_path, monkeypatch):
     from settings import reader
     stacks = tmp_path / "stacks"
-    stacks.mkdir()
-    original = (reader.PROJECT_DIR / "stacks" / "gpu-smoke.yml").read_text()
-    (stacks / "gpu-smoke.yml").write_text(original)
+    shutil.copytree(reader.PROJECT_DIR / "stacks", stacks)
+    original = (stacks / "gpu-smoke.yml").read_text()
     monkeypatch.setattr(reader, "PROJECT_DIR", tmp_path)
     result = plan(PROD, PROD, between=lambda: (stacks / "gpu-smoke.yml").write_text(original.replace(
         "replicas: 2", "replicas: 3")))

@@ -350,8 +350,9 @@ def test_admits_run_on_manager_0_label_the_node_and_check_its_gpus(prod):
     for name, cmd in admits.items():
         assert cmd["connection"]["host"] == manager_0_ip and "proxy" not in cmd["connection"], name
         assert prod.depends_on(name, name.replace("-admit", "-join")), name
-        expected = 8 if "training" in name else 4 if "inference" in name else 0
+        expected = 8 if "training" in name else 16 if "inference" in name else 0  # 4 GPUs x 4 slots
         assert f'[ "$n" -eq {expected} ]' in cmd["create"], name
+        assert ("gpu-swarm-check" in cmd["create"]) == ("-managers-" not in name), name
         assert f"gpu-swarm.software={release_of(prod, name)}" in cmd["create"], name
     training = admits["gpu-swarm-member-training-0-admit"]["create"]
     assert "gpu-swarm.pool=training" in training and "gpu-swarm.gpu-model=H100" in training
@@ -362,7 +363,7 @@ def test_reconcile_keeps_every_node_and_stack_after_all_are_admitted(prod):
     cmd = prod.plain(name)
     node_ids = [n["swarmNodeId"] for n in prod.run.exports["inventory"]]
     assert "keep_nodes=' " + " ".join(sorted(node_ids)) + " '" in inner(cmd)
-    assert "keep_stacks=' gpu-smoke '" in inner(cmd)
+    assert "keep_stacks=' gpu-smoke inference '" in inner(cmd)
     for admit in prod.commands("-admit"):
         assert prod.depends_on(name, admit), admit
 
@@ -387,10 +388,11 @@ def test_stacks_deploy_from_stdin_after_every_node_is_in(prod):
 
 def test_inventory_lists_expected_and_advertised_gpus(prod):
     nodes = prod.run.exports["inventory"]
-    assert [(n["pool"], n["gpusExpected"], len(n["gpusAdvertised"])) for n in nodes] == [
-        ("managers", 0, 0), ("managers", 0, 0), ("managers", 0, 0),
-        ("training", 8, 8), ("inference", 4, 4), ("inference", 4, 4)]
+    assert [(n["pool"], n["gpusExpected"], n["slotsPerGpu"], len(n["gpusAdvertised"])) for n in nodes] == [
+        ("managers", 0, 0, 0), ("managers", 0, 0, 0), ("managers", 0, 0, 0),
+        ("training", 8, 0, 8), ("inference", 4, 4, 16), ("inference", 4, 4, 16)]
     assert all(u.startswith("GPU-") for n in nodes for u in n["gpusAdvertised"])
+    assert [n["gpusVerified"] for n in nodes] == [None, None, None, True, True, True]
     assert {n["instanceType"] for n in nodes} == {"m7i.large", "p5.48xlarge", "g6e.12xlarge"}
 
 
@@ -459,3 +461,13 @@ def test_a_custom_ami_reaches_new_nodes_and_running_ones_keep_theirs():
     graph = Graph(run_program(stack_config("dev", image="custom", amiId="ami-0123456789abcdef0")))
     assert graph.plain("gpu-swarm-t4-0")["ami"] == "ami-0123456789abcdef0"
     assert "ami" in graph.requests["gpu-swarm-t4-0"].ignoreChanges
+
+
+def test_a_shared_pool_advertises_slots_and_its_nodes_say_so(prod):
+    apply = prod.plain("gpu-swarm-software-inference-0-apply")["create"]
+    assert "GPU_SWARM_SLOTS_PER_GPU=4" in apply and "GPU_SWARM_SHARED_KIND=NVIDIA-GPU-SHARED" in apply
+    assert "GPU_SWARM_SLOTS_PER_GPU" not in prod.plain("gpu-swarm-software-training-0-apply")["create"]
+    admit = inner(prod.plain("gpu-swarm-member-inference-0-admit"))
+    assert '"Kind":"NVIDIA-GPU-SHARED"' in admit and "gpu-swarm.slots-per-gpu=4" in admit
+    assert "--generic-resource NVIDIA-GPU-SHARED=1" in admit  # the check reserves one slot
+    assert "--generic-resource NVIDIA-GPU=8" in inner(prod.plain("gpu-swarm-member-training-0-admit"))

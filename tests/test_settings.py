@@ -163,6 +163,18 @@ BAD = [
      ["gpu-swarm:sshAuthorizedKeys[1]: expected one OpenSSH public key line"]),
     ("authorized-keys-not-a-list", {"sshAuthorizedKeys": "ssh-ed25519 AAAA ok@x"}, (),
      ["gpu-swarm:sshAuthorizedKeys: expected a list"]),
+    ("sharing-too-few", {"gpuPools": pools({**T4, "sharing": {"slotsPerGpu": 1}})}, (),
+     ["gpu-swarm:gpuPools[0].sharing.slotsPerGpu: 1 is out of range; use a number from 2 to 48"]),
+    ("sharing-too-many", {"gpuPools": pools({**T4, "sharing": {"slotsPerGpu": 64}})}, (),
+     ["gpu-swarm:gpuPools[0].sharing.slotsPerGpu: 64 is out of range"]),
+    ("sharing-not-an-object", {"gpuPools": pools({**T4, "sharing": 4})}, (),
+     ["gpu-swarm:gpuPools[0].sharing: expected an object such as {slotsPerGpu: 4}"]),
+    ("sharing-unknown-key", {"gpuPools": pools({**T4, "sharing": {"slotsPerGPU": 4}})}, (),
+     ["gpu-swarm:gpuPools[0].sharing.slotsPerGPU: is not a sharing setting; did you mean slotsPerGpu?"]),
+    ("shared-kind-same-as-kind", {"sharedGpuKind": "NVIDIA-GPU"}, (),
+     ["gpu-swarm:sharedGpuKind: 'NVIDIA-GPU' is also gpu-swarm:gpuKind", "NVIDIA-GPU-SHARED"]),
+    ("shared-kind-invalid", {"sharedGpuKind": "GPU SLOT"}, (),
+     ["gpu-swarm:sharedGpuKind: invalid GPU resource kind 'GPU SLOT'"]),
     ("unknown-key", {"allowedSshCidr": '["203.0.113.7/32"]'}, (),
      ["gpu-swarm:allowedSshCidr: is not a setting of this program; did you mean allowedSshCidrs?"]),
 ]
@@ -356,3 +368,45 @@ def test_project_file_passes_the_cli_rules():
             assert isinstance(decl["default"], python_types[decl["type"]]), name
         # A secret key with a plain default fails the CLI's "must be encrypted" check.
         assert not (decl.get("secret") and "default" in decl), name
+
+
+SHARED_STACK = """services:
+  infer:
+    image: vllm/vllm-openai
+    deploy:
+      replicas: 8
+      resources:
+        reservations:
+          generic_resources:
+            - discrete_resource_spec:
+                kind: NVIDIA-GPU-SHARED
+                value: 1
+"""
+
+
+def test_a_shared_pool_reads_its_slots_and_stacks_may_reserve_one(tmp_path, monkeypatch):
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "infer.yml").write_text(SHARED_STACK)
+    monkeypatch.setattr(settings.reader, "PROJECT_DIR", tmp_path)
+    use_mocks(stack_config("dev", gpuPools=pools({**T4, "sharing": {"slotsPerGpu": 4}}),
+                           stacks=[{"name": "infer", "file": "stacks/infer.yml"}]))
+    s = load_settings()
+    (pool,) = s.gpu_pools
+    assert pool.slots_per_gpu == 4 and s.shared_gpu_kind == "NVIDIA-GPU-SHARED"
+    assert s.shares_gpus and s.max_whole_gpus_per_node == 0
+    assert s.stacks[0].info.gpu_services[0].slots == 1
+
+
+def test_a_shared_kind_reservation_without_a_shared_pool_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "infer.yml").write_text(SHARED_STACK)
+    monkeypatch.setattr(settings.reader, "PROJECT_DIR", tmp_path)
+    use_mocks(stack_config("dev", stacks=[{"name": "infer", "file": "stacks/infer.yml"}]))
+    with pytest.raises(SettingsError, match="is 'NVIDIA-GPU-SHARED', but this cluster's nodes advertise 'NVIDIA-GPU'"):
+        load_settings()
+
+
+def test_whole_gpu_reservations_need_a_pool_that_does_not_share(tmp_path, monkeypatch):
+    use_mocks(stack_config("dev", gpuPools=pools({**T4, "sharing": {"slotsPerGpu": 2}})))
+    with pytest.raises(SettingsError, match="every pool shares its GPUs"):
+        load_settings()

@@ -1,0 +1,106 @@
+"""Proving a node's GPUs after it joins: what a task can really use, not what the node advertises.
+
+Run on a manager as part of admitting a GPU node. Two one-shot jobs are pinned to the node,
+through the same scheduler, runtime guard and NVIDIA runtime as every task:
+- one reserves all of the node's GPUs (one slot, on a node that shares its GPUs) and must
+  see exactly the GPUs the node advertises (the slot's GPU);
+- one reserves nothing, on an image that asks for every GPU (NVIDIA_VISIBLE_DEVICES=all,
+  as every CUDA image does), and must see none.
+A node that fails is drained (drained-by=gpu-check, which admit undoes once it passes) and
+the check exits 1 with the evidence, so `pulumi up` fails for that node.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from swarm.gpu_kind import validate_kind
+from swarm.labels import DRAINED_BY_LABEL, VERIFIED_LABEL
+from swarm.script import node_id, quote, wait_until
+
+# Built on every GPU node by node/build-check-image.sh (busybox and the C library that the
+# nvidia-smi the runtime mounts in needs). The .invalid domain never resolves, so a node
+# can never pull someone else's image under this name: it always runs its own.
+CHECK_IMAGE = "gpu-swarm.invalid/check:1"
+
+# What each job prints: its GPUs as nvidia-smi sees them, and its GPU device nodes.
+PROBE = ("if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi -L 2>&1 || true; fi; "
+         "for d in /dev/nvidia[0-9]*; do if [ -e \"$d\" ]; then echo \"device $d\"; fi; done; echo probe-end")
+
+
+@dataclass(frozen=True)
+class GpuCheck:
+    image: str = CHECK_IMAGE
+    devices: bool = True  # real GPUs: each seen GPU has its /dev/nvidiaN (the rehearsal has none)
+    shared_kind: str = ""  # set when the node advertises slots of shared GPUs
+    timeout_s: int = 180
+
+
+def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuCheck) -> list[str]:
+    """Lines for admit_node: prove the node's GPUs unless this release already did; drain it if not."""
+    node = node_id(node)
+    kind = validate_kind(check.shared_kind or kind)
+    reserve = 1 if check.shared_kind else count
+    jobs = f"gpu-swarm-check-{node[:12]}"
+    common = (f"--detach --mode replicated-job --restart-condition none --no-resolve-image "
+              f"--constraint node.id=={node} --label gpu-swarm.check={node}")
+    probe = quote(PROBE)
+    expect = "the slot's GPU" if check.shared_kind else f"all {count} GPUs the node advertises"
+    return [
+        f"verified=$(node_label {node} {VERIFIED_LABEL})",
+        f'if [ "$verified" = {release} ]; then',
+        '  check=\'{"verified": true, "note": "verified before, same software"}\'',
+        f"elif [ \"$(docker node inspect --format '{{{{.Spec.Availability}}}}' {node})\" != active ]; then",
+        '  check=\'{"verified": false, "note": "not checked: an operator keeps the node out of scheduling"}\'',
+        "else",
+        f'  jobs={jobs}',
+        '  cleanup() { docker service rm "$jobs-reserved" "$jobs-none" >/dev/null 2>&1 || true; }',
+        "  cleanup; trap cleanup EXIT",
+        f'  docker service create {common} --name "$jobs-reserved" --generic-resource {quote(f"{kind}={reserve}")} '
+        f"{quote(check.image)} sh -c {probe} >/dev/null",
+        f'  docker service create {common} --name "$jobs-none" {quote(check.image)} sh -c {probe} >/dev/null',
+        "  done_() { [ \"$(docker service ps --format '{{.CurrentState}}' \"$1\" | grep -cE '^(Complete|Failed|Rejected)')\" -gt 0 ]; }",
+        *["  " + line for line in wait_until('done_ "$jobs-reserved" && done_ "$jobs-none"', check.timeout_s,
+                                             f"the GPU check jobs on node {node} did not finish; see docker service ps "
+                                             f"{jobs}-reserved")],
+        '  reserved=$(docker service logs --raw "$jobs-reserved" 2>&1)',
+        '  none=$(docker service logs --raw "$jobs-none" 2>&1)',
+        f"  want=$(docker node inspect {node} --format '{{{{json .Description.Resources.GenericResources}}}}')",
+        "  check=$(python3 - \"$reserved\" \"$none\" \"$want\" <<'PY'",
+        *judge(kind, check, reserve).splitlines(),
+        "PY",
+        "  )",
+        "  cleanup",
+        '  if printf \'%s\' "$check" | grep -q \'"verified": true\'; then',
+        f"    docker node update --label-add {VERIFIED_LABEL}={release} {node} >/dev/null",
+        "  else",
+        f"    docker node update --availability drain --label-add {DRAINED_BY_LABEL}=gpu-check {node} >/dev/null",
+        f'    echo "gpu-swarm: node {node} failed its GPU check, so it was drained: a task reserving {expect} '
+        'must see exactly those, and a task reserving none must see none. Evidence:" >&2',
+        '    printf \'%s\\n\' "$check" >&2',
+        "    printf '{\"resources\": %s, \"check\": %s}\\n' \"${res:-null}\" \"$check\"",
+        "    exit 1",
+        "  fi",
+        "fi",
+    ]
+
+
+def judge(kind: str, check: GpuCheck, reserve: int) -> str:
+    """The comparison, in the manager's Python (Ubuntu's, stdlib): kept beside the lines that feed it."""
+    return f'''import json, re, sys
+uuid = re.compile(r"UUID: ((?:GPU|MIG)-[0-9a-fA-F-]+[0-9a-fA-F](?:/[0-9]+/[0-9]+)?)")
+def seen(log):
+    return sorted(set(uuid.findall(log))), sum(1 for l in log.splitlines() if l.startswith("device /dev/nvidia"))
+reserved, none, want = sys.argv[1], sys.argv[2], json.loads(sys.argv[3] or "null") or []
+values = [e["NamedResourceSpec"]["Value"] for e in want if e.get("NamedResourceSpec", {{}}).get("Kind") == {kind!r}]
+advertised = sorted(set(re.sub(r"-s[0-9]+$", "", v) for v in values))
+got, got_devices = seen(reserved)
+leak, leak_devices = seen(none)
+devices = {check.devices!r}
+if {bool(check.shared_kind)!r}:
+    ok = len(got) == 1 and got[0] in advertised
+else:
+    ok = got == advertised and len(got) == {reserve}
+ok = ok and (not devices or got_devices == len(got)) and not leak and not leak_devices
+print(json.dumps({{"verified": ok, "expected": advertised, "reserved_saw": got, "reserved_devices": got_devices,
+                  "unreserved_saw": leak, "unreserved_devices": leak_devices,
+                  "evidence": {{"reserved": reserved[-600:], "unreserved": none[-600:]}}}}))'''
