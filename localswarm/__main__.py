@@ -38,6 +38,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="compose file to deploy (repeatable); default: stacks/gpu-smoke.yml, "
                          "scaled to one more replica than there are GPUs")
     up.add_argument("--kind", default=DEFAULT_KIND, help="generic resource kind (default %(default)s)")
+    up.add_argument("--slots-per-gpu", type=int, default=0, metavar="K",
+                    help="share GPUs: K slots per GPU under <kind>-SHARED (default: whole GPUs)")
+    up.add_argument("--shared-nodes", type=int, metavar="N",
+                    help="with --slots-per-gpu: only the last N nodes share their GPUs (default: all)")
     up.add_argument("--keep-on-failure", action="store_true",
                     help="leave a failed rehearsal in place to look at (then run `down`)")
     st = command("status", "show nodes, GPUs and task placement")
@@ -94,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args, say):
     if args.command == "up":
         return rehearsal.up(n_nodes=args.nodes, gpus=args.gpus_per_node, managers=args.managers, stacks=args.stack,
-                            kind=args.kind, progress=say, keep_on_failure=args.keep_on_failure)
+                            kind=args.kind, progress=say, keep_on_failure=args.keep_on_failure,
+                            slots_per_gpu=args.slots_per_gpu, shared_nodes=args.shared_nodes)
     if args.command == "status":
         return rehearsal.status(progress=say)
     if args.command == "down":

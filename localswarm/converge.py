@@ -12,12 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from localswarm.host import Engine
 from localswarm.nodes import Node, run_script
 from swarm import formation, reconcile, rollout, stacks as stack_scripts
+from swarm.gpu_check import GpuCheck
 
 OVERLAY_POOL = "10.200.0.0/16"  # the program's default; off the rehearsal's 192.168.213.0/24
 
@@ -28,9 +29,12 @@ class Desired:
 
     nodes: list[Node]
     kind: str
-    gpus: dict[str, int]  # node name -> GPUs it must advertise
+    gpus: dict[str, int]  # node name -> GPUs it has
     stacks: dict[str, str]  # stack name -> compose text
     release: str  # what every node runs (the program's node_software.release)
+    shared_kind: str = ""
+    slots: dict[str, int] = field(default_factory=dict)  # node name -> slots per GPU, for nodes that share
+    check: GpuCheck | None = None  # the post-join GPU check, with the rehearsal's stand-in
 
 
 def pool_labels(node: Node, gpus: int) -> dict[str, str]:
@@ -38,6 +42,16 @@ def pool_labels(node: Node, gpus: int) -> dict[str, str]:
     if node.role == "worker":
         labels["gpu-swarm.gpu-count"] = str(gpus)
     return labels
+
+
+def admit(desired: Desired, engine: Engine, node: Node, node_id: str) -> tuple[list, dict | None]:
+    """admit_node for one node, run on the first manager; returns its resources and GPU check."""
+    first = next(n for n in desired.nodes if n.role == "manager")
+    gpus = desired.gpus.get(node.name, 0)
+    script = rollout.admit_node(node_id, pool_labels(node, gpus), expected_gpus=gpus, kind=desired.kind,
+                                software=desired.release, slots_per_gpu=desired.slots.get(node.name, 0),
+                                shared_kind=desired.shared_kind, check=desired.check)
+    return rollout.admitted(run_script(first, engine, script))
 
 
 def converge(desired: Desired, engine: Engine, say: Callable[[str], None] = lambda _: None) -> dict:
@@ -72,16 +86,14 @@ def form_swarm(desired: Desired, engine: Engine, say: Callable[[str], None] = la
     workers = [n for n in desired.nodes if n.role == "worker"]
     node_ids.update(zip((w.name for w in workers), _parallel(join, workers)))
 
-    def admit(node: Node) -> list[str]:
-        gpus = desired.gpus.get(node.name, 0)
-        script = rollout.admit_node(node_ids[node.name], pool_labels(node, gpus), expected_gpus=gpus,
-                                    kind=desired.kind, software=desired.release)
-        return rollout.advertised_gpus(run_script(first, engine, script), desired.kind)
-
-    for node, seen in zip(desired.nodes, _parallel(admit, desired.nodes)):
-        say(f"{node.name} is in as {node.role}, advertising {len(seen)} GPU(s)")
+    results = _parallel(lambda n: admit(desired, engine, n, node_ids[n.name]), desired.nodes)
+    checks = {}
+    for node, (resources, check) in zip(desired.nodes, results):
+        checks[node.name] = check
+        verified = "" if check is None else ", GPUs proven" if check.get("verified") else ", GPU check FAILED"
+        say(f"{node.name} is in as {node.role}, advertising {len(resources)} GPU resource(s){verified}")
     run_script(first, engine, reconcile.reconcile(nodes=list(node_ids.values()), stacks=list(desired.stacks)))
-    return {"cluster_id": cluster, "node_ids": node_ids}
+    return {"cluster_id": cluster, "node_ids": node_ids, "checks": checks}
 
 
 def deploy_stacks(desired: Desired, engine: Engine) -> None:

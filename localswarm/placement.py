@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 
 from localswarm.host import Engine
 from localswarm.nodes import Node, docker
-from swarm.gpu_kind import resource_env_name
+from swarm.gpu_kind import resource_env_name, slot_gpu
 from swarm.labels import DRAINED_BY_LABEL, MAINTENANCE_LABEL
 from swarm.rollout import advertised_gpus
 
@@ -35,6 +35,11 @@ def _assigned(task: dict, kind: str) -> list[str]:
                   if r.get("NamedResourceSpec", {}).get("Kind") == kind)
 
 
+def _gpus_and_slots(whole: list[str], slots: list[str]) -> tuple[list[str], list[str]]:
+    """A task's or node's real GPUs (a slot counts as its GPU), and its slots of shared GPUs."""
+    return sorted(set(whole) | {slot_gpu(s) for s in slots}), sorted(slots)
+
+
 def _from_env(env: list[str], name: str) -> list[str]:
     for entry in env:
         if entry.startswith(name + "="):
@@ -51,8 +56,12 @@ def _age(timestamp: str) -> float | None:
     return max(0.0, time.time() - when - float(match[2] or 0))
 
 
-def collect(nodes: list[Node], engine: Engine, kind: str) -> dict:
-    """The swarm as a manager sees it, with task GPUs read from each task's container."""
+def collect(nodes: list[Node], engine: Engine, kind: str, shared_kind: str = "") -> dict:
+    """The swarm as a manager sees it, with task GPUs read from each task's container.
+
+    Each node and task lists its real GPUs ("gpus") and, where GPUs are shared, the slots it
+    has or holds ("slots"): a task holding slot GPU-x-s2 is on GPU-x.
+    """
     by_name = {n.name: n for n in nodes}
     manager = next((n for n in nodes if n.role == "manager" and _answers(n, engine)), None)
     if manager is None:
@@ -66,6 +75,8 @@ def collect(nodes: list[Node], engine: Engine, kind: str) -> dict:
             nodes_by_id[info["ID"]] = by_name[name]
         labels = info["Spec"].get("Labels") or {}
         resources = json.dumps(info["Description"].get("Resources", {}).get("GenericResources") or [])
+        gpus, slots = _gpus_and_slots(advertised_gpus(resources, kind),
+                                      advertised_gpus(resources, shared_kind) if shared_kind else [])
         view_nodes.append({
             "name": name,
             "id": info["ID"],
@@ -75,13 +86,15 @@ def collect(nodes: list[Node], engine: Engine, kind: str) -> dict:
             "availability": info["Spec"].get("Availability", "active"),  # active / pause / drain
             "drained_by": labels.get(DRAINED_BY_LABEL, ""),
             "maintenance": labels.get(MAINTENANCE_LABEL, ""),
-            "gpus": advertised_gpus(resources, kind),
+            "gpus": gpus,
+            "slots": slots,
         })
     view_nodes.sort(key=lambda n: (by_name[n["name"]].index if n["name"] in by_name else 1 << 30, n["id"]))
     state_of = {n["id"]: n["state"] for n in view_nodes}
     names_by_id = {n["id"]: n["name"] for n in view_nodes}
 
     env_name = resource_env_name(kind)
+    shared_env = resource_env_name(shared_kind) if shared_kind else ""
     services = []
     for svc in _inspect(manager, engine, docker(manager, engine, "service", "ls", "-q").stdout.split()):
         task_ids = docker(manager, engine, "service", "ps", "-q", "--no-trunc",
@@ -91,12 +104,14 @@ def collect(nodes: list[Node], engine: Engine, kind: str) -> dict:
             status = task["Status"]
             node_id = task.get("NodeID", "")
             state = status["State"]
-            gpus, source = _assigned(task, kind), "scheduler"
+            whole, slots, source = _assigned(task, kind), _assigned(task, shared_kind), "scheduler"
             container = status.get("ContainerStatus", {}).get("ContainerID")
             if container and node_id in nodes_by_id and state_of.get(node_id) == "ready":
                 env = _container_env(nodes_by_id[node_id], engine, container)
                 if env is not None:
-                    gpus, source = _from_env(env, env_name), "container"
+                    whole, source = _from_env(env, env_name), "container"
+                    slots = _from_env(env, shared_env) if shared_env else []
+            gpus, slots = _gpus_and_slots(whole, slots)
             if node_id and state_of.get(node_id) == "down" and state == "running":
                 state = "unknown"  # its node is down: the manager has not rescheduled it yet
             reason = status.get("Err", "")
@@ -105,6 +120,7 @@ def collect(nodes: list[Node], engine: Engine, kind: str) -> dict:
                 "node": names_by_id.get(node_id, ""),
                 "state": state,
                 "gpus": gpus,
+                "slots": slots,
                 "gpus_from": source,
                 "reason": reason,
                 "error": reason,  # the old name of "reason"
@@ -148,12 +164,15 @@ def render_table(view: dict) -> str:
     holders = {}
     for svc in view["services"]:
         for t in svc["tasks"]:
-            for gpu in t["gpus"]:
-                holders[(t["node"], gpu)] = (svc["name"], t)
+            for held in t["slots"] or t["gpus"]:
+                holders[(t["node"], held)] = (svc["name"], t)
     rows = [("NODE", "GPU", "SERVICE", "TASK", "STATE", "REASON")]
     for node in view["nodes"]:
-        for gpu in node["gpus"]:
+        shared = {slot_gpu(s) for s in node.get("slots", [])}
+        for gpu in [g for g in node["gpus"] if g not in shared] + node.get("slots", []):
             svc, t = holders.get((node["name"], gpu), ("-", None))
+            if gpu in node.get("slots", []):
+                gpu = f"{slot_gpu(gpu)} slot {gpu.rsplit('-s', 1)[1]}"
             if t:
                 state = t["state"]
             elif node["state"] != "ready":

@@ -17,15 +17,17 @@ from typing import Callable
 
 import node_software
 from localswarm import network, nodes as nodes_mod, placement, registry
-from localswarm.converge import Desired, converge, deploy_stacks, form_swarm, pool_labels
+from localswarm.converge import Desired, admit, converge, deploy_stacks, form_swarm
 from localswarm.host import CLI, REPO, RehearsalError, check_host, find_engine, run
 from localswarm.nodes import RUN_ROOT, STATE_ROOT, Node
 from localswarm.stacks import prepare_stack
 from swarm import rollout
-from swarm.gpu_kind import DEFAULT_KIND, validate_kind
+from swarm.gpu_check import GpuCheck
+from swarm.gpu_kind import DEFAULT_KIND, MAX_SLOTS_PER_GPU, default_shared_kind, validate_kind
 
 STATE_FILE = STATE_ROOT / "state.json"
 DEFAULT_STACK = REPO / "stacks" / "gpu-smoke.yml"
+DEFAULT_SHARED_STACK = REPO / "stacks" / "inference-shared.yml"
 Progress = Callable[[str], None]
 
 
@@ -54,8 +56,12 @@ def _require_state() -> dict:
     return state
 
 
-def _check_args(n_nodes: int, gpus: int, managers: int, kind: str) -> None:
+def _check_args(n_nodes: int, gpus: int, managers: int, kind: str, slots: int = 0, shared_nodes: int = 0) -> None:
     problems = []
+    if slots and not 2 <= slots <= MAX_SLOTS_PER_GPU:
+        problems.append(f"--slots-per-gpu must be from 2 to {MAX_SLOTS_PER_GPU}, got {slots}")
+    if not 0 <= shared_nodes <= n_nodes:
+        problems.append(f"--shared-nodes must be from 0 to --nodes ({n_nodes}), got {shared_nodes}")
     if not 1 <= n_nodes <= 32:
         problems.append(f"--nodes must be between 1 and 32, got {n_nodes}")
     if not 0 <= gpus <= 16:
@@ -79,29 +85,41 @@ def release_of(state: dict) -> str:
 def desired(state: dict) -> Desired:
     nodes = _nodes(state)
     # Every rehearsal node has GPUs, managers too, so a small rehearsal still has room to schedule.
-    return Desired(nodes=nodes, kind=state["kind"], gpus={n.name: state["gpus_per_node"] for n in nodes},
-                   stacks={name: s["text"] for name, s in state["stacks"].items()}, release=release_of(state))
+    gpus = {n.name: state["gpus_per_node"] for n in nodes}
+    return Desired(nodes=nodes, kind=state["kind"], gpus=gpus,
+                   stacks={name: s["text"] for name, s in state["stacks"].items()}, release=release_of(state),
+                   shared_kind=state.get("shared_kind", ""),
+                   slots={n.name: state["slots_per_gpu"] for n in nodes if n.pool == SHARED_POOL},
+                   check=GpuCheck(image=registry.STANDIN_IMAGE, devices=False) if any(gpus.values()) else None)
 
 
 def up(*, n_nodes: int = 3, gpus: int = 2, managers: int = 1, stacks: list[str] | None = None,
        kind: str = DEFAULT_KIND, progress: Progress = print, converge_timeout: float = 120,
-       keep_on_failure: bool = False) -> dict:
+       keep_on_failure: bool = False, slots_per_gpu: int = 0, shared_nodes: int | None = None) -> dict:
     started = time.monotonic()
     say = lambda msg: progress(f"[{time.monotonic() - started:5.1f}s] {msg}")  # noqa: E731
-    _check_args(n_nodes, gpus, managers, kind)
+    shared = (n_nodes if shared_nodes is None else shared_nodes) if slots_per_gpu else 0
+    _check_args(n_nodes, gpus, managers, kind, slots_per_gpu, shared)
     check_host()
     engine = find_engine()
     if load_state() or network.our_netns():
         raise RehearsalError(f"a rehearsal is already up; see it with `{CLI} status`, or run `{CLI} down` first")
-    stack_args = stacks or [str(DEFAULT_STACK)]
+    # The last `shared` nodes share their GPUs (as one pool of the program would); the rest don't.
+    nodes = [_node(i, "manager" if i <= managers else "worker", shared=i > n_nodes - shared)
+             for i in range(1, n_nodes + 1)]
+    whole_gpus = gpus * (n_nodes - shared)
+    shared_kind = default_shared_kind(kind) if shared else ""
+    defaults = ([str(DEFAULT_STACK)] if whole_gpus else []) + ([str(DEFAULT_SHARED_STACK)] if shared and gpus else [])
     prepared = {}
-    for arg in stack_args:  # every stack is checked before anything is created
+    for arg in stacks or defaults:  # every stack is checked before anything is created
         name, _, file = arg.rpartition("=") if "=" in arg else ("", "", arg)
         name = name or stack_name(Path(file))
-        prepared[name] = prepare_stack(Path(file), name, kind, gpus, gpus * n_nodes, scale=not stacks, say=say)
+        prepared[name] = prepare_stack(Path(file), name, kind, gpus if whole_gpus else 0, whole_gpus,
+                                       scale=not stacks, say=say, shared_kind=shared_kind or None,
+                                       total_slots=gpus * shared * slots_per_gpu)
 
-    nodes = [_node(i, "manager" if i <= managers else "worker") for i in range(1, n_nodes + 1)]
-    state = {"kind": kind, "gpus_per_node": gpus, "nodes": [n.to_dict() for n in nodes], "stacks": prepared}
+    state = {"kind": kind, "gpus_per_node": gpus, "nodes": [n.to_dict() for n in nodes], "stacks": prepared,
+             "slots_per_gpu": slots_per_gpu, "shared_kind": shared_kind}
     _save_state(state)  # first, so that `down` can clean up after a failure below
     try:
         timings = _build(state, engine, say, started, converge_timeout)
@@ -131,20 +149,20 @@ def _build(state: dict, engine, say, started: float, converge_timeout: float) ->
     _parallel(lambda n: nodes_mod.wait_ready(n, engine), nodes)
     nodes_ready = time.monotonic() - started
     say(f"{len(nodes)} engines ready at {', '.join(n.address for n in nodes)}")
+    # The post-join GPU check runs the stand-in on each node, so it must be there first.
+    registry.push_standin(nodes[0], engine)
+    say("stand-in image pushed to the local registry")
 
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        standin = pool.submit(registry.push_standin, nodes[0], engine)
-        formed = form_swarm(desired(state), engine, say)
-        standin.result()
+    formed = form_swarm(desired(state), engine, say)
     state["cluster_id"] = formed["cluster_id"]
     _save_state(state)
     swarm_ready = time.monotonic() - started
     managers = sum(n.role == "manager" for n in nodes)
-    say(f"swarm formed: {managers} manager(s), {len(nodes) - managers} worker(s); stand-in image pushed")
+    say(f"swarm formed: {managers} manager(s), {len(nodes) - managers} worker(s), every node's GPUs proven")
     deploy_stacks(desired(state), engine)
     say(f"stack(s) deployed: {', '.join(state['stacks'])}")
     stacks_deployed = time.monotonic() - started
-    view = wait_converged(nodes, engine, state["kind"], converge_timeout)
+    view = wait_converged(nodes, engine, state["kind"], converge_timeout, state.get("shared_kind", ""))
     say("stacks converged")
     return {"view": view, "nodes_ready_s": round(nodes_ready, 2), "swarm_ready_s": round(swarm_ready, 2),
             "stacks_deployed_s": round(stacks_deployed, 2),
@@ -154,7 +172,14 @@ def _build(state: dict, engine, say, started: float, converge_timeout: float) ->
 def _first_boot(node: Node, state: dict) -> dict:
     """What the node software's bootstrap does here: the agent writes the node's daemon.json."""
     nodes_mod.prepare(node)
-    return nodes_mod.run_agent(node, nodes_mod.simulated_gpus(state["gpus_per_node"]), state["kind"])
+    return nodes_mod.run_agent(node, nodes_mod.simulated_gpus(state["gpus_per_node"]), state["kind"],
+                               _agent_args(node, state))
+
+
+def _agent_args(node: Node, state: dict) -> tuple[str, ...]:
+    if node.pool == SHARED_POOL:
+        return ("--slots-per-gpu", str(state["slots_per_gpu"]), "--shared-kind", state["shared_kind"])
+    return ()
 
 
 def stack_name(path: Path) -> str:
@@ -163,10 +188,10 @@ def stack_name(path: Path) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in stem)
 
 
-def wait_converged(nodes: list[Node], engine, kind: str, timeout: float) -> dict:
+def wait_converged(nodes: list[Node], engine, kind: str, timeout: float, shared_kind: str = "") -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        view = placement.collect(nodes, engine, kind)
+        view = placement.collect(nodes, engine, kind, shared_kind)
         if placement.converged(view):
             return view
         if time.monotonic() > deadline:
@@ -176,7 +201,7 @@ def wait_converged(nodes: list[Node], engine, kind: str, timeout: float) -> dict
 
 def status(*, progress: Progress = print) -> dict:
     state = _require_state()
-    return placement.collect(_nodes(state), find_engine(), state["kind"])
+    return placement.collect(_nodes(state), find_engine(), state["kind"], state.get("shared_kind", ""))
 
 
 # ---------------------------------------------------------------- changes, as `pulumi up` makes them
@@ -197,7 +222,7 @@ def replace_node(name: str, *, progress: Progress = print) -> dict:
     state = _require_state()
     engine = find_engine()
     old = _find(state, name)
-    new = Node(f"node-{_next_index(state)}", _next_index(state), old.role, old.pool)
+    new = Node(f"node-{_next_index(state)}", _next_index(state), old.role, old.pool)  # the same pool's new instance
     progress(f"replacing {old.name} ({old.address}) with {new.name} ({new.address})")
     nodes_mod.remove_everything_of(old)
     network.create_node_netns(new.name, new.index)
@@ -245,8 +270,10 @@ def set_stacks(files: list[str], *, progress: Progress = print) -> dict:
     for arg in files:
         name, _, file = arg.rpartition("=") if "=" in arg else ("", "", arg)
         name = name or stack_name(Path(file))
-        prepared[name] = prepare_stack(Path(file), name, state["kind"], state["gpus_per_node"], 0, scale=False,
-                                       say=progress)
+        shared = any(n["pool"] == SHARED_POOL for n in state["nodes"])
+        whole = any(n["pool"] != SHARED_POOL for n in state["nodes"])
+        prepared[name] = prepare_stack(Path(file), name, state["kind"], state["gpus_per_node"] if whole else 0, 0,
+                                       scale=False, say=progress, shared_kind=state["shared_kind"] if shared else None)
     state["stacks"] = prepared
     _save_state(state)
     return converge_again(progress=progress)
@@ -270,9 +297,7 @@ def roll(*, progress: Progress = print) -> dict:
                                                                 software=want.release, lock_path=lock))
         nodes_mod.restart_dockerd(node, engine)
         node_id = nodes_mod.docker(node, engine, "info", "--format", "{{.Swarm.NodeID}}").stdout.strip()
-        nodes_mod.run_script(first, engine, rollout.admit_node(
-            node_id, pool_labels(node, want.gpus[node.name]), expected_gpus=want.gpus[node.name],
-            kind=want.kind, software=want.release))
+        admit(want, engine, node, node_id)
         progress(f"{node.name}: software applied and admitted")
 
     peak: dict[str, int] = {}
@@ -310,9 +335,14 @@ def placement_nodes(manager: Node, engine, ids: list[str]) -> list[dict]:
     return json.loads(proc.stdout) if proc.returncode == 0 else []
 
 
-def _node(index: int, role: str) -> Node:
-    # Pools as the program names them: the managers' own, and one GPU pool for the workers.
-    return Node(f"node-{index}", index, role, "managers" if role == "manager" else "rehearsal")
+SHARED_POOL = "shared"
+
+
+def _node(index: int, role: str, shared: bool = False) -> Node:
+    # Pools as the program names them: the managers' own, one GPU pool for the workers, and one
+    # whose GPUs are shared. A manager that shares is in the shared pool: it is rolled with it.
+    pool = SHARED_POOL if shared else "managers" if role == "manager" else "rehearsal"
+    return Node(f"node-{index}", index, role, pool)
 
 
 def _find(state: dict, name: str) -> Node:
@@ -344,7 +374,7 @@ def node_engine(name: str, action: str, *, gpus: int | None = None) -> dict:
         # The same hardware keeps its GPUs (a reboot); another count is other hardware.
         current = json.loads(node.inventory.read_text()) if node.inventory.exists() else []
         inventory = current if gpus is None or gpus == len(current) else nodes_mod.simulated_gpus(gpus)
-        report = nodes_mod.run_agent(node, inventory, state["kind"])
+        report = nodes_mod.run_agent(node, inventory, state["kind"], _agent_args(node, state))
         # As the agent's unit does on a real node: dockerd reads its resources only at start.
         report["engine_restarted"] = bool(report["changed"]) and nodes_mod.is_running(node)
         if report["engine_restarted"]:

@@ -20,14 +20,20 @@ from swarm.stack_files import StackFileError, validate_stack_file
 
 
 def prepare_stack(path: Path, name: str, kind: str, gpus_per_node: int, total_gpus: int, *, scale: bool,
-                  say: Callable[[str], None]) -> dict:
-    """{"file", "text"}: the checked compose file, with its images replaced where needed."""
+                  say: Callable[[str], None], shared_kind: str | None = None, total_slots: int = 0) -> dict:
+    """{"file", "text"}: the checked compose file, with its images replaced where needed.
+
+    gpus_per_node: the most whole GPUs a node has (0: every GPU node shares); shared_kind:
+    the kind of the slots, when some node shares. With scale, each GPU service gets one
+    replica more than there are GPUs (or slots) for it, so one waits.
+    """
     try:
         text = path.read_text()
     except OSError as e:
         raise RehearsalError(f"--stack {path}: cannot read it ({e.strerror})") from None
     try:
-        info = validate_stack_file(text, kind=kind, max_gpus_per_node=gpus_per_node, source=str(path))
+        info = validate_stack_file(text, kind=kind, max_gpus_per_node=gpus_per_node, shared_kind=shared_kind,
+                                   source=str(path))
     except StackFileError as e:
         raise RehearsalError(str(e)) from None
     gpu_services = {svc.name: svc for svc in info.gpu_services}
@@ -43,9 +49,13 @@ def prepare_stack(path: Path, name: str, kind: str, gpus_per_node: int, total_gp
                 svc.pop("entrypoint", None)
                 note = f"; its command needs {', '.join(missing)}, which the stand-in lacks, so it runs the stand-in's own"
             say(f"  {name}/{svc_name}: image {image} is not available offline; using the stand-in{note}")
-        if scale and svc_name in gpu_services and total_gpus:
-            svc.setdefault("deploy", {})["replicas"] = total_gpus + 1
-            say(f"  {name}/{svc_name}: scaled to {total_gpus + 1} replicas, one more than there are GPUs")
+        if scale and svc_name in gpu_services:
+            slots = gpu_services[svc_name].slots
+            total = total_slots if slots else total_gpus
+            if total:
+                svc.setdefault("deploy", {})["replicas"] = total + 1
+                what = "GPU slots" if slots else "GPUs"
+                say(f"  {name}/{svc_name}: scaled to {total + 1} replicas, one more than there are {what}")
     return {"file": str(path), "text": yaml.safe_dump(doc, sort_keys=False)}
 
 

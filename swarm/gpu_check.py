@@ -7,7 +7,9 @@ through the same scheduler, runtime guard and NVIDIA runtime as every task:
 - one reserves nothing, on an image that asks for every GPU (NVIDIA_VISIBLE_DEVICES=all,
   as every CUDA image does), and must see none.
 A node that fails is drained (drained-by=gpu-check, which admit undoes once it passes) and
-the check exits 1 with the evidence, so `pulumi up` fails for that node.
+the check exits 1 with the evidence, so `pulumi up` fails for that node. It drains only on
+evidence: when other tasks hold the node's GPUs and the reserving job cannot start, that half
+is skipped ("gpus_busy"), the node stays in, and the next `pulumi up` checks again.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 
 from swarm.gpu_kind import validate_kind
 from swarm.labels import DRAINED_BY_LABEL, VERIFIED_LABEL
-from swarm.script import node_id, quote, wait_until
+from swarm.script import node_id, quote
 
 # Built on every GPU node by node/build-check-image.sh (busybox and the C library that the
 # nvidia-smi the runtime mounts in needs). The .invalid domain never resolves, so a node
@@ -33,6 +35,7 @@ class GpuCheck:
     devices: bool = True  # real GPUs: each seen GPU has its /dev/nvidiaN (the rehearsal has none)
     shared_kind: str = ""  # set when the node advertises slots of shared GPUs
     timeout_s: int = 180
+    busy_after_s: int = 30  # a reserving job still pending for GPUs after this: they are busy
 
 
 def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuCheck) -> list[str]:
@@ -58,20 +61,30 @@ def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuChe
         f'  docker service create {common} --name "$jobs-reserved" --generic-resource {quote(f"{kind}={reserve}")} '
         f"{quote(check.image)} sh -c {probe} >/dev/null",
         f'  docker service create {common} --name "$jobs-none" {quote(check.image)} sh -c {probe} >/dev/null',
-        "  done_() { [ \"$(docker service ps --format '{{.CurrentState}}' \"$1\" | grep -cE '^(Complete|Failed|Rejected)')\" -gt 0 ]; }",
-        *["  " + line for line in wait_until('done_ "$jobs-reserved" && done_ "$jobs-none"', check.timeout_s,
-                                             f"the GPU check jobs on node {node} did not finish; see docker service ps "
-                                             f"{jobs}-reserved")],
-        '  reserved=$(docker service logs --raw "$jobs-reserved" 2>&1)',
+        "  state_() { docker service ps --format '{{.CurrentState}}' \"$1\" 2>/dev/null | head -n 1; }",
+        "  done_() { case \"$(state_ \"$1\")\" in Complete*|Failed*|Rejected*) true ;; *) false ;; esac; }",
+        f"  busy=false; now=$(date +%s); busy_at=$((now + {int(check.busy_after_s)})); end=$((now + {int(check.timeout_s)}))",
+        '  until done_ "$jobs-none" && { "$busy" || done_ "$jobs-reserved"; }; do',
+        '    if ! "$busy" && [ "$(date +%s)" -ge "$busy_at" ] && state_ "$jobs-reserved" | grep -q ^Pending; then',
+        '      busy=true; docker service rm "$jobs-reserved" >/dev/null  # its GPUs are in use: skip that half',
+        "    fi",
+        f'    [ "$(date +%s)" -lt "$end" ] || {{ echo "gpu-swarm: the GPU check jobs on node {node} did not finish in '
+        f'{int(check.timeout_s)} s; see docker service ps $jobs-none" >&2; exit 1; }}',
+        "    sleep 0.25",
+        "  done",
+        '  reserved=""; if ! "$busy"; then reserved=$(docker service logs --raw "$jobs-reserved" 2>&1); fi',
         '  none=$(docker service logs --raw "$jobs-none" 2>&1)',
         f"  want=$(docker node inspect {node} --format '{{{{json .Description.Resources.GenericResources}}}}')",
-        "  check=$(python3 - \"$reserved\" \"$none\" \"$want\" <<'PY'",
+        "  check=$(python3 - \"$reserved\" \"$none\" \"$want\" \"$busy\" <<'PY'",
         *judge(kind, check, reserve).splitlines(),
         "PY",
         "  )",
         "  cleanup",
         '  if printf \'%s\' "$check" | grep -q \'"verified": true\'; then',
         f"    docker node update --label-add {VERIFIED_LABEL}={release} {node} >/dev/null",
+        '  elif printf \'%s\' "$check" | grep -q \'"verified": null\'; then',
+        f'    echo "gpu-swarm: node {node}: its GPUs are busy, so only the unreserved half of the GPU check ran; '
+        'it passed. The next pulumi up checks again" >&2',
         "  else",
         f"    docker node update --availability drain --label-add {DRAINED_BY_LABEL}=gpu-check {node} >/dev/null",
         f'    echo "gpu-swarm: node {node} failed its GPU check, so it was drained: a task reserving {expect} '
@@ -91,6 +104,7 @@ uuid = re.compile(r"UUID: ((?:GPU|MIG)-[0-9a-fA-F-]+[0-9a-fA-F](?:/[0-9]+/[0-9]+
 def seen(log):
     return sorted(set(uuid.findall(log))), sum(1 for l in log.splitlines() if l.startswith("device /dev/nvidia"))
 reserved, none, want = sys.argv[1], sys.argv[2], json.loads(sys.argv[3] or "null") or []
+busy = sys.argv[4] == "true"
 values = [e["NamedResourceSpec"]["Value"] for e in want if e.get("NamedResourceSpec", {{}}).get("Kind") == {kind!r}]
 advertised = sorted(set(re.sub(r"-s[0-9]+$", "", v) for v in values))
 got, got_devices = seen(reserved)
@@ -100,7 +114,10 @@ if {bool(check.shared_kind)!r}:
     ok = len(got) == 1 and got[0] in advertised
 else:
     ok = got == advertised and len(got) == {reserve}
-ok = ok and (not devices or got_devices == len(got)) and not leak and not leak_devices
-print(json.dumps({{"verified": ok, "expected": advertised, "reserved_saw": got, "reserved_devices": got_devices,
+ok = ok and (not devices or got_devices == len(got))
+clean = not leak and not leak_devices
+# Busy GPUs are no evidence either way: then only the unreserved half counts, and only against.
+verified = (None if clean else False) if busy else (ok and clean)
+print(json.dumps({{"verified": verified, "gpus_busy": busy, "expected": advertised, "reserved_saw": got, "reserved_devices": got_devices,
                   "unreserved_saw": leak, "unreserved_devices": leak_devices,
                   "evidence": {{"reserved": reserved[-600:], "unreserved": none[-600:]}}}}))'''

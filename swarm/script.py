@@ -106,12 +106,12 @@ RETRY_TRANSIENT_SWARM_ERRORS = (
 )
 
 
-def wait_until(condition: str, timeout_s: int, message: str, interval_s: int = 2) -> list[str]:
+def wait_until(condition: str, timeout_s: int, message: str, interval_s: float = 2) -> list[str]:
     """Lines that poll `condition` (a shell test) until it holds; exit 1 with `message` after timeout_s."""
     return [
         f"end=$(( $(date +%s) + {int(timeout_s)} ))",
         f"until {condition}; do",
         f'  [ "$(date +%s)" -lt "$end" ] || {{ echo "gpu-swarm: {message} (gave up after {int(timeout_s)} s)" >&2; exit 1; }}',
-        f"  sleep {int(interval_s)}",
+        f"  sleep {interval_s:g}",
         "done",
     ]

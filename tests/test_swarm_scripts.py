@@ -303,3 +303,66 @@ def test_probe_reports_a_node_without_docker_as_absent(fake, tmp_path):
     answer = json.loads(fake.run(formation.probe_manager()).stdout)
     assert answer == {"state": "active", "manager": True, "cluster_id": CLUSTER, "address": "10.0.0.6",
                       "token": "SWMTKN-1-manager-token"}
+
+
+# ---------------------------------------------------------------- the post-join GPU check's verdict
+
+A = "GPU-48f73d5c-653c-94b5-f00e-d5bba41a1cfb"
+B = "GPU-558ebd1d-bf3c-6536-ecae-e740b71254de"
+ADVERTISED = json.dumps([{"NamedResourceSpec": {"Kind": KIND, "Value": u}} for u in (A, B)])
+
+
+def verdict(reserved: str, unreserved: str, *, busy: bool = False, devices: bool = True, shared: str = "",
+            advertised: str = ADVERTISED) -> dict:
+    from swarm.gpu_check import GpuCheck, judge
+    code = judge(shared or KIND, GpuCheck(devices=devices, shared_kind=shared), 1 if shared else 2)
+    out = subprocess.run(["python3", "-", reserved, unreserved, advertised, "true" if busy else "false"],
+                         input=code, capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def smi(*uuids: str, devices: int = 0) -> str:
+    return "".join(f"GPU {i}: NVIDIA H200 (UUID: {u})\n" for i, u in enumerate(uuids)) + \
+        "".join(f"device /dev/nvidia{i}\n" for i in range(devices)) + "probe-end\n"
+
+
+def test_the_check_passes_when_reserved_sees_all_and_unreserved_sees_none():
+    result = verdict(smi(B, A, devices=2), "No devices were found\nprobe-end\n")
+    assert result["verified"] is True and result["expected"] == [A, B]
+
+
+@pytest.mark.parametrize("reserved, unreserved, what", [
+    (smi(A, devices=1), "probe-end\n", "only one of two GPUs"),
+    (smi(A, B, devices=2), smi(A, B, devices=2), "the unreserved task saw both"),
+    (smi(A, B, devices=2), "probe-end\ndevice /dev/nvidia0\n", "a device node leaked"),
+    (smi(A, B, devices=1), "probe-end\n", "a GPU without its device node"),
+    (smi(A, "GPU-00000000-0000-0000-0000-000000000000", devices=2), "probe-end\n", "a GPU the node lacks"),
+])
+def test_the_check_fails_on_evidence(reserved, unreserved, what):
+    assert verdict(reserved, unreserved)["verified"] is False, what
+
+
+def test_busy_gpus_are_no_evidence_but_a_leak_still_is():
+    assert verdict("", "probe-end\n", busy=True)["verified"] is None
+    assert verdict("", smi(A), busy=True)["verified"] is False
+
+
+def test_a_shared_node_proves_one_slot_is_one_of_its_gpus():
+    advertised = json.dumps([{"NamedResourceSpec": {"Kind": "NVIDIA-GPU-SHARED", "Value": f"{u}-s{n}"}}
+                             for u in (A, B) for n in range(4)])
+    assert verdict(smi(B, devices=1), "probe-end\n", shared="NVIDIA-GPU-SHARED", advertised=advertised)["verified"]
+    assert verdict(smi(A, B, devices=2), "probe-end\n", shared="NVIDIA-GPU-SHARED",
+                   advertised=advertised)["verified"] is False
+
+
+def test_the_rehearsal_has_no_device_nodes_and_says_so():
+    assert verdict(smi(A, B), "probe-end\n", devices=False)["verified"] is True
+
+
+def test_admit_with_the_check_passes_shellcheck():
+    require_tool("shellcheck")
+    from swarm.gpu_check import GpuCheck
+    text = rollout.admit_node(NODE_ID, {"gpu-swarm.pool": "h100"}, expected_gpus=8, kind=KIND, software=SOFTWARE,
+                              check=GpuCheck())
+    proc = subprocess.run(["shellcheck", "-s", "bash", "-"], input=text, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout

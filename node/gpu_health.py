@@ -1,0 +1,424 @@
+#!/usr/bin/env python3
+"""GPU health watcher for gpu-swarm nodes: one node condition, published as engine labels.
+
+Swarm cannot take one GPU away from a running node (node-generic-resources is read only
+when dockerd starts; restarting dockerd stops the node's tasks), so the node is the unit.
+This watcher only reports, as gpu-swarm.condition* engine labels (daemon.json + SIGHUP:
+labels reload live); the reconciler on the managers drains. Inputs: NVML events (critical
+XIDs, ECC errors), a check of every advertised GPU each --interval, IMDSv2 spot notices
+(--spot); --inventory and --faults simulate GPUs and faults for a rehearsal.
+Stdlib plus pynvml (package nvidia-ml-py), imported only when NVML is used.
+
+Exit codes: 0 done (--once), or the advertised GPUs changed (systemd starts it again);
+1 a file could not be read or written; 2 bad input (nothing written); 3 NVML failing at start.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)  # the agent's modules ship beside this file (tests load it by path)
+from gpu_agent import DEFAULT_DAEMON_JSON, read_daemon_json, write_atomic  # noqa: E402
+from gpu_detect import BadInput, DetectionFailed, _text, load_inventory  # noqa: E402
+from gpu_resources import DEFAULT_KIND, default_shared_kind, validate_kind  # noqa: E402
+from health_rules import (LABEL, OK, Tracker, condition_labels, ignored_xids, merge_labels,  # noqa: E402
+                          node_condition, record_event, watched_uuids)
+
+# nvmlEventType* bits, in case a pynvml lacks the names.
+EVENT_BITS = {"xid": ("nvmlEventTypeXidCriticalError", 0x8), "ecc_double": ("nvmlEventTypeDoubleBitEccError", 0x2),
+              "ecc_single": ("nvmlEventTypeSingleBitEccError", 0x1)}
+DEFAULT_IMDS = "http://169.254.169.254"
+DEFAULT_PIDFILE = "/var/run/docker.pid"
+DEFAULT_STATE = "/var/lib/gpu-swarm/health-state.json"
+SPOT_PATHS = ("/latest/meta-data/spot/instance-action", "/latest/meta-data/events/recommendations/rebalance")
+
+
+# --- inputs: simulated GPUs, NVML, IMDS ----------------------------------------------
+# A source has check() (the periodic check), wait(seconds) -> True when it recorded an
+# event (seconds=0: one already queued), and close().
+
+FAULT_KEYS = {"xid": lambda v: type(v) is int and v >= 0, "ecc": lambda v: v in ("single", "double"),
+              "missing": lambda v: v is True, "pending_retirement": lambda v: v is True}
+
+
+def load_faults(path: str | None) -> dict[str, dict]:
+    """The rehearsal's faults file; a missing or empty one means no faults."""
+    try:
+        with open(path or os.devnull, encoding="utf-8") as f:
+            text = f.read()
+        data = json.loads(text) if text.strip() else {}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise BadInput(f"{path}: cannot read the faults file ({e}); fix it")
+    if not isinstance(data, dict) or not all(
+            isinstance(fault, dict) and fault and all(k in FAULT_KEYS and FAULT_KEYS[k](v) for k, v in fault.items())
+            for fault in data.values()):
+        raise BadInput(f'{path}: expected {{"<uuid>": FAULT, ...}} where FAULT is {{"xid": N}}, {{"ecc": "single"|'
+                       '"double"}, {"missing": true} or {"pending_retirement": true}; fix the file')
+    return data
+
+
+class Simulation:
+    """GPUs from an inventory, faults from a file re-read at each check; no NVML."""
+
+    def __init__(self, inventory: str, faults: str | None, log):
+        self.present = {gpu["uuid"] for gpu in load_inventory(inventory)[0]}
+        self.faults, self.log, self.said = faults, log, set()
+
+    def check(self, uuids: list[str], tracker: Tracker, now: float, ignored) -> None:
+        faults = load_faults(self.faults)
+        seen = set(faults) - set(uuids)
+        for uuid in sorted(seen - self.said):
+            self.log(f"the faults file names {uuid}, which this node does not advertise: ignored")
+        for uuid in uuids:
+            fault = faults.get(uuid, {})
+            if uuid not in self.present or fault.get("missing"):
+                tracker.check(uuid, "unhealthy", f"not_found_on_{uuid}", now)
+            elif fault.get("pending_retirement"):
+                tracker.check(uuid, "degraded", f"pages_pending_retirement_on_{uuid}", now)
+            else:
+                tracker.check(uuid, *OK, now)
+            # An event fault recurs at each check while it is in the file, so recovery counts
+            # from its removal; it is logged when first seen.
+            events = [("xid", fault["xid"])] if "xid" in fault else []
+            for kind, xid in events + ([("ecc_" + fault["ecc"], None)] if "ecc" in fault else []):
+                quiet = (uuid, kind, xid) in self.said
+                seen.add((uuid, kind, xid))
+                record_event(tracker, uuid, kind, xid, ignored, now, (lambda _: None) if quiet else self.log)
+        self.said = seen
+
+    def wait(self, seconds: float, tracker: Tracker, ignored, clock) -> bool:
+        time.sleep(max(seconds, 0))
+        return False
+
+    def close(self) -> None:
+        """Nothing to free."""
+
+
+class Nvml:
+    """Events and checks through NVML. A MIG device's events arrive on its parent GPU, so
+    events are registered per parent and count against each advertised MIG device on it."""
+
+    def __init__(self, uuids: list[str], log):
+        try:
+            import pynvml  # here, so that the module (and simulation mode) works without it
+        except ImportError as e:
+            raise DetectionFailed(f"pynvml is not importable ({e}); install nvidia-ml-py or use --inventory")
+        self.nv, self.log, self.children = pynvml, log, {}
+        try:
+            pynvml.nvmlInit()
+            self.events = pynvml.nvmlEventSetCreate()
+        except pynvml.NVMLError as e:
+            raise DetectionFailed(f"NVML initialisation failed: {e}")
+        self.bits = {kind: getattr(pynvml, name, bit) for kind, (name, bit) in EVENT_BITS.items()}
+        for uuid in uuids:
+            try:
+                parent = self._parent(pynvml.nvmlDeviceGetHandleByUUID(uuid))
+                parent_uuid = _text(pynvml.nvmlDeviceGetUUID(parent))
+                self.children.setdefault(parent_uuid, []).append(uuid)
+                if len(self.children[parent_uuid]) > 1:
+                    continue  # registered already, for another MIG device of this GPU
+                # Asking for a type the device lacks fails the whole registration: ask first.
+                wanted = pynvml.nvmlDeviceGetSupportedEventTypes(parent) & sum(self.bits.values())
+                if wanted:
+                    pynvml.nvmlDeviceRegisterEvents(parent, wanted, self.events)
+                names = ", ".join(kind for kind, bit in self.bits.items() if wanted & bit)
+                log(f"{parent_uuid}: watching events: {names or 'none supported'}")
+            except pynvml.NVMLError as e:
+                log(f"{uuid}: no events registered ({e}); the periodic check still watches it")
+
+    def _parent(self, handle):
+        try:
+            if self.nv.nvmlDeviceIsMigDeviceHandle(handle):
+                return self.nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+        except (AttributeError, self.nv.NVMLError):
+            pass  # a pynvml or driver without MIG: every handle is a GPU
+        return handle
+
+    def _optional(self, call, handle):
+        try:
+            return call(handle)
+        except self.nv.NVMLError:
+            return None  # NotSupported: not every GPU has it (a broken one fails the memory query)
+
+    def check(self, uuids: list[str], tracker: Tracker, now: float, ignored) -> None:
+        nv = self.nv
+        for uuid in uuids:
+            try:
+                handle = nv.nvmlDeviceGetHandleByUUID(uuid)
+                nv.nvmlDeviceGetMemoryInfo(handle)  # cheap, and fails on a GPU that is lost
+            except nv.NVMLError as e:
+                what = "not_found" if isinstance(e, nv.NVMLError_NotFound) else f"no_answer:{e}"
+                tracker.check(uuid, "unhealthy", f"{what}_on_{uuid}", now)
+                continue
+            parent = self._parent(handle)
+            rows = self._optional(nv.nvmlDeviceGetRemappedRows, parent)  # (corr, unc, isPending, failure)
+            pending = self._optional(nv.nvmlDeviceGetRetiredPagesPendingStatus, parent)
+            if pending == getattr(nv, "NVML_FEATURE_ENABLED", 1):
+                tracker.check(uuid, "degraded", f"pages_pending_retirement_on_{uuid}", now)
+            elif rows and rows[2]:
+                tracker.check(uuid, "degraded", f"rows_pending_remap_on_{uuid}", now)
+            else:
+                tracker.check(uuid, *OK, now)
+
+    def wait(self, seconds: float, tracker: Tracker, ignored, clock) -> bool:
+        nv, wait = self.nv, getattr(self.nv, "nvmlEventSetWait_v2", None) or self.nv.nvmlEventSetWait
+        if not self.children:
+            time.sleep(max(seconds, 0))
+            return False
+        try:
+            data = wait(self.events, max(int(seconds * 1000), 0))  # idles here, in the driver
+        except nv.NVMLError_Timeout:
+            return False
+        except nv.NVMLError as e:
+            self.log(f"waiting for NVML events failed ({e}); the periodic check goes on")
+            time.sleep(max(seconds, 0))
+            return False
+        try:
+            targets = self.children.get(_text(nv.nvmlDeviceGetUUID(data.device)), [])
+        except nv.NVMLError:
+            targets = [uuid for children in self.children.values() for uuid in children]  # whose? all
+        kind = next((kind for kind, bit in self.bits.items() if data.eventType & bit), None)
+        for uuid in targets if kind else []:
+            xid = int(data.eventData) if kind == "xid" else None
+            record_event(tracker, uuid, kind, xid, ignored, clock(), self.log)
+        return True
+
+    def close(self) -> None:
+        try:
+            self.nv.nvmlEventSetFree(self.events)
+            self.nv.nvmlShutdown()
+        except self.nv.NVMLError:
+            pass
+
+
+class Spot:
+    """Spot interruption and rebalance notices from IMDSv2; an IMDS that does not answer
+    is logged and changes nothing."""
+
+    def __init__(self, imds: str, log, timeout: float = 2):
+        self.base, self.log, self.timeout = imds.rstrip("/"), log, timeout
+        self.state, self.token, self.token_until, self.error = OK, None, 0.0, None
+        self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
+
+    def _ask(self, method: str, path: str, headers: dict) -> tuple[int, str]:
+        request = urllib.request.Request(self.base + path, method=method, headers=headers)
+        try:
+            with self.opener.open(request, timeout=self.timeout) as answer:
+                return answer.status, answer.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as e:
+            return e.code, ""
+
+    def poll(self, now: float) -> tuple[str, str]:
+        try:
+            if self.token is None or now >= self.token_until:
+                status, body = self._ask("PUT", "/latest/api/token", {"X-aws-ec2-metadata-token-ttl-seconds": "21600"})
+                if status != 200:
+                    raise OSError(f"the token request answered HTTP {status}")
+                self.token, self.token_until = body.strip(), now + 21600 - 600
+            notices = []
+            for path in SPOT_PATHS:
+                status, body = self._ask("GET", path, {"X-aws-ec2-metadata-token": self.token})
+                if status not in (200, 404):
+                    self.token = None if status == 401 else self.token  # expired: a new one next time
+                    raise OSError(f"{path} answered HTTP {status}")
+                if status == 200:
+                    try:
+                        data = dict(json.loads(body))
+                    except (ValueError, TypeError):
+                        data = {}  # a notice all the same
+                    notices.append(f"spot_{data.get('action', 'interruption')}_at_{data.get('time', 'unknown')}"
+                                   if path == SPOT_PATHS[0] else
+                                   f"rebalance_recommended_at_{data.get('noticeTime', 'unknown')}")
+        except (OSError, http.client.HTTPException) as e:
+            if str(e) != self.error:
+                self.log(f"IMDS {self.base} did not answer ({e}); the spot state stays {self.state[0]}")
+            self.error = str(e)
+            return self.state
+        if self.error:
+            self.log(f"IMDS {self.base} answers again")
+        self.error, self.state = None, ("reclaim", notices[0]) if notices else OK
+        return self.state
+
+
+# --- output and the loop ------------------------------------------------------------------
+
+def send_sighup(pidfile: str) -> str:
+    """Ask dockerd to reload daemon.json; says what happened, for the log."""
+    try:
+        with open(pidfile, encoding="utf-8") as f:
+            pid = int(f.read().strip())
+    except FileNotFoundError:
+        return f"no {pidfile}: dockerd is not running, and reads the labels when it starts"
+    except (OSError, ValueError) as e:
+        return f"no pid in {pidfile} ({e}); dockerd was not told"
+    if pid <= 1:  # kill() of 0 or -1 would signal whole process groups
+        return f"{pidfile} holds pid {pid}; dockerd was not told"
+    try:
+        os.kill(pid, signal.SIGHUP)
+    except OSError as e:
+        return f"SIGHUP to dockerd (pid {pid}) failed: {e.strerror}"
+    return f"sent SIGHUP to dockerd (pid {pid})"
+
+
+def read_config(path: str) -> dict:
+    try:
+        return read_daemon_json(path) or {}
+    except BadInput as e:
+        raise BadInput(str(e).replace("run the agent again", "the watcher tries again"))
+
+
+def publish(args, tracker: Tracker, uuids: list[str], spot: tuple[str, str], now: float, log) -> dict | None:
+    """Write the labels (and tell dockerd) when they changed; returns the report."""
+    config = read_config(args.daemon_json)
+    if watched_uuids(config, args.kind, args.shared_kind) != uuids:
+        return None  # other GPUs, or a daemon.json half rewritten: write nothing, run() decides
+    states = tracker.states(uuids, now)
+    condition, reason, gpu = node_condition(states, spot)
+    old = dict(label.split("=", 1) for label in config.get("labels", []) if label.startswith(LABEL) and "=" in label)
+    since = old.get(f"{LABEL}.since", "")
+    labels = condition_labels(condition, reason, gpu, since if old.get(LABEL) == condition and since.isdigit() else now)
+    report = {"condition": condition, "reason": labels[f"{LABEL}.reason"], "gpu": labels[f"{LABEL}.gpu"],
+              "since": int(labels[f"{LABEL}.since"]), "changed": labels != old, "labels": labels,
+              "gpus": {uuid: {"condition": c, "reason": r} for uuid, (c, r) in states.items()},
+              "spot": {"condition": spot[0], "reason": spot[1]} if args.spot else None, "dockerd": "not told"}
+    if report["changed"]:  # compared as labels, so a restart in the same condition writes nothing
+        write_atomic(args.daemon_json, (json.dumps(merge_labels(config, labels), indent=2) + "\n").encode())
+        report["dockerd"] = send_sighup(args.dockerd_pidfile)
+        log(f"condition {condition} (was {old.get(LABEL, 'unset')}): {report['reason']} gpu={report['gpu']}; "
+            f"{report['dockerd']}")
+    if tracker.state() != tracker.saved:
+        write_atomic(args.state_file, (tracker.state() + "\n").encode())
+        tracker.saved = tracker.state()
+    return report
+
+
+def run(args, log, clock=time.time) -> int:
+    try:
+        args.kind = validate_kind(args.kind)
+        args.shared_kind = validate_kind(args.shared_kind or default_shared_kind(args.kind))
+    except ValueError as e:
+        raise BadInput(f"--kind/--shared-kind: {e}")
+    uuids = watched_uuids(read_config(args.daemon_json), args.kind, args.shared_kind)
+    ignored = ignored_xids(args.ignore_xids, args.critical_xids)
+    tracker = Tracker(args.recovery_seconds, log)
+    tracker.load(args.state_file)
+    tracker.events = {uuid: event for uuid, event in tracker.events.items() if uuid in uuids}  # GPUs since replaced
+    source = Simulation(args.inventory, args.faults, log) if args.inventory else Nvml(uuids, log)
+    spot, spot_state, next_check, error, changes = Spot(args.imds, log) if args.spot else None, OK, 0.0, None, 0
+    log(f"watching {len(uuids)} GPU(s) of {args.kind} and {args.shared_kind}{', spot notices' if spot else ''}; "
+        f"ignoring XIDs {','.join(map(str, sorted(ignored)))}")
+    try:
+        while True:
+            report = None
+            try:
+                now = clock()
+                if now >= next_check:
+                    source.check(uuids, tracker, now, ignored)
+                    spot_state = spot.poll(now) if spot else OK
+                    next_check = now + args.interval
+                for _ in range(1000 if args.once else 0):  # --once: take the events already queued
+                    if not source.wait(0, tracker, ignored, clock):
+                        break
+                report, error = publish(args, tracker, uuids, spot_state, clock(), log), None
+                changes = 0 if report else changes + 1
+            except (BadInput, OSError) as e:
+                if args.once:
+                    raise
+                if str(e) != error:  # a corrupt daemon.json must not end the watch: log once, retry
+                    log(f"error: {e}; trying again every {args.interval:g}s")
+                error = str(e)
+            if changes >= (1 if args.once else 2):  # twice: not a file in the middle of a rewrite
+                log("the advertised GPUs changed: exiting, for systemd to start the watcher on them")
+                return 0
+            if report and (args.once or (args.json and report["changed"])):
+                print(json.dumps(report) if args.json else
+                      f"condition {report['condition']}: {report['reason']} gpu={report['gpu']}", flush=True)
+            if args.once:
+                return 0
+            source.wait(next_check - clock(), tracker, ignored, clock)
+    finally:
+        source.close()
+
+
+def _seconds(text: str) -> float:
+    if not re.fullmatch(r"\d+\.?\d*|\.\d+", text.strip()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
+    return float(text)
+
+
+def _xids(text: str) -> frozenset[int]:
+    if not re.fullmatch(r"[\d, ]*", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of XIDs, such as 13,43")
+    return frozenset(int(part) for part in text.replace(" ", "").split(",") if part)
+
+
+def parse_args(argv, env=os.environ) -> argparse.Namespace:
+    spot_env = env.get("GPU_SWARM_SPOT", "").strip().lower()
+    parser = argparse.ArgumentParser(
+        description="Watch this node's GPUs; publish one condition (healthy, degraded, unhealthy, reclaim) as "
+                    "gpu-swarm.condition* engine labels. Exit 0 ok, 1 I/O error, 2 bad input, 3 NVML failing. "
+                    "A $NAME in the help is the environment variable that sets the default.")
+    add = parser.add_argument
+    add("--daemon-json", default=DEFAULT_DAEMON_JSON, metavar="PATH",
+        help=f"read the GPUs from and write the labels to (default {DEFAULT_DAEMON_JSON})")
+    add("--kind", default=env.get("GPU_SWARM_KIND") or DEFAULT_KIND, help=f"GPU kind ($GPU_SWARM_KIND, {DEFAULT_KIND})")
+    add("--shared-kind", default=env.get("GPU_SWARM_SHARED_KIND") or None,
+        help="also watch the GPUs whose slots (GPU-x-sN) this kind advertises ($GPU_SWARM_SHARED_KIND, <kind>-SHARED)")
+    add("--interval", type=_seconds, default=env.get("HEALTH_INTERVAL_SECONDS") or "10",
+        help="seconds between checks ($HEALTH_INTERVAL_SECONDS, 10)")
+    add("--recovery-seconds", type=_seconds, default=env.get("HEALTH_RECOVERY_SECONDS") or "300",
+        help="an event's state clears once checks have passed this long ($HEALTH_RECOVERY_SECONDS, 300)")
+    add("--ignore-xids", type=_xids, default=env.get("HEALTH_IGNORE_XIDS", ""),
+        help="XIDs to ignore besides 13,31,43,45,68,109 ($HEALTH_IGNORE_XIDS)")
+    add("--critical-xids", type=_xids, default=env.get("HEALTH_CRITICAL_XIDS", ""),
+        help="XIDs never to ignore ($HEALTH_CRITICAL_XIDS)")
+    add("--spot", action=argparse.BooleanOptionalAction, default=spot_env in ("1", "true", "yes"),
+        help="watch IMDS for spot interruption and rebalance notices ($GPU_SWARM_SPOT=true)")
+    add("--imds", default=DEFAULT_IMDS, metavar="URL", help=f"instance metadata service (default {DEFAULT_IMDS})")
+    add("--dockerd-pidfile", default=DEFAULT_PIDFILE, metavar="PATH", help=f"(default {DEFAULT_PIDFILE})")
+    add("--state-file", default=DEFAULT_STATE, metavar="PATH",
+        help=f"where events are remembered across restarts (default {DEFAULT_STATE})")
+    add("--inventory", metavar="FILE", help="simulated GPUs (the agent's inventory format); NVML is not touched")
+    add("--faults", metavar="FILE", help='with --inventory, re-read each interval: {"<uuid>": {"xid": 79} | {"ecc": '
+                                         '"double"|"single"} | {"missing": true} | {"pending_retirement": true}}')
+    add("--once", action="store_true", help="check once, write, print the report and exit")
+    add("--json", action="store_true", help="print each report as one JSON line (and log to stderr)")
+    args = parser.parse_args(argv)
+    if spot_env not in ("", "1", "true", "yes", "0", "false", "no"):
+        parser.error(f"GPU_SWARM_SPOT={spot_env!r}: expected true or false")
+    if args.faults and not args.inventory:
+        parser.error("--faults needs --inventory (simulated GPUs)")
+    if args.interval <= 0:
+        parser.error("--interval must be more than 0 seconds")
+    return args
+
+
+def main(argv=None, clock=time.time) -> int:
+    args = parse_args(argv)
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr if args.json else sys.stdout, flush=True)
+    try:
+        return run(args, log, clock)
+    except (BadInput, DetectionFailed) as e:
+        print(f"gpu-swarm health: {e}", file=sys.stderr)
+        return 2 if isinstance(e, BadInput) else 3
+    except OSError as e:
+        print(f"gpu-swarm health: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
