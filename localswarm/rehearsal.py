@@ -90,7 +90,8 @@ def desired(state: dict) -> Desired:
                    stacks={name: s["text"] for name, s in state["stacks"].items()}, release=release_of(state),
                    shared_kind=state.get("shared_kind", ""),
                    slots={n.name: state["slots_per_gpu"] for n in nodes if n.pool == SHARED_POOL},
-                   check=GpuCheck(image=registry.STANDIN_IMAGE, devices=False) if any(gpus.values()) else None)
+                   check=GpuCheck(image=registry.STANDIN_IMAGE, devices=False, busy_after_s=8)
+                   if any(gpus.values()) else None)
 
 
 def up(*, n_nodes: int = 3, gpus: int = 2, managers: int = 1, stacks: list[str] | None = None,

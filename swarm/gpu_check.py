@@ -102,7 +102,13 @@ def judge(kind: str, check: GpuCheck, reserve: int) -> str:
     return f'''import json, re, sys
 uuid = re.compile(r"UUID: ((?:GPU|MIG)-[0-9a-fA-F-]+[0-9a-fA-F](?:/[0-9]+/[0-9]+)?)")
 def seen(log):
-    return sorted(set(uuid.findall(log))), sum(1 for l in log.splitlines() if l.startswith("device /dev/nvidia"))
+    # Every "GPU n: ..." line is a GPU the task can use: by its UUID, or as printed.
+    gpus = set()
+    for line in log.splitlines():
+        if re.match(r"(GPU|MIG) [0-9]+", line):
+            found = uuid.search(line)
+            gpus.add(found.group(1) if found else line.strip())
+    return sorted(gpus), sum(1 for l in log.splitlines() if l.startswith("device /dev/nvidia"))
 reserved, none, want = sys.argv[1], sys.argv[2], json.loads(sys.argv[3] or "null") or []
 busy = sys.argv[4] == "true"
 values = [e["NamedResourceSpec"]["Value"] for e in want if e.get("NamedResourceSpec", {{}}).get("Kind") == {kind!r}]

@@ -342,6 +342,11 @@ def test_the_check_fails_on_evidence(reserved, unreserved, what):
     assert verdict(reserved, unreserved)["verified"] is False, what
 
 
+def test_a_gpu_line_without_a_uuid_still_counts_as_seen():
+    result = verdict(smi(A, B, devices=2), "GPU 0: every GPU of the node (UUID: ALL)\nprobe-end\n")
+    assert result["verified"] is False and result["unreserved_saw"] == ["GPU 0: every GPU of the node (UUID: ALL)"]
+
+
 def test_busy_gpus_are_no_evidence_but_a_leak_still_is():
     assert verdict("", "probe-end\n", busy=True)["verified"] is None
     assert verdict("", smi(A), busy=True)["verified"] is False
