@@ -16,16 +16,19 @@ if [ -z "$busybox" ] || ! ldd "$busybox" 2>&1 | grep -q 'not a dynamic executabl
 fi
 root=$(mktemp -d)
 trap 'rm -rf "$root"' EXIT
-mkdir -p "$root/bin" "$root/usr/bin" "$root/dev" "$root/proc" "$root/sys" "$root/tmp" "$root/etc"
-cp "$busybox" "$root/bin/busybox"
-for applet in sh ls cat echo grep; do ln -s busybox "$root/bin/$applet"; done
-# The loader and the libraries nvidia-smi links, at the paths this node has them.
+# A merged-/usr layout, as CUDA images have: bin, lib and lib64 point into /usr.
+mkdir -p "$root/usr/bin" "$root/usr/lib" "$root/usr/lib64" "$root/dev" "$root/proc" "$root/sys" "$root/tmp" "$root/etc"
+for dir in bin lib lib64; do ln -s "usr/$dir" "$root/$dir"; done
+cp "$busybox" "$root/usr/bin/busybox"
+for applet in sh ls cat echo grep sleep true env; do ln -s busybox "$root/usr/bin/$applet"; done
+# The loader and the libraries nvidia-smi links, at the paths this node has them (under /usr).
 for lib in "$(readlink -f /lib64/ld-linux-x86-64.so.2)" /lib64/ld-linux-x86-64.so.2 \
   /lib/x86_64-linux-gnu/libc.so.6 /lib/x86_64-linux-gnu/libm.so.6 /lib/x86_64-linux-gnu/libdl.so.2 \
   /lib/x86_64-linux-gnu/libpthread.so.0 /lib/x86_64-linux-gnu/librt.so.1; do
   if [ -e "$lib" ]; then
-    mkdir -p "$root$(dirname "$lib")"
-    cp -L "$lib" "$root$lib"
+    dest="$root/usr${lib#/usr}"
+    mkdir -p "$(dirname "$dest")"
+    cp -L "$lib" "$dest"
   fi
 done
 tar -C "$root" -c . | docker import \

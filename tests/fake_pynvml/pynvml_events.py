@@ -13,6 +13,7 @@ Tests install this module as sys.modules["pynvml"].
 """
 import importlib.util
 import os
+import time
 
 _BASE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pynvml.py")
 _spec = importlib.util.spec_from_file_location("_fake_pynvml_base", _BASE)
@@ -123,6 +124,7 @@ def nvmlEventSetWait_v2(event_set, timeout_ms):
         event_type = _TYPES[event["type"]]
         if _sets[event_set].get(event["uuid"], 0) & event_type:
             return _EventData(nvmlDeviceGetHandleByUUID(event["uuid"]), event_type, event.get("xid", 0))
+    time.sleep(timeout_ms / 1000)  # as real NVML does: it blocks until an event or the timeout
     raise NVMLError_Timeout("fake NVML: Timeout")
 
 

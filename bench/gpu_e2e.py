@@ -1,0 +1,380 @@
+#!/usr/bin/env python3
+"""gpu-swarm end to end on real NVIDIA GPUs: the project's own agent, runtime guard, swarm scripts and stacks.
+
+    sudo python3 bench/gpu_e2e.py [--slots-per-gpu 4] [--out DIR]
+
+Needs root, two or more NVIDIA GPUs, Docker Engine >= 25.0.3 (dockerd, docker) and
+nvidia-container-toolkit >= 1.19 (nvidia-ctk, nvidia-container-runtime, its hooks) on PATH,
+python3 with nvidia-ml-py and PyYAML, a static busybox, and cc (or --cuda-probe PATH) for
+bench/cuda_probe.c. It starts an engine of its own (data under /var/lib/gpu-swarm-e2e) with
+the agent's daemon.json, makes a one-node swarm with swarm/formation.py, admits the node with
+swarm/rollout.py (which runs the post-join GPU check), and then checks, on that swarm:
+- stacks/gpu-smoke.yml: one task per GPU, each seeing exactly its GPU, one pending; a freed
+  GPU lets the pending task start;
+- a task that reserved nothing, on an image with NVIDIA_VISIBLE_DEVICES=all, sees no GPU;
+- a service that sets the swarm's GPU variable itself does not start;
+- `docker run --gpus all` by an administrator still gets every GPU;
+- the runtime guard's cost per container start, against nvidia-container-runtime alone;
+- with --slots-per-gpu K: K slots per GPU, stacks/inference-shared.yml running CUDA work
+  (bench/cuda_probe.c) in K tasks per GPU at once, one more waiting; the slot mapping's cost.
+It prints a table of every check and exits 1 when one fails (any GPU leak among them).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from swarm import formation, rollout, stacks  # noqa: E402  (pure Python: no Pulumi needed here)
+from swarm.gpu_check import CHECK_IMAGE, GpuCheck  # noqa: E402
+
+import yaml  # noqa: E402
+
+KIND, SHARED_KIND = "NVIDIA-GPU", "NVIDIA-GPU-SHARED"
+ROOT = Path("/var/lib/gpu-swarm-e2e")
+RUN = Path("/run/gpu-swarm-e2e")
+SOCK = f"unix://{RUN}/docker.sock"
+CUDA_IMAGE = "nvidia/cuda:12.6.3-base-ubuntu24.04"  # what the smoke stack names: built here, offline
+PROBE_IMAGE = "gpu-swarm.invalid/cuda-probe:1"
+UUID = re.compile(r"UUID: (GPU-[0-9a-f-]{36})")
+results: list[tuple[str, bool, str]] = []
+
+
+def check(name: str, ok: bool, detail: str = "") -> bool:
+    results.append((name, bool(ok), detail))
+    print(f"{'PASS' if ok else 'FAIL'}  {name}  {detail}", flush=True)
+    return bool(ok)
+
+
+def run(cmd: list[str], *, input: str | None = None, check_rc: bool = True, env: dict | None = None,
+        timeout: float = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, input=input, capture_output=True, text=True, env=env, timeout=timeout)
+    if check_rc and proc.returncode:
+        shown = "a swarm/ script" if cmd[:2] == ["bash", "-c"] else " ".join(cmd)
+        raise RuntimeError(f"{shown} failed ({proc.returncode}): {(proc.stderr or proc.stdout).strip()[-600:]}")
+    return proc
+
+
+def engine_env() -> dict:
+    return {**os.environ, "DOCKER_HOST": SOCK, "PATH": f"/usr/local/bin:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+
+
+def docker(*args: str, **kw) -> subprocess.CompletedProcess:
+    return run(["docker", *args], env=engine_env(), **kw)
+
+
+def script(text: str, stdin: str = "") -> str:
+    """Run one of swarm/'s scripts on this node, as the program does over SSH."""
+    return run(["bash", "-c", text], input=stdin, env=engine_env(), timeout=600).stdout
+
+
+def gpus_of_host() -> list[str]:
+    return UUID.findall(run(["nvidia-smi", "-L"]).stdout)
+
+
+def agent(out: Path, slots: int) -> dict:
+    cmd = [sys.executable, str(REPO / "node" / "gpu_agent.py"), "--json", "--daemon-json", str(ROOT / "daemon.json"),
+           "--runtime-config", str(ROOT / "runtime.env"), "--guard", str(REPO / "node" / "gpu-swarm-runtime"),
+           "--runtime-delegate", shutil.which("nvidia-container-runtime") or "/usr/bin/nvidia-container-runtime"]
+    if slots:
+        cmd += ["--slots-per-gpu", str(slots), "--shared-kind", SHARED_KIND]
+    report = json.loads(run(cmd).stdout)
+    (out / f"agent-report{'-shared' if slots else ''}.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def start_engine(out: Path) -> subprocess.Popen:
+    RUN.mkdir(parents=True, exist_ok=True)
+    cmd = ["dockerd", "--config-file", str(ROOT / "daemon.json"), "--data-root", str(ROOT / "docker"),
+           "--exec-root", str(RUN / "exec"), "--pidfile", str(RUN / "dockerd.pid"), "-H", SOCK,
+           # No iptables on the test machine; these must not be in daemon.json as well.
+           "--iptables=false", "--ip6tables=false"]
+    env = {**engine_env(), "DOCKER_SERVICE_PREFER_OFFLINE_IMAGE": "1"}  # no registry here: use local images
+    proc = subprocess.Popen(cmd, stdout=open(out / "dockerd.log", "ab"), stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if docker("version", "--format", "{{.Server.Version}}", check_rc=False).returncode == 0:
+            return proc
+        time.sleep(0.2)
+    raise RuntimeError(f"dockerd did not start; see {out / 'dockerd.log'}")
+
+
+def stop_engine(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def build_images(out: Path, probe: str) -> None:
+    env = {**engine_env(), "GPU_SWARM_VERSIONS": str(REPO / "node" / "versions.env"),
+           "GPU_SWARM_LOG": str(out / "build.log"), "GPU_SWARM_STATE": str(ROOT / "state"),
+           "GPU_SWARM_NODE_ENV": "/nonexistent"}
+    for image in (CHECK_IMAGE, CUDA_IMAGE):  # the check's image, and one that stands in for nvidia/cuda
+        run(["bash", str(REPO / "node" / "build-check-image.sh")], env={**env, "GPU_SWARM_CHECK_IMAGE": image})
+    container = docker("create", CUDA_IMAGE, "true").stdout.strip()
+    docker("cp", probe, f"{container}:/usr/bin/cuda-probe")
+    docker("commit", container, PROBE_IMAGE)
+    docker("rm", container)
+
+
+def wait(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def tasks(service: str) -> list[dict]:
+    ids = docker("service", "ps", "-q", "--no-trunc", "--filter", "desired-state=running", service).stdout.split()
+    return json.loads(docker("inspect", *ids).stdout) if ids else []
+
+
+def container_env(task: dict) -> dict:
+    cid = task["Status"]["ContainerStatus"]["ContainerID"]
+    env = json.loads(docker("inspect", "--format", "{{json .Config.Env}}", cid).stdout)
+    return dict(e.split("=", 1) for e in env)
+
+
+def job(name: str, image: str, command: str, *extra: str) -> str:
+    """A one-shot job on this node; returns its state line and log."""
+    docker("service", "create", "--detach", "--mode", "replicated-job", "--restart-condition", "none", "--name", name,
+           *extra, image, "sh", "-c", command)
+    def finished():
+        state = docker("service", "ps", "--no-trunc", "--format", "{{.CurrentState}} {{.Error}}", name).stdout.strip()
+        return state if state.startswith(("Complete", "Failed", "Rejected")) else None
+
+    try:
+        state = wait(finished, 120, name)
+        return state + "\n" + docker("service", "logs", "--raw", name, check_rc=False).stdout
+    finally:
+        docker("service", "rm", name, check_rc=False)
+
+
+def start_times(runs: int, variants: dict[str, list[str]]) -> dict[str, float]:
+    """Median seconds of `docker run --rm` per variant, interleaved so drift hits each alike."""
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for i in range(runs + 1):
+        for name, args in variants.items():
+            t0 = time.perf_counter()
+            docker("run", "--rm", *args, CUDA_IMAGE, "true")
+            if i:  # the first round warms caches
+                samples[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def release() -> str:
+    return hashlib.sha256(b"gpu-swarm e2e").hexdigest()
+
+
+def admit(out: Path, what: str, node: str, gpus: int, software: str, **sharing) -> None:
+    """Admit the node with swarm/rollout.py, which runs the post-join GPU check. A failed check
+    is recorded with its evidence; the node is then made active again so that the checks
+    after it still say something."""
+    try:
+        admitted = rollout.admitted(script(rollout.admit_node(
+            node, {"gpu-swarm.pool": "e2e"}, expected_gpus=gpus, kind=KIND, software=software, check=GpuCheck(),
+            **sharing)))
+    except RuntimeError as e:
+        (out / f"gpu-check-{what}.txt").write_text(str(e))
+        check(f"post-join GPU check ({what} GPUs)", False, str(e)[:300])
+        docker("node", "update", "--availability", "active", "--label-rm", "gpu-swarm.drained-by", node,
+               check_rc=False)
+        return
+    (out / f"gpu-check-{what}.json").write_text(json.dumps(admitted[1], indent=2))
+    check(f"post-join GPU check ({what} GPUs)", bool(admitted[1]) and admitted[1]["verified"] is True,
+          f"reserved saw {admitted[1]['reserved_saw']} ({admitted[1]['reserved_devices']} devices), "
+          f"unreserved saw {admitted[1]['unreserved_saw']} ({admitted[1]['unreserved_devices']} devices)")
+
+
+def whole_gpus(out: Path, host: list[str], node: str) -> None:
+    admit(out, "whole", node, len(host), release())
+
+    n = len(host)
+    holder = ("services:\n  hold:\n    image: " + CUDA_IMAGE + "\n    command: [sleep, infinity]\n    deploy:\n"
+              "      resources:\n        reservations:\n          generic_resources:\n"
+              "            - discrete_resource_spec: {kind: NVIDIA-GPU, value: 1}\n")
+    script(stacks.deploy_stack("holder", hashlib.sha256(holder.encode()).hexdigest()), stdin=holder)
+    wait(lambda: [t for t in tasks("holder_hold") if t["Status"]["State"] == "running"], 60, "the holder")
+    smoke = yaml.safe_load((REPO / "stacks" / "gpu-smoke.yml").read_text())
+    smoke["services"]["gpu"]["deploy"]["replicas"] = n + 1  # the file's own scaling advice: more than GPUs
+    text = yaml.safe_dump(smoke)
+    script(stacks.deploy_stack("smoke", hashlib.sha256(text.encode()).hexdigest()), stdin=text)
+    wait(lambda: len([t for t in tasks("smoke_gpu") if t["Status"]["State"] in ("running", "pending")]) == n + 1
+         and len([t for t in tasks("smoke_gpu") if t["Status"]["State"] == "running"]) == n - 1, 120,
+         "the smoke stack with one GPU held")
+    script(stacks.remove_stack("holder"))
+    started = time.monotonic()
+    def all_gpus_busy():
+        running_ = [t for t in tasks("smoke_gpu") if t["Status"]["State"] == "running"]
+        return running_ if len(running_) == n else None
+    running = wait(all_gpus_busy, 120, "the pending task to take the freed GPU")
+    check("a freed GPU lets a pending task start", True, f"{time.monotonic() - started:.1f} s after it was freed")
+    pending = [t for t in tasks("smoke_gpu") if t["Status"]["State"] == "pending"]
+    check("one task per GPU, one more waits", len(pending) == 1 and "insufficient resources" in pending[0]["Status"]
+          .get("Err", ""), pending[0]["Status"].get("Err", "") if pending else "no pending task")
+    seen_all = []
+    for t in running:
+        assigned = container_env(t)["DOCKER_RESOURCE_NVIDIA-GPU"]
+        cid = t["Status"]["ContainerStatus"]["ContainerID"]
+        saw = UUID.findall(docker("logs", cid).stdout)
+        devices = docker("exec", cid, "sh", "-c", "ls /dev | grep -E '^nvidia[0-9]+$' || true").stdout.split()
+        seen_all += saw
+        check(f"smoke task {t['Slot']} sees exactly its GPU", saw == [assigned] and len(devices) == 1,
+              f"assigned {assigned}, nvidia-smi -L saw {saw}, /dev has {devices}")
+    check("no GPU held twice", sorted(seen_all) == sorted(host), f"{len(set(seen_all))} of {n} GPUs in use")
+
+    log = job("nores", CUDA_IMAGE, "nvidia-smi -L 2>&1; ls /dev | grep -E '^nvidia[0-9]+$' || true; echo end")
+    (out / "no-reservation.log").write_text(log)
+    check("a task that reserved nothing sees no GPU (image says NVIDIA_VISIBLE_DEVICES=all)",
+          log.startswith("Complete") and not UUID.search(log) and not re.search(r"^nvidia\d", log, re.M),
+          " | ".join(line for line in log.splitlines()[1:3]))
+    log = job("sneaky", CUDA_IMAGE, "nvidia-smi -L", "--env", "DOCKER_RESOURCE_NVIDIA-GPU=all")
+    check("a service that sets the swarm's GPU variable does not start",
+          log.startswith(("Failed", "Rejected")) and "gpu-swarm guard" in log, log.splitlines()[0][:160])
+    guarded = docker("run", "--rm", "--gpus", "all", CUDA_IMAGE, "nvidia-smi", "-L", check_rc=False)
+    plain = docker("run", "--rm", "--gpus", "all", "--runtime", "nvidia", CUDA_IMAGE, "nvidia-smi", "-L",
+                   check_rc=False)
+    got = UUID.findall(guarded.stdout)
+    (out / "docker-run-gpus.log").write_text(f"guard: rc {guarded.returncode}\n{guarded.stdout}{guarded.stderr}\n"
+                                             f"nvidia alone: rc {plain.returncode}\n{plain.stdout}{plain.stderr}")
+    if plain.returncode == 0:
+        check("docker run --gpus all still gets every GPU", sorted(got) == sorted(host), f"{len(got)} GPU(s)")
+    else:  # this machine's toolkit cannot serve --gpus at all: then the guard must change nothing about it
+        check("docker run --gpus all: the guard changes nothing", guarded.returncode == plain.returncode,
+              f"nvidia-container-runtime alone fails here too: {(plain.stderr or plain.stdout).strip()[-160:]}")
+    script(stacks.remove_stack("smoke"))
+
+    times = start_times(15, {
+        "guard, no GPU": [],
+        "nvidia alone, no GPU": ["--runtime", "nvidia"],
+        "guard, one GPU": ["--env", f"DOCKER_RESOURCE_NVIDIA-GPU={host[0]}"],
+        "nvidia alone, one GPU": ["--runtime", "nvidia", "--env", f"DOCKER_RESOURCE_NVIDIA-GPU={host[0]}"],
+    })
+    (out / "start-times.json").write_text(json.dumps(times, indent=2))
+    for what in ("no GPU", "one GPU"):
+        extra = (times[f"guard, {what}"] - times[f"nvidia alone, {what}"]) * 1000
+        check(f"guard's cost per container start ({what})", extra <= 50,
+              f"{times[f'guard, {what}'] * 1000:.0f} ms vs {times[f'nvidia alone, {what}'] * 1000:.0f} ms: "
+              f"+{extra:.0f} ms (median of 15, interleaved)")
+
+
+def shared_gpus(out: Path, host: list[str], node: str, slots: int, engine: subprocess.Popen) -> subprocess.Popen:
+    report = agent(out, slots)
+    check("the agent advertises slots only", all(r.startswith(f"{SHARED_KIND}=") for r in report["resources"])
+          and len(report["resources"]) == len(host) * slots, f"{len(report['resources'])} slots, "
+          f"labels {report['labels'].get('gpu.sharing')} x{report['labels'].get('gpu.replicas')}")
+    stop_engine(engine)  # dockerd reads its resources only at start, as the agent's unit knows
+    engine = start_engine(out)
+    admit(out, "shared", node, len(host), release()[::-1], slots_per_gpu=slots, shared_kind=SHARED_KIND)
+
+    doc = yaml.safe_load((REPO / "stacks" / "inference-shared.yml").read_text())
+    svc = doc["services"]["embed"]
+    svc["image"], svc["command"] = PROBE_IMAGE, ["cuda-probe", "2560"]  # real CUDA work in every task
+    svc["deploy"]["replicas"] = len(host) * slots + 1
+    text = yaml.safe_dump(doc)
+    script(stacks.deploy_stack("infer", hashlib.sha256(text.encode()).hexdigest()), stdin=text)
+
+    def settled():
+        ts = tasks("infer_embed")
+        run_ = [t for t in ts if t["Status"]["State"] == "running"]
+        logs = {t["ID"]: docker("logs", t["Status"]["ContainerStatus"]["ContainerID"]).stdout for t in run_}
+        return (ts, run_, logs) if len(run_) == len(host) * slots and all("allocated" in v for v in logs.values()) \
+            else None
+    all_tasks, running, logs = wait(settled, 240, "every slot running CUDA work")
+    per_gpu: dict[str, int] = {}
+    for t in running:
+        env = container_env(t)
+        slot = env["DOCKER_RESOURCE_NVIDIA-GPU-SHARED"]
+        saw = UUID.findall(logs[t["ID"]])
+        gpu = slot.rsplit("-s", 1)[0]
+        per_gpu[gpu] = per_gpu.get(gpu, 0) + 1
+        check(f"shared task {t['Slot']} runs CUDA on exactly its slot's GPU", saw == [gpu],
+              f"slot {slot[-40:]}, cuda saw {saw}, {logs[t['ID']].splitlines()[0]}")
+    check(f"{slots} tasks per GPU", sorted(per_gpu.values()) == [slots] * len(host) and set(per_gpu) == set(host),
+          json.dumps(per_gpu))
+    pending = [t for t in all_tasks if t["Status"]["State"] == "pending"]
+    check("one more waits for a slot", len(pending) == 1 and "insufficient resources" in pending[0]["Status"]
+          .get("Err", ""), pending[0]["Status"].get("Err", "") if pending else "none pending")
+    apps = run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader"]).stdout
+    (out / "compute-apps.csv").write_text(apps)
+    on_gpu = [line for line in apps.splitlines() if line.strip()]
+    check("the sharing tasks hold GPU memory at the same time", len(on_gpu) >= len(host) * slots,
+          f"{len(on_gpu)} CUDA processes on the host's nvidia-smi")
+    script(stacks.remove_stack("infer"))
+
+    times = start_times(15, {
+        "whole GPU": ["--env", f"DOCKER_RESOURCE_NVIDIA-GPU={host[0]}"],
+        "slot of a GPU": ["--env", f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={host[0]}-s0"],
+    })
+    (out / "start-times-shared.json").write_text(json.dumps(times, indent=2))
+    extra = (times["slot of a GPU"] - times["whole GPU"]) * 1000
+    check("slot mapping's cost per container start", extra <= 50,
+          f"{times['slot of a GPU'] * 1000:.0f} ms vs {times['whole GPU'] * 1000:.0f} ms: {extra:+.0f} ms")
+    return engine
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--slots-per-gpu", type=int, default=4)
+    parser.add_argument("--out", default="/tmp/gpu-swarm-e2e", help="logs and JSON results go here")
+    parser.add_argument("--cuda-probe", help="a built bench/cuda_probe.c (default: build it with cc)")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        sys.exit("run as root: it starts an engine and writes the toolkit's config")
+    host = gpus_of_host()
+    print(f"host GPUs ({len(host)}): {', '.join(host)}", flush=True)
+    if len(host) < 2:
+        sys.exit("needs two or more GPUs to show that a task gets only its own")
+    shutil.rmtree(ROOT, ignore_errors=True)  # every run starts from a bare engine: no image or swarm left over
+    ROOT.mkdir(parents=True)
+    probe = args.cuda_probe or str(ROOT / "cuda-probe")
+    if not args.cuda_probe:
+        run(["cc", "-O2", "-o", probe, str(REPO / "bench" / "cuda_probe.c"), "-ldl"])
+
+    report = agent(out, 0)
+    check("the agent advertises every GPU by its full UUID", sorted(g["uuid"] for g in report["gpus"]) == sorted(host),
+          f"{len(report['gpus'])} GPUs, default runtime gpu-swarm")
+    engine = start_engine(out)
+    try:
+        build_images(out, probe)
+        init = json.loads(script(formation.init_swarm(run(["hostname", "-I"]).stdout.split()[0])))
+        node = docker("info", "--format", "{{.Swarm.NodeID}}").stdout.strip()
+        check("swarm formed by swarm/formation.py", init["created"] is True, f"cluster {init['cluster_id']}")
+        whole_gpus(out, host, node)
+        if args.slots_per_gpu:
+            engine = shared_gpus(out, host, node, args.slots_per_gpu, engine)
+    except Exception as e:  # a broken step is a failed check, with its reason in the table
+        check("the run itself", False, f"{type(e).__name__}: {e}"[:400])
+    finally:
+        docker("swarm", "leave", "--force", check_rc=False)
+        stop_engine(engine)
+    print("\n| check | result | detail |\n|---|---|---|")
+    for name, ok, detail in results:
+        print(f"| {name} | {'PASS' if ok else 'FAIL'} | {detail.replace('|', '/')} |")
+    (out / "results.json").write_text(json.dumps([{"check": n, "ok": ok, "detail": d} for n, ok, d in results],
+                                                 indent=2))
+    failed = [n for n, ok, _ in results if not ok]
+    print(f"\n{len(results) - len(failed)} of {len(results)} checks passed" + (f"; FAILED: {failed}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
