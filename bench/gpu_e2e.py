@@ -100,8 +100,8 @@ def start_engine(out: Path) -> subprocess.Popen:
            # No iptables on the test machine; these must not be in daemon.json as well.
            "--iptables=false", "--ip6tables=false"]
     env = {**engine_env(), "DOCKER_SERVICE_PREFER_OFFLINE_IMAGE": "1"}  # no registry here: use local images
-    proc = subprocess.Popen(cmd, stdout=open(out / "dockerd.log", "ab"), stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=open(out / "dockerd.log", "ab"),
+                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if docker("version", "--format", "{{.Server.Version}}", check_rc=False).returncode == 0:

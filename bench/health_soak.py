@@ -32,14 +32,17 @@ def start(interval: int) -> int:
                            text=True, check=True).stdout.split()
     (HOME / "daemon.json").write_text(json.dumps({"node-generic-resources": [f"NVIDIA-GPU={u}" for u in uuids]}))
     # Something to receive the SIGHUPs that would make dockerd reload its labels.
+    # Both outlive this command, so neither may hold its stdin or stdout: a pipe they keep open
+    # (`... | tee log`) would never end.
+    quiet = {"stdin": subprocess.DEVNULL, "start_new_session": True}
     hup = subprocess.Popen(["sh", "-c", "trap 'echo hup >>hups' HUP; while :; do sleep 1; done"], cwd=HOME,
-                           start_new_session=True)
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **quiet)
     (HOME / "dockerd.pid").write_text(f"{hup.pid}\n")
     watcher = subprocess.Popen(
         [sys.executable, str(REPO / "node" / "gpu_health.py"), "--json", "--kind", "NVIDIA-GPU",
          "--daemon-json", str(HOME / "daemon.json"), "--dockerd-pidfile", str(HOME / "dockerd.pid"),
          "--state-file", str(HOME / "state.json"), "--interval", str(interval), "--no-spot"],
-        stdout=open(HOME / "reports.jsonl", "ab"), stderr=open(HOME / "watcher.log", "ab"), start_new_session=True)
+        stdout=open(HOME / "reports.jsonl", "ab"), stderr=open(HOME / "watcher.log", "ab"), **quiet)
     STATE.write_text(json.dumps({"pid": watcher.pid, "hup_pid": hup.pid, "started": time.time(),
                                  "interval": interval, "gpus": uuids}))
     print(f"watcher {watcher.pid} started on {len(uuids)} GPU(s), checking every {interval} s")
