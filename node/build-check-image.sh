@@ -9,7 +9,7 @@
 image=${GPU_SWARM_CHECK_IMAGE:-gpu-swarm.invalid/check:1}
 if docker image inspect "$image" >/dev/null 2>&1; then skip "$image is there"; fi
 busybox=$(command -v busybox || :)
-if [ -z "$busybox" ] || ! ldd "$busybox" 2>&1 | grep -q 'not a dynamic executable'; then
+if [ -z "$busybox" ] || ! ldd "$busybox" 2>&1 | grep -qE 'not a dynamic executable|statically linked'; then
   retry apt_get update
   apt_install busybox-static
   busybox=/bin/busybox
