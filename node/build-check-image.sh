@@ -9,7 +9,16 @@
 image=${GPU_SWARM_CHECK_IMAGE:-gpu-swarm.invalid/check:1}
 if docker image inspect "$image" >/dev/null 2>&1; then skip "$image is there"; fi
 busybox=$(command -v busybox || :)
-if [ -z "$busybox" ] || ! ldd "$busybox" 2>&1 | grep -qE 'not a dynamic executable|statically linked'; then
+# Static means no program interpreter (PT_INTERP) among its ELF program headers; ldd's wording
+# for that differs between glibc releases.
+static() {
+  python3 -c 'import struct, sys
+d = open(sys.argv[1], "rb").read(65536)
+off, = struct.unpack_from("<Q", d, 32)
+size, count = struct.unpack_from("<HH", d, 54)
+sys.exit(d[:4] != b"\x7fELF" or any(struct.unpack_from("<I", d, off + i * size)[0] == 3 for i in range(count)))' "$1"
+}
+if [ -z "$busybox" ] || ! static "$busybox"; then
   retry apt_get update
   apt_install busybox-static
   busybox=/bin/busybox
