@@ -8,7 +8,6 @@
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 image=${GPU_SWARM_CHECK_IMAGE:-gpu-swarm.invalid/check:1}
 if docker image inspect "$image" >/dev/null 2>&1; then skip "$image is there"; fi
-busybox=$(command -v busybox || :)
 # Static means no program interpreter (PT_INTERP) among its ELF program headers; ldd's wording
 # for that differs between glibc releases.
 static() {
@@ -18,7 +17,14 @@ off, = struct.unpack_from("<Q", d, 32)
 size, count = struct.unpack_from("<HH", d, 54)
 sys.exit(d[:4] != b"\x7fELF" or any(struct.unpack_from("<I", d, off + i * size)[0] == 3 for i in range(count)))' "$1"
 }
-if [ -z "$busybox" ] || ! static "$busybox"; then
+busybox=""
+for candidate in "$(command -v busybox || :)" /usr/local/bin/busybox /bin/busybox /usr/bin/busybox; do
+  if [ -f "$candidate" ] && static "$candidate"; then
+    busybox=$candidate
+    break
+  fi
+done
+if [ -z "$busybox" ]; then
   retry apt_get update
   apt_install busybox-static
   busybox=/bin/busybox
