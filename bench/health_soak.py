@@ -77,7 +77,8 @@ def report(seconds: int) -> int:
         except ProcessLookupError:
             pass
     print("\nwatcher log (its own words):")
-    print("\n".join(f"  {line}" for line in log.splitlines()[:20]))
+    lines = log.splitlines()
+    print("\n".join(f"  {line}" for line in (lines if len(lines) <= 30 else lines[:15] + ["..."] + lines[-15:])))
     rows = [
         ("ran for", f"{ran:.0f} s, checking every {info['interval']} s, on {len(info['gpus'])} GPU(s)"),
         ("still alive at the end", str(alive)),
