@@ -15,20 +15,19 @@ Exit codes: 0 done; 1 a file could not be read or written; 2 bad input
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
-import stat
 import subprocess
 import sys
-import tempfile
 
-from gpu_detect import BadInput, DetectionFailed, detect_gpus, gpu_labels, json_type, load_inventory
+from daemon_json import DEFAULT_DAEMON_JSON, locked, read_daemon_json, write_atomic
+from gpu_detect import BadInput, DetectionFailed, detect_gpus, gpu_labels, load_inventory
 from gpu_resources import (DEFAULT_KIND, MAX_SLOTS_PER_GPU, default_shared_kind, resource_entries, resource_env_name,
                            slot_entries, validate_kind)
 
-DEFAULT_DAEMON_JSON = "/etc/docker/daemon.json"
 DEFAULT_TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 DEFAULT_RUNTIME_PATH = "nvidia-container-runtime"
 # The runtime guard (gpu-swarm-runtime + gpu_guard.py, beside this file on a node): the
@@ -47,34 +46,6 @@ _SWARM_KEY_RE = re.compile(r"""\s*["']?swarm-resource["']?\s*=""")
 _SWARM_COMMENT_RE = re.compile(r"\s*#\s*swarm-resource\s*=")
 _MODE_KEY_RE = re.compile(r"""\s*["']?mode["']?\s*=""")
 _RUNTIME_SECTION_RE = re.compile(r"""\s*\[\s*["']?nvidia-container-runtime["']?\s*\]\s*(#.*)?$""")
-
-
-def read_daemon_json(path: str) -> dict | None:
-    """The current daemon.json, None when absent; BadInput (never a rewrite) when unusable."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        return None
-    fix = "the file was left untouched; fix it (or move it away) and run the agent again"
-    try:
-        text = raw.decode("utf-8")
-        config = json.loads(text) if text.strip() else {}  # dockerd accepts an empty file too
-    except (UnicodeDecodeError, ValueError) as e:
-        raise BadInput(f"{path}: not valid JSON ({e}); {fix}")
-    if not isinstance(config, dict):
-        raise BadInput(f"{path}: expected a JSON object at the top level, found {json_type(config)}; {fix}")
-    for key, kind in (("node-generic-resources", list), ("labels", list), ("runtimes", dict),
-                      ("default-runtime", str)):
-        if key in config and not isinstance(config[key], kind):
-            raise BadInput(f"{path}: {key!r} must be {json_type(kind())}, found {json_type(config[key])}; {fix}")
-    for key in ("node-generic-resources", "labels"):
-        if not all(isinstance(item, str) for item in config.get(key, [])):
-            raise BadInput(f"{path}: {key!r} must be a list of \"key=value\" strings; {fix}")
-    nvidia = config.get("runtimes", {}).get("nvidia", {})
-    if not isinstance(nvidia, dict) or not isinstance(nvidia.get("path", ""), str):
-        raise BadInput(f"{path}: runtimes.nvidia must be an object with a string \"path\"; {fix}")
-    return config
 
 
 def merge_daemon_config(config: dict, resources: list[str], labels: dict, guard: dict | None,
@@ -239,37 +210,6 @@ def toolkit_version(override: str | None, warnings: list[str]) -> tuple[int, ...
     return tuple(int(part) for part in match.groups())
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    """Replace path with data via a temp file in the same dir, keeping its mode and owner."""
-    path = os.path.realpath(path)  # a symlinked daemon.json stays a symlink
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    try:
-        st = os.stat(path)
-        mode, owner = stat.S_IMODE(st.st_mode), (st.st_uid, st.st_gid)
-    except FileNotFoundError:
-        mode, owner = 0o644, None  # mkstemp's 0600 would hide daemon.json from non-root tools
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        if owner and owner != (os.getuid(), os.getgid()):
-            os.chown(tmp, *owner)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself survive a power cut
-    finally:
-        os.close(dir_fd)
-
-
 def run(args: argparse.Namespace, warnings: list[str]) -> dict:
     """Validate everything, then detect, then write; returns the report."""
     try:
@@ -378,7 +318,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     warnings: list[str] = []
     try:
-        report = run(args, warnings)
+        # A dry run writes nothing, so it takes no lock (and needs no right to create one).
+        with contextlib.nullcontext() if args.dry_run else locked(args.daemon_json):
+            report = run(args, warnings)
     except BadInput as e:
         print(f"gpu-swarm agent: {e}", file=sys.stderr)
         return 2

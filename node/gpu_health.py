@@ -28,7 +28,7 @@ import urllib.request
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)  # the agent's modules ship beside this file (tests load it by path)
-from gpu_agent import DEFAULT_DAEMON_JSON, read_daemon_json, write_atomic  # noqa: E402
+from daemon_json import DEFAULT_DAEMON_JSON, locked, read_daemon_json, write_atomic  # noqa: E402
 from gpu_detect import BadInput, DetectionFailed, _text, load_inventory  # noqa: E402
 from gpu_resources import DEFAULT_KIND, default_shared_kind, validate_kind  # noqa: E402
 from health_rules import (LABEL, OK, Tracker, condition_labels, ignored_xids, merge_labels,  # noqa: E402
@@ -281,20 +281,24 @@ def read_config(path: str) -> dict:
 
 def publish(args, tracker: Tracker, uuids: list[str], spot: tuple[str, str], now: float, log) -> dict | None:
     """Write the labels (and tell dockerd) when they changed; returns the report."""
-    config = read_config(args.daemon_json)
-    if watched_uuids(config, args.kind, args.shared_kind) != uuids:
-        return None  # other GPUs, or a daemon.json half rewritten: write nothing, run() decides
-    states = tracker.states(uuids, now)
-    condition, reason, gpu = node_condition(states, spot)
-    old = dict(label.split("=", 1) for label in config.get("labels", []) if label.startswith(LABEL) and "=" in label)
-    since = old.get(f"{LABEL}.since", "")
-    labels = condition_labels(condition, reason, gpu, since if old.get(LABEL) == condition and since.isdigit() else now)
-    report = {"condition": condition, "reason": labels[f"{LABEL}.reason"], "gpu": labels[f"{LABEL}.gpu"],
-              "since": int(labels[f"{LABEL}.since"]), "changed": labels != old, "labels": labels,
-              "gpus": {uuid: {"condition": c, "reason": r} for uuid, (c, r) in states.items()},
-              "spot": {"condition": spot[0], "reason": spot[1]} if args.spot else None, "dockerd": "not told"}
-    if report["changed"]:  # compared as labels, so a restart in the same condition writes nothing
-        write_atomic(args.daemon_json, (json.dumps(merge_labels(config, labels), indent=2) + "\n").encode())
+    with locked(args.daemon_json):  # the agent may be rewriting it too
+        config = read_config(args.daemon_json)
+        if watched_uuids(config, args.kind, args.shared_kind) != uuids:
+            return None  # other GPUs: write nothing, run() decides
+        states = tracker.states(uuids, now)
+        condition, reason, gpu = node_condition(states, spot)
+        old = dict(label.split("=", 1) for label in config.get("labels", [])
+                   if label.startswith(LABEL) and "=" in label)
+        since = old.get(f"{LABEL}.since", "")
+        labels = condition_labels(condition, reason, gpu,
+                                  since if old.get(LABEL) == condition and since.isdigit() else now)
+        report = {"condition": condition, "reason": labels[f"{LABEL}.reason"], "gpu": labels[f"{LABEL}.gpu"],
+                  "since": int(labels[f"{LABEL}.since"]), "changed": labels != old, "labels": labels,
+                  "gpus": {uuid: {"condition": c, "reason": r} for uuid, (c, r) in states.items()},
+                  "spot": {"condition": spot[0], "reason": spot[1]} if args.spot else None, "dockerd": "not told"}
+        if report["changed"]:  # compared as labels, so a restart in the same condition writes nothing
+            write_atomic(args.daemon_json, (json.dumps(merge_labels(config, labels), indent=2) + "\n").encode())
+    if report["changed"]:
         report["dockerd"] = send_sighup(args.dockerd_pidfile)
         log(f"condition {condition} (was {old.get(LABEL, 'unset')}): {report['reason']} gpu={report['gpu']}; "
             f"{report['dockerd']}")

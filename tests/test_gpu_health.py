@@ -706,3 +706,20 @@ def test_unit_passes_systemd_analyze_verify(tmp_path):
     unit.write_text(UNIT.read_text().replace("/opt/gpu-swarm/venv/bin/python", sys.executable))
     done = subprocess.run([tool, "verify", str(unit)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and UNIT.name not in done.stderr, done.stderr
+
+
+def test_the_watcher_waits_for_the_agents_lock_on_daemon_json(node):
+    """The agent and the watcher both rewrite daemon.json; with the agent's lock held, the
+    watcher neither reads nor writes it, so it cannot write back a copy that lacks the agent's
+    change. Once the lock is free it goes on."""
+    daemon_json = _load("daemon_json", WATCHER.parent / "daemon_json.py")
+    with daemon_json.locked(str(node.daemon_json)):
+        process = subprocess.Popen([sys.executable, str(WATCHER), *node.sim(), "--once", "--json"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        assert process.poll() is None  # still waiting
+        assert node.labels() == {}
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 0, err
+    assert json.loads(out)["condition"] == "healthy" and node.labels()["gpu-swarm.condition"] == "healthy"
+    assert not [p.name for p in node.root.iterdir() if p.name.endswith(".lock")]  # it lives in /run/lock
