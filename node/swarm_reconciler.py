@@ -11,7 +11,12 @@ gpu-swarm.condition (written by node/gpu_health.py on the node) and:
   removed on purpose, or the node's daemon.json was rebuilt, and nothing else would ever
   give the node back);
 - leaves every other drained or paused node alone: an operator's, or one that
-  gpu-swarm.drained-by=rollout or =gpu-check names, belongs to someone else.
+  gpu-swarm.drained-by=rollout or =gpu-check names, belongs to someone else; and it gives
+  back no node while its software is being changed (gpu-swarm.maintenance is set);
+- drains no more than --max-drained-percent of the nodes for faults at once: when every
+  watcher reports a fault at the same time, the watchers are more likely wrong than the
+  GPUs, and draining them all would stop every task. It says so, every round, in its log.
+  Spot reclaims are not limited: those nodes go away whatever happens.
 Swarm cannot withdraw one GPU from a running node, so the node is the unit.
 Stdlib only: it runs under the system python3 and talks to the docker CLI.
 
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -32,6 +38,7 @@ CONDITION = "gpu-swarm.condition"  # engine labels, from the node's watcher
 DRAINED_BY = "gpu-swarm.drained-by"  # node labels, shared with rollout and gpu-check
 HEALTH = "gpu-swarm.health"
 LAST = "gpu-swarm.health.last"
+MAINTENANCE = "gpu-swarm.maintenance"  # a software change is under way (swarm/rollout.py)
 OURS = "health"
 DRAIN_ON = ("unhealthy", "reclaim")
 # None: no condition reported. An unknown value is not evidence either way: nothing happens.
@@ -52,31 +59,71 @@ def sanitize(text: str) -> str:
     return _REASON_BAD.sub("_", str(text).strip())[:120] or "-"
 
 
-def decide(nodes: list[dict], leader: bool, now: int) -> list[Action]:
+def decide(nodes: list[dict], leader: bool, now: int, max_drained_percent: int = 100) -> list[Action]:
     """The updates to make, from `docker node inspect`'s JSON of every node; none unless leader."""
+    return plan(nodes, leader, now, max_drained_percent)[0]
+
+
+def plan(nodes: list[dict], leader: bool, now: int, max_drained_percent: int) -> tuple[list[Action], list[str]]:
+    """decide(), and what it held back: faults drain at most max_drained_percent of the nodes
+    that report a condition (at least one), counting those still drained for one. Reclaims
+    always drain."""
     if not leader:
-        return []
-    actions = []
+        return [], []
+    back = [_reactivation(n, now) for n in nodes]
+    actions = [a for a in back if a]
+    watched = sum(1 for n in nodes if _engine(n).get(CONDITION) is not None)
+    still_out = sum(1 for n, a in zip(nodes, back) if not a and _spec(n).get("Availability") == "drain"
+                    and (_spec(n).get("Labels") or {}).get(DRAINED_BY) == OURS
+                    and not (_spec(n).get("Labels") or {}).get(HEALTH, "").startswith("reclaim:"))
+    budget = max(1, watched * max_drained_percent // 100) - still_out
+    held = []
     for node in nodes:
-        spec, description = node.get("Spec") or {}, node.get("Description") or {}
-        labels = spec.get("Labels") or {}
-        engine = (description.get("Engine") or {}).get("Labels") or {}
-        availability, condition = spec.get("Availability"), engine.get(CONDITION)
-        name, node_id = description.get("Hostname") or node["ID"], node["ID"]
-        if condition in DRAIN_ON and availability == "active":
-            why = f"{condition}:{sanitize(engine.get(CONDITION + '.reason', '-'))}"
-            args = ("--availability", "drain", "--label-add", f"{DRAINED_BY}={OURS}", "--label-add", f"{HEALTH}={why}",
-                    "--label-add", f"{LAST}=drained:{now}:{why}", node_id)
-            actions.append(Action(node_id, name, "drain", why, args))
-        elif labels.get(DRAINED_BY) == OURS and availability == "drain" and condition in REACTIVATE_ON:
-            # Only from drain: a node someone paused (or set active) since is theirs now.
-            why = f"{condition}:{sanitize(engine.get(CONDITION + '.reason', '-'))}" if condition else "no_condition"
-            # --label-rm of a label that is not there fails the whole update.
-            drop = ("--label-rm", HEALTH) if HEALTH in labels else ()
-            args = ("--availability", "active", "--label-rm", DRAINED_BY, *drop,
-                    "--label-add", f"{LAST}=reactivated:{now}:{why}", node_id)
-            actions.append(Action(node_id, name, "reactivate", why, args))
-    return actions
+        engine = _engine(node)
+        condition = engine.get(CONDITION)
+        if condition not in DRAIN_ON or _spec(node).get("Availability") != "active":
+            continue
+        name, node_id = _name(node), node["ID"]
+        why = f"{condition}:{sanitize(engine.get(CONDITION + '.reason', '-'))}"
+        if condition != "reclaim":
+            if budget <= 0:
+                held.append(f"node {name} ({node_id[:12]}) reports {why} but stays active: {max_drained_percent}% "
+                            "of the watched nodes are drained for faults already (HEALTH_MAX_DRAINED_PERCENT)")
+                continue
+            budget -= 1
+        args = ("--availability", "drain", "--label-add", f"{DRAINED_BY}={OURS}", "--label-add", f"{HEALTH}={why}",
+                "--label-add", f"{LAST}=drained:{now}:{why}", node_id)
+        actions.append(Action(node_id, name, "drain", why, args))
+    order = {n["ID"]: i for i, n in enumerate(nodes)}
+    return sorted(actions, key=lambda a: order[a.node_id]), held
+
+
+def _reactivation(node: dict, now: int) -> Action | None:
+    labels, engine = _spec(node).get("Labels") or {}, _engine(node)
+    condition = engine.get(CONDITION)
+    # Only from drain: a node someone paused (or set active) since is theirs now. Not while
+    # its software is being changed: the rollout gives it back when it is done.
+    if labels.get(DRAINED_BY) != OURS or _spec(node).get("Availability") != "drain" \
+            or condition not in REACTIVATE_ON or MAINTENANCE in labels:
+        return None
+    why = f"{condition}:{sanitize(engine.get(CONDITION + '.reason', '-'))}" if condition else "no_condition"
+    # --label-rm of a label that is not there fails the whole update.
+    drop = ("--label-rm", HEALTH) if HEALTH in labels else ()
+    args = ("--availability", "active", "--label-rm", DRAINED_BY, *drop,
+            "--label-add", f"{LAST}=reactivated:{now}:{why}", node["ID"])
+    return Action(node["ID"], _name(node), "reactivate", why, args)
+
+
+def _name(node: dict) -> str:
+    return (node.get("Description") or {}).get("Hostname") or node["ID"]
+
+
+def _spec(node: dict) -> dict:
+    return node.get("Spec") or {}
+
+
+def _engine(node: dict) -> dict:
+    return ((node.get("Description") or {}).get("Engine") or {}).get("Labels") or {}
 
 
 class EngineError(Exception):
@@ -118,9 +165,9 @@ class Engine:
         self._run("node", "update", *args)
 
 
-def reconcile(engine: Engine, now: int, log) -> dict:
+def reconcile(engine: Engine, now: int, log, max_drained_percent: int = 50) -> dict:
     """One round; errors are reported, not raised, so the loop goes on."""
-    report = {"leader": None, "nodes": 0, "actions": [], "errors": []}
+    report = {"leader": None, "nodes": 0, "actions": [], "held": [], "errors": []}
     try:
         report["leader"] = engine.is_leader()
         nodes = engine.nodes() if report["leader"] else []
@@ -128,7 +175,8 @@ def reconcile(engine: Engine, now: int, log) -> dict:
         report["errors"].append(str(e))
         return report
     report["nodes"] = len(nodes)
-    for action in decide(nodes, report["leader"], now):
+    actions, report["held"] = plan(nodes, report["leader"], now, max_drained_percent)
+    for action in actions:
         try:
             engine.update(action.args)
         except EngineError as e:
@@ -150,12 +198,21 @@ def _interval(text: str) -> float:
     return value
 
 
-def parse_args(argv) -> argparse.Namespace:
+def _percent(text: str) -> int:
+    if not text.strip().isdigit() or not 1 <= int(text) <= 100:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole percentage from 1 to 100")
+    return int(text)
+
+
+def parse_args(argv, env=os.environ) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="On the swarm leader, drain nodes whose gpu-swarm.condition engine label is unhealthy or "
                     "reclaim, and make the ones it drained active again once healthy. Exit 0 ok, 1 (--once) "
                     "engine errors, 2 bad input.")
     parser.add_argument("--interval", type=_interval, default=2.0, help="seconds between rounds (default 2)")
+    parser.add_argument("--max-drained-percent", type=_percent,
+                        default=env.get("HEALTH_MAX_DRAINED_PERCENT") or "50",
+                        help="most of the watched nodes drained for faults at once ($HEALTH_MAX_DRAINED_PERCENT, 50)")
     parser.add_argument("--docker", default="docker", metavar="PATH", help="the docker CLI (default docker)")
     parser.add_argument("--once", action="store_true", help="one round, print its report, exit")
     parser.add_argument("--json", action="store_true", help="print reports as JSON lines (log lines go to stderr)")
@@ -169,15 +226,17 @@ def main(argv=None, clock=time.time, sleep=time.sleep) -> int:
     def log(message: str) -> None:
         print(message, file=sys.stderr if args.json else sys.stdout, flush=True)
     while True:
-        report = reconcile(engine, int(clock()), log)
+        report = reconcile(engine, int(clock()), log, args.max_drained_percent)
         if report["leader"] is not None and report["leader"] != was_leader:
             log("this manager is the swarm leader: reconciling node health" if report["leader"] else
                 "this manager is not the leader: doing nothing")
             was_leader = report["leader"]
-        news = report["errors"] != last_errors  # the same failure every 2 s is said once
+        news = report["errors"] + report["held"] != last_errors  # the same news every 2 s is said once
         for error in report["errors"] if news else []:
             log(f"error: {error}; trying again in {args.interval:g}s")
-        last_errors = report["errors"]
+        for held in report["held"] if news else []:
+            log(f"held back: {held}")
+        last_errors = report["errors"] + report["held"]
         if args.once or (args.json and (report["actions"] or (news and report["errors"]))):
             print(json.dumps(report) if args.json else
                   f"leader={report['leader']} nodes={report['nodes']} actions={len(report['actions'])} "

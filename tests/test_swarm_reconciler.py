@@ -131,6 +131,44 @@ def test_nodes_without_labels_or_hostname_are_handled():
     assert ids(reconciler.decide([bare], True, NOW)) == [("abc123", "drain")]
 
 
+def test_gives_back_no_node_while_its_software_changes():
+    drained = node(9, "drain", "healthy", labels={"gpu-swarm.drained-by": "health",
+                                                  "gpu-swarm.maintenance": "1800000000:abc"})
+    assert reconciler.decide([drained], True, NOW) == []
+    del drained["Spec"]["Labels"]["gpu-swarm.maintenance"]  # the rollout is done: now it does
+    assert ids(reconciler.decide([drained], True, NOW)) == [("gpu-9", "reactivate")]
+
+
+def test_faults_drain_at_most_the_limit_and_say_so():
+    nodes = [node(n, condition="unhealthy", reason="xid_79") for n in range(1, 5)]
+    actions, held = reconciler.plan(nodes, True, NOW, 50)
+    assert ids(actions) == [("gpu-1", "drain"), ("gpu-2", "drain")]
+    assert len(held) == 2 and "gpu-3" in held[0] and "50% of the watched nodes" in held[0]
+    # Next round: two are out for faults, so nothing more goes, and a healthy one comes back.
+    nodes[0] = node(1, "drain", "healthy", labels={"gpu-swarm.drained-by": "health", "gpu-swarm.health": "unhealthy:x"})
+    nodes[1] = node(2, "drain", "unhealthy", labels={"gpu-swarm.drained-by": "health", "gpu-swarm.health": "unhealthy:x"})
+    actions, held = reconciler.plan(nodes, True, NOW, 50)
+    assert ids(actions) == [("gpu-1", "reactivate"), ("gpu-3", "drain")] and len(held) == 1
+
+
+def test_the_limit_leaves_at_least_one_drain_and_never_holds_back_a_reclaim():
+    nodes = [node(1, condition="unhealthy"), node(2, condition="healthy"), node(3, condition="healthy")]
+    assert ids(reconciler.plan(nodes, True, NOW, 1)[0]) == [("gpu-1", "drain")]  # 1% of 3 rounds to 0: still 1
+    reclaims = [node(n, condition="reclaim", reason="spot") for n in range(1, 4)]
+    assert len(reconciler.plan(reclaims, True, NOW, 1)[0]) == 3
+    # Reclaimed nodes that are out do not use up the budget for faults.
+    out = node(4, "drain", "reclaim", labels={"gpu-swarm.drained-by": "health", "gpu-swarm.health": "reclaim:spot"})
+    assert ids(reconciler.plan([out, node(5, condition="unhealthy")], True, NOW, 50)[0]) == [("gpu-5", "drain")]
+
+
+def test_max_drained_percent_from_the_environment_and_checked():
+    assert reconciler.parse_args([], env={"HEALTH_MAX_DRAINED_PERCENT": "25"}).max_drained_percent == 25
+    assert reconciler.parse_args([], env={}).max_drained_percent == 50
+    for bad in ("0", "101", "half"):
+        with pytest.raises(SystemExit):
+            reconciler.parse_args(["--max-drained-percent", bad], env={})
+
+
 # --- the command line against a fake docker ----------------------------------------------------
 
 FAKE_DOCKER = r"""#!/usr/bin/env bash
@@ -229,6 +267,16 @@ def test_once_drains_and_reactivates_with_the_exact_arguments(docker):
     assert f"node gpu-2 ({healed['ID'][:12]}): reactivated: healthy:ok" in done.stderr
 
 
+def test_once_reports_and_logs_what_the_limit_held_back(docker):
+    docker.set(True, [node(n, condition="unhealthy", reason="xid_79") for n in range(1, 4)])
+    done = docker.run("--once", "--json", "--max-drained-percent", "34")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert [a["node"] for a in report["actions"]] == ["gpu-1"] and len(report["held"]) == 2
+    assert [c[-1] for c in docker.calls() if c[:2] == ["node", "update"]] == [node(1)["ID"]]
+    assert "held back: node gpu-2" in done.stderr and "held back: node gpu-3" in done.stderr
+
+
 def test_once_as_a_non_leader_only_asks_who_leads(docker):
     docker.set(False, [node(1, condition="unhealthy")])
     done = docker.run("--once")
@@ -324,3 +372,18 @@ def test_module_is_stdlib_only():
             "and n != 'r'))")
     done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_label_names_match_the_programs_own():
+    from swarm import labels
+    assert (reconciler.CONDITION, reconciler.DRAINED_BY, reconciler.HEALTH, reconciler.LAST, reconciler.MAINTENANCE) == (
+        labels.CONDITION_LABEL, labels.DRAINED_BY_LABEL, labels.HEALTH_LABEL, labels.HEALTH_LAST_LABEL,
+        labels.MAINTENANCE_LABEL)
+    assert rules_label() == labels.CONDITION_LABEL
+
+
+def rules_label():
+    spec_ = importlib.util.spec_from_file_location("health_rules_for_labels", ROOT / "node" / "health_rules.py")
+    module = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(module)
+    return module.LABEL
