@@ -7,6 +7,7 @@ every call), never against a real engine.
 import importlib.util
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -307,12 +308,14 @@ def test_engine_errors_never_end_the_loop(docker):
         assert len(docker.calls()) >= 3 and process.poll() is None  # retried, still running
         (docker.dir / "down").unlink()
         docker.set(True, [node(1, condition="unhealthy")])
-        while not any(c[:2] == ["node", "update"] for c in docker.calls()) and time.time() < deadline:
-            time.sleep(0.05)
+        out = ""
+        while not ("drained: " in out and "swarm leader" in out) and time.time() < deadline:
+            if select.select([process.stdout], [], [], 0.1)[0]:
+                out += process.stdout.readline()
         assert any(c[:2] == ["node", "update"] for c in docker.calls())
     finally:
         process.terminate()
-        out = process.communicate(timeout=10)[0]
+        out += process.communicate(timeout=10)[0]
     assert out.count("Cannot connect to the Docker daemon") == 1  # said once, not every round
     assert "this manager is the swarm leader" in out and "drained: unhealthy:ok" in out
 
