@@ -6,11 +6,16 @@
 # resources with an overlay network (moby#44378). Debian trixie's dockerd and
 # containerd run on bookworm (its runc needs glibc 2.38, so bookworm's runc stays),
 # so we fetch those signed packages through apt and unpack them under PREFIX.
+#
+# With --check it installs nothing: it names a new enough dockerd and exits 0, or exits 1.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=/dev/null  # versions.env only sets DOCKER_MIN_VERSION and TOOLKIT_MIN_VERSION
+# shellcheck source=../node/versions.env
 . "$here/../node/versions.env"
+# shellcheck source=../scripts/steps.sh
+. "$here/../scripts/steps.sh"
+STEP_PREFIX=engine STEP_COUNT=3
 PREFIX=${GPU_SWARM_ENGINE_PREFIX:-/opt/gpu-swarm/docker}
 SUITE=${GPU_SWARM_ENGINE_SUITE:-trixie}
 
@@ -22,12 +27,17 @@ version_ok() {  # version_ok BINARY: true when BINARY reports a version >= DOCKE
 
 for candidate in "$PREFIX/usr/sbin/dockerd" "$(command -v dockerd || true)"; do
   if [ -n "$candidate" ] && [ -x "$candidate" ] && version_ok "$candidate"; then
-    echo "engine: $candidate ($("$candidate" --version)) is new enough"
+    if [ "${1:-}" = --check ]; then
+      echo "$candidate is $("$candidate" --version)"
+    else
+      say "$candidate ($("$candidate" --version)) is new enough"
+    fi
     exit 0
   fi
 done
+if [ "${1:-}" = --check ]; then exit 1; fi
 
-echo "engine: no dockerd >= $DOCKER_MIN_VERSION found; fetching Debian $SUITE's docker.io into $PREFIX"
+say "no dockerd >= $DOCKER_MIN_VERSION found; fetching Debian $SUITE's docker.io into $PREFIX"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cannot_fetch() {
@@ -40,14 +50,23 @@ mkdir -p "$work/lists/partial" "$work/cache/archives/partial"
 echo "deb http://deb.debian.org/debian $SUITE main" >"$work/sources.list"
 apt_opts=(-o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
   -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o "APT::Sandbox::User=root")
-apt-get "${apt_opts[@]}" update -qq || cannot_fetch
-(cd "$work" && apt-get "${apt_opts[@]}" download docker.io docker-cli containerd) || cannot_fetch
+step_begin "package index of Debian $SUITE"
+quietly apt-get "${apt_opts[@]}" update || cannot_fetch
+step_done
+step_begin "download docker.io docker-cli containerd"
+(cd "$work" && quietly apt-get "${apt_opts[@]}" download docker.io docker-cli containerd) || cannot_fetch
+debs=("$work"/*.deb)
+say "  fetched ${#debs[@]} packages, $(mb "$(cat "${debs[@]}" | wc -c)"): ${debs[*]##*/}"
+step_done
+step_begin "unpack into $PREFIX"
 rm -rf "$PREFIX.new"
 mkdir -p "$PREFIX.new"
-for deb in "$work"/*.deb; do dpkg-deb -x "$deb" "$PREFIX.new"; done
+for deb in "${debs[@]}"; do dpkg-deb -x "$deb" "$PREFIX.new"; done
 # docker-init is a relative link to tini-static, which comes from bookworm's tini package.
 ln -sf /usr/bin/tini-static "$PREFIX.new/usr/bin/docker-init"
 rm -rf "$PREFIX"
 mv "$PREFIX.new" "$PREFIX"
 version_ok "$PREFIX/usr/sbin/dockerd" || { echo "engine: $PREFIX/usr/sbin/dockerd is still too old" >&2; exit 1; }
-echo "engine: installed $("$PREFIX/usr/sbin/dockerd" --version)"
+say "  $(du -sh "$PREFIX" | cut -f1) in $PREFIX"
+step_done
+say "installed $("$PREFIX/usr/sbin/dockerd" --version)"

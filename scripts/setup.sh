@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # Installs everything the tests and the local rehearsal need, on Debian or Ubuntu, as root.
-# Safe to run again: each step skips what is already there.
+# Safe to run again: each step skips what is already there. Each step prints when it starts
+# and ends, and how much it downloads; a failing command's output is shown in full.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "setup: run as root (sudo $0)" >&2; exit 1; }
+# shellcheck source=steps.sh
+. scripts/steps.sh
+# shellcheck source=../node/versions.env
+. node/versions.env
+STEP_PREFIX=setup STEP_COUNT=3
+setup_t0=$(now_us)
 
 export DEBIAN_FRONTEND=noninteractive
 packages=(
@@ -14,17 +21,52 @@ packages=(
   cloud-init shellcheck           # real validators for the user data and every shell script
   ca-certificates
 )
+step_begin "Debian packages"
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  say "  installing ${missing[*]}"
+  quietly apt-get update
+  # apt's summary says how much it downloads; its per-package lines stay in the log.
+  quietly --show '^(Need to get|After this operation)' \
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
+  step_done
+else
+  step_skipped "all ${#packages[@]} installed"
 fi
 
-[ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
+step_begin "Python packages (requirements.txt) into .venv"
+if [ ! -x .venv/bin/python ]; then
+  quietly python3 -m venv .venv
+  say "  created .venv"
+fi
+pip_log=$(mktemp)
+trap 'rm -f "$pip_log"' EXIT
+quietly --log "$pip_log" .venv/bin/pip install --disable-pip-version-check --progress-bar off -r requirements.txt
+# pip names each file it fetches with its size: "Downloading NAME (11.3 MB)", or "Using cached".
+read -r got got_mb cached cached_mb < <(awk '
+  /^ *(Downloading|Using cached) .*\([0-9.]+ (bytes|kB|MB|GB)\)$/ {
+    size = $(NF - 1); sub(/\(/, "", size); unit = $NF
+    mb = size / (unit ~ /^bytes/ ? 1e6 : unit ~ /^kB/ ? 1e3 : unit ~ /^GB/ ? 1e-3 : 1)
+    if ($1 == "Downloading") { got++; got_mb += mb } else { cached++; cached_mb += mb }
+  }
+  END { printf "%d %.1f %d %.1f\n", got, got_mb, cached, cached_mb }' "$pip_log")
+if grep -q '^Successfully installed' "$pip_log"; then
+  say "  downloaded $got files, $got_mb MB (and $cached files, $cached_mb MB, from pip's cache)"
+  say "  .venv takes $(du -sh .venv | cut -f1)"
+  step_done
+else
+  step_skipped "every requirement already satisfied"
+fi
 
-bash localswarm/install-engine.sh
-echo "setup: done"
+step_begin "Docker Engine >= $DOCKER_MIN_VERSION"
+if engine=$(bash localswarm/install-engine.sh --check); then
+  step_skipped "$engine"
+else
+  bash localswarm/install-engine.sh
+  step_done
+fi
+STEP_T0=$setup_t0
+say "done in $(step_seconds) s"
