@@ -14,14 +14,15 @@ import pulumi
 from settings import reader
 from settings.aws_checks import (check_overlay_pool, region_problem, resolve_amis, resolve_instance_types,
                                  resolve_network)
-from settings.config_checks import (read_authorized_keys, read_image, read_overlay_pool, read_shared_kind, read_managers, read_network, read_pools, read_ssh, read_ssh_cidrs,
-                                    read_stacks, read_tags)
-from settings.model import PROJECT, GpuPool, Managers, Network, Settings, SettingsError, StackFile
+from settings.config_checks import (read_authorized_keys, read_image, read_managers, read_network, read_pools, read_ssh,
+                                    read_ssh_cidrs, read_stacks, read_tags)
+from settings.model import PROJECT, GpuPool, Health, Managers, Network, Settings, SettingsError, StackFile
 from settings.reader import DEFAULTS, Reader, suggest
+from settings.swarm_checks import read_health, read_overlay_pool, read_shared_kind
 from swarm.gpu_kind import validate_kind
 from swarm.stack_files import StackFileError, validate_stack_file
 
-__all__ = ["DEFAULTS", "GpuPool", "Managers", "Network", "Settings", "SettingsError", "StackFile", "load_settings"]
+__all__ = ["DEFAULTS", "GpuPool", "Health", "Managers", "Network", "Settings", "SettingsError", "StackFile", "load_settings"]
 
 
 def load_settings() -> Settings:
@@ -49,6 +50,7 @@ def load_settings() -> Settings:
     overlay_pool = read_overlay_pool(r)
     shared_kind = read_shared_kind(r, kind if kind_ok else None)
     extra_keys = read_authorized_keys(r)
+    health = read_health(r)
 
     # Checks against AWS, for the values that passed the checks above.
     resolved_pools: list[GpuPool] = []
@@ -88,7 +90,8 @@ def load_settings() -> Settings:
 
     if r.problems:
         raise SettingsError(r.problems)
-    assert network and managers and manager_ami and gpu_ami and shared_kind, "every missing value has a problem"
+    assert network and managers and manager_ami and gpu_ami and shared_kind and health, \
+        "every missing value has a problem"
     return Settings(
         cluster_name=f"{PROJECT}-{pulumi.get_stack()}",
         allowed_ssh_cidrs=cidrs,
@@ -109,4 +112,5 @@ def load_settings() -> Settings:
         overlay_address_pool=overlay_pool,
         ssh_authorized_keys=extra_keys,
         shared_gpu_kind=shared_kind,
+        health=health,
     )

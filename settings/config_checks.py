@@ -14,7 +14,7 @@ from settings import reader
 from settings.model import PROJECT, Managers
 from settings.reader import (DEFAULTS, POOL_DEFAULTS, SHARING_DEFAULTS, STACK_DEFAULTS, Reader, boolean, integer, key,
                              suggest)
-from swarm.gpu_kind import MAX_SLOTS_PER_GPU, default_shared_kind, validate_kind
+from swarm.gpu_kind import MAX_SLOTS_PER_GPU
 
 MANAGER_COUNTS = (1, 3, 5, 7)
 IMAGES = ("ubuntu", "deep-learning", "custom")
@@ -220,25 +220,6 @@ def _sharing(value: Any, error: Callable[[str, str], None]) -> int | None:
     return slots
 
 
-def read_shared_kind(r: Reader, kind: str | None) -> str | None:
-    """The kind of shared GPUs' slots: sharedGpuKind, or <gpuKind>-SHARED."""
-    text = r.string("sharedGpuKind")
-    if not kind:
-        return None
-    if not text:
-        return default_shared_kind(kind)
-    try:
-        validate_kind(text)
-    except ValueError as exc:
-        r.error("sharedGpuKind", str(exc))
-        return None
-    if text == kind:
-        r.error("sharedGpuKind", f"{text!r} is also gpu-swarm:gpuKind; a GPU is advertised whole or as slots, "
-                                 f"never both, so give the slots their own kind such as {kind}-SHARED")
-        return None
-    return text
-
-
 def read_image(r: Reader) -> tuple[str | None, str | None]:
     image = r.string("image")
     ami_id = r.raw("amiId")
@@ -390,29 +371,6 @@ def read_stacks(r: Reader) -> list[tuple[int, str, str]]:
 
 # Docker's own local networks (docker0, docker_gwbridge and user bridges) come from these
 # ranges on every node; an overlay subnet inside them would shadow a bridge's routes.
-DOCKER_LOCAL_POOLS = ("172.16.0.0/12", "192.168.0.0/16")
-
-
-def read_overlay_pool(r: Reader) -> str | None:
-    """The range swarm overlay networks come from: private IPv4, room for 16+ /24s, off Docker's own."""
-    text = r.string("overlayAddressPool")
-    try:
-        pool = ipaddress.ip_network(text, strict=True)
-    except ValueError:
-        r.error("overlayAddressPool", f"{text!r} is not a network such as 10.200.0.0/16 (host bits must be zero)")
-        return None
-    if pool.version != 4 or not pool.is_private or not 8 <= pool.prefixlen <= 20:
-        r.error("overlayAddressPool", f"{pool} does not fit: use a private IPv4 range from /8 to /20 "
-                                      "(each overlay network takes a /24 of it), e.g. 10.200.0.0/16")
-        return None
-    for local in DOCKER_LOCAL_POOLS:
-        if pool.overlaps(ipaddress.ip_network(local)):
-            r.error("overlayAddressPool", f"{pool} overlaps {local}, where Docker puts its own bridge networks "
-                                          "on every node; choose a range in 10.0.0.0/8 outside the VPC")
-            return None
-    return str(pool)
-
-
 def read_authorized_keys(r: Reader) -> tuple[str, ...]:
     raw = r.json("sshAuthorizedKeys", list, "pulumi config set --path 'sshAuthorizedKeys[0]' \"$(cat key.pub)\"")
     keys = []

@@ -62,6 +62,28 @@ class StackFile:
 
 
 @dataclass(frozen=True)
+class Health:
+    """GPU health: what the watcher on each GPU node counts as a fault, and how the managers act."""
+
+    ignore_xids: tuple[int, ...] = ()  # besides the application XIDs the watcher ignores anyway
+    critical_xids: tuple[int, ...] = ()  # never ignored
+    check_interval_s: int = 10
+    recovery_s: int = 300  # checks must pass this long after an event before the node is healthy
+    max_drained_percent: int = 50  # the reconciler drains at most this share of nodes for faults
+    inventory_each_up: bool = True  # read each node's condition at every `pulumi up`
+
+    def node_env(self) -> dict[str, str]:
+        """/etc/gpu-swarm/health.env, which the watcher and the reconciler read."""
+        return {
+            "HEALTH_IGNORE_XIDS": ",".join(map(str, self.ignore_xids)),
+            "HEALTH_CRITICAL_XIDS": ",".join(map(str, self.critical_xids)),
+            "HEALTH_INTERVAL_SECONDS": str(self.check_interval_s),
+            "HEALTH_RECOVERY_SECONDS": str(self.recovery_s),
+            "HEALTH_MAX_DRAINED_PERCENT": str(self.max_drained_percent),
+        }
+
+
+@dataclass(frozen=True)
 class Settings:
     cluster_name: str
     allowed_ssh_cidrs: tuple[str, ...]
@@ -82,6 +104,7 @@ class Settings:
     overlay_address_pool: str  # swarm overlay networks are cut from it, /24 each
     ssh_authorized_keys: tuple[str, ...]  # besides the program's own key
     shared_gpu_kind: str  # the kind of the slots of shared GPUs
+    health: Health = Health()
 
     @property
     def max_whole_gpus_per_node(self) -> int:

@@ -40,6 +40,7 @@ DEFAULTS: dict[str, Any] = {
     "overlayAddressPool": "10.200.0.0/16",
     "sshAuthorizedKeys": [],
     "sharedGpuKind": "",
+    "health": {},  # see HEALTH_DEFAULTS
 }
 POOL_DEFAULTS: dict[str, Any] = {
     "name": None,
@@ -51,6 +52,14 @@ POOL_DEFAULTS: dict[str, Any] = {
     "sharing": None,  # {slotsPerGpu: K}: the pool's GPUs are shared by K tasks each
 }
 SHARING_DEFAULTS: dict[str, Any] = {"slotsPerGpu": None}
+HEALTH_DEFAULTS: dict[str, Any] = {
+    "ignoreXids": [],  # besides the application XIDs 13, 31, 43, 45, 68 and 109
+    "criticalXids": [],  # never ignored, even one of those
+    "checkIntervalSeconds": 10,
+    "recoverySeconds": 300,
+    "maxDrainedPercent": 50,
+    "inventoryEachUp": True,
+}
 STACK_DEFAULTS: dict[str, Any] = {"name": None, "file": None}
 
 

@@ -175,6 +175,22 @@ BAD = [
      ["gpu-swarm:sharedGpuKind: 'NVIDIA-GPU' is also gpu-swarm:gpuKind", "NVIDIA-GPU-SHARED"]),
     ("shared-kind-invalid", {"sharedGpuKind": "GPU SLOT"}, (),
      ["gpu-swarm:sharedGpuKind: invalid GPU resource kind 'GPU SLOT'"]),
+    ("health-not-an-object", {"health": [79]}, (),
+     ["gpu-swarm:health: expected an object", "--path 'health.ignoreXids[0]'"]),
+    ("health-unknown-key", {"health": {"ignoredXids": [94]}}, (),
+     ["gpu-swarm:health.ignoredXids: is not a health setting; did you mean ignoreXids?"]),
+    ("health-xid-not-a-number", {"health": {"ignoreXids": ["79a"]}}, (),
+     ["gpu-swarm:health.ignoreXids[0]: expected a whole number, found '79a' (an XID)"]),
+    ("health-xids-not-a-list", {"health": {"criticalXids": 79}}, (),
+     ["gpu-swarm:health.criticalXids: expected a list of XIDs such as [94, 95], found 79"]),
+    ("health-xid-in-both", {"health": {"ignoreXids": [94, 95], "criticalXids": [95]}}, (),
+     ["gpu-swarm:health: XID 95 is in both ignoreXids and criticalXids"]),
+    ("health-interval-zero", {"health": {"checkIntervalSeconds": 0}}, (),
+     ["gpu-swarm:health.checkIntervalSeconds: 0 is out of range; use a number from 1 to 3600"]),
+    ("health-percent-too-big", {"health": {"maxDrainedPercent": 150}}, (),
+     ["gpu-swarm:health.maxDrainedPercent: 150 is out of range; use a number from 1 to 100"]),
+    ("health-inventory-not-bool", {"health": {"inventoryEachUp": "sometimes"}}, (),
+     ["gpu-swarm:health.inventoryEachUp: expected true or false, found 'sometimes'"]),
     ("unknown-key", {"allowedSshCidr": '["203.0.113.7/32"]'}, (),
      ["gpu-swarm:allowedSshCidr: is not a setting of this program; did you mean allowedSshCidrs?"]),
 ]
@@ -410,3 +426,18 @@ def test_whole_gpu_reservations_need_a_pool_that_does_not_share(tmp_path, monkey
     use_mocks(stack_config("dev", gpuPools=pools({**T4, "sharing": {"slotsPerGpu": 2}})))
     with pytest.raises(SettingsError, match="every pool shares its GPUs"):
         load_settings()
+
+
+def test_health_defaults_and_settings_reach_the_node_env():
+    use_mocks(stack_config("dev"))
+    health = load_settings().health
+    assert health == settings.Health() and health.inventory_each_up is True
+    assert health.node_env() == {"HEALTH_IGNORE_XIDS": "", "HEALTH_CRITICAL_XIDS": "", "HEALTH_INTERVAL_SECONDS": "10",
+                                 "HEALTH_RECOVERY_SECONDS": "300", "HEALTH_MAX_DRAINED_PERCENT": "50"}
+    use_mocks(stack_config("dev", health={"ignoreXids": [95, 94, 94], "criticalXids": ["43"], "checkIntervalSeconds": 5,
+                                          "recoverySeconds": 60, "maxDrainedPercent": 25, "inventoryEachUp": False}))
+    health = load_settings().health
+    assert (health.ignore_xids, health.critical_xids, health.inventory_each_up) == ((94, 95), (43,), False)
+    assert health.node_env() == {"HEALTH_IGNORE_XIDS": "94,95", "HEALTH_CRITICAL_XIDS": "43",
+                                 "HEALTH_INTERVAL_SECONDS": "5", "HEALTH_RECOVERY_SECONDS": "60",
+                                 "HEALTH_MAX_DRAINED_PERCENT": "25"}
