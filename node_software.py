@@ -25,6 +25,10 @@ NODE_VERSIONS_ENV = f"{SOFTWARE_DIR}/versions.env"
 AGENT_PATH = f"{SOFTWARE_DIR}/gpu_agent.py"
 AGENT_VENV = f"{NODE_DIR}/venv"
 NODE_ENV_PATH = "/etc/gpu-swarm/node.env"
+# The health settings, apart from node.env: changing them restarts two services and drains
+# no node, where a node.env change rolls the node (drain, apply, admit).
+HEALTH_ENV_PATH = "/etc/gpu-swarm/health.env"
+HEALTH_UNITS = ("gpu-swarm-health.service", "gpu-swarm-reconciler.service")
 BOOTSTRAP_LOG = "/var/log/gpu-swarm/bootstrap.log"
 STATE_DIR = "/var/lib/gpu-swarm"
 BOOTSTRAP_TIMINGS = f"{STATE_DIR}/bootstrap-timings.json"
@@ -119,16 +123,18 @@ def kernel_modules(instance_type: str) -> str:
 
 def bootstrap_steps(*, gpu: bool, instance_type: str) -> list[str]:
     """The bootstrap steps for a node, in order; each is node/<step>.sh."""
-    if not gpu:
-        return ["install-docker", "apply-docker-config"]
+    if not gpu:  # a manager: it runs the health reconciler, which needs the engine up
+        return ["install-docker", "apply-docker-config", "install-reconciler"]
     steps = ["install-docker", "install-nvidia-driver"]
     if needs_fabric_manager(instance_type):
         steps.append("install-fabric-manager")
-    return steps + ["install-container-toolkit", "install-gpu-agent", "build-check-image", "apply-docker-config"]
+    # The health watcher last: it watches the GPUs that the agent made docker advertise.
+    return steps + ["install-container-toolkit", "install-gpu-agent", "build-check-image", "apply-docker-config",
+                    "install-health-watcher"]
 
 
 def node_env(*, gpu: bool, gpu_kind: str, instance_type: str, image: str, slots_per_gpu: int = 0,
-             shared_kind: str = "") -> dict[str, str]:
+             shared_kind: str = "", spot: bool = False) -> dict[str, str]:
     """The node's settings, written to /etc/gpu-swarm/node.env, which every step and unit sources."""
     if image not in IMAGES:
         raise ValueError(f"image: expected one of {', '.join(IMAGES)}, found {image!r}")
@@ -142,6 +148,8 @@ def node_env(*, gpu: bool, gpu_kind: str, instance_type: str, image: str, slots_
     if gpu and slots_per_gpu:  # read by the agent: it advertises slots instead of whole GPUs
         env["GPU_SWARM_SLOTS_PER_GPU"] = str(slots_per_gpu)
         env["GPU_SWARM_SHARED_KIND"] = validate_kind(shared_kind)
+    if gpu and spot:  # read by the health watcher: it watches for AWS's reclaim notices
+        env["GPU_SWARM_SPOT"] = "true"
     return env
 
 
@@ -259,6 +267,26 @@ def _advertised_gpus_check(kind: str, expected: int, daemon_json: str) -> list[s
         f' expected {int(expected)}"',
         "docker info >/dev/null 2>&1 || fail 'docker is not running'",
     ]
+
+
+def health_settings(env: dict[str, str], root: str = "") -> str:
+    """On the node, as root: write health.env and restart the health services that run, if it changed.
+
+    Prints "changed" or "unchanged". The services read it at start; one not installed yet
+    (a node still in its bootstrap) starts with it later.
+    """
+    path = quote(root + HEALTH_ENV_PATH)
+    return script(
+        f'mkdir -p "$(dirname {path})"',
+        f"cat >{path}.new <<'HEALTH_ENV'\n{_env_text(env)}HEALTH_ENV",
+        f"if cmp -s {path}.new {path}; then rm -f {path}.new; echo unchanged; exit 0; fi",
+        f"mv {path}.new {path}",
+        # A manager has no watcher, a GPU node no reconciler; try-restart leaves a stopped one stopped.
+        f"for unit in {' '.join(HEALTH_UNITS)}; do",
+        '  if systemctl cat "$unit" >/dev/null 2>&1; then systemctl try-restart "$unit"; fi',
+        "done",
+        "echo changed",
+    )
 
 
 _USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")

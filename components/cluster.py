@@ -15,6 +15,7 @@ from components.security_groups import SecurityGroups, SecurityGroupsArgs
 from components.ssh_key import SshKey, SshKeyArgs
 from components.swarm_init import SwarmInit, SwarmInitArgs
 from components.swarm_membership import Membership, MembershipArgs
+from components.swarm_health import SwarmHealth, SwarmHealthArgs
 from components.swarm_reconcile import SwarmReconcile, SwarmReconcileArgs
 from components.user_data import render_user_data
 from swarm.gpu_check import GpuCheck
@@ -100,22 +101,25 @@ class Cluster(pulumi.ComponentResource):
         members = [(node, pool, self._membership(node, pool, swarm, software[node.name], manager_ips))
                    for node, pool in nodes]
         admitted = [m.admitted for _, _, m in members]
-        SwarmReconcile(f"{name}-reconcile", SwarmReconcileArgs(
+        reconcile = SwarmReconcile(f"{name}-reconcile", SwarmReconcileArgs(
             manager=self._first_live, node_ids=[m.node_id for _, _, m in members],
             stacks=[st.name for st in s.stacks], after=admitted,
         ), opts=self._child)
-        for stack in s.stacks:
-            GpuStack(f"{name}-stack-{stack.name}", GpuStackArgs(
-                stack_name=stack.name, content=stack.content, sha256=stack.sha256, manager=self._first_live,
-                after=admitted,
-            ), opts=self._child)
+        deployed = [GpuStack(f"{name}-stack-{stack.name}", GpuStackArgs(
+            stack_name=stack.name, content=stack.content, sha256=stack.sha256, manager=self._first_live,
+            after=admitted,
+        ), opts=self._child) for stack in s.stacks]
+        health = SwarmHealth(f"{name}-health", SwarmHealthArgs(
+            manager=self._first_live, node_ids=[m.node_id for _, _, m in members],
+            each_up=s.health.inventory_each_up, after=[*admitted, reconcile, *deployed],
+        ), opts=self._child)
 
         self.vpc_id = pulumi.Output.from_input(vpc_id)
         self.availability_zones = list(s.network.availability_zones)
         self.manager_public_ips = pulumi.Output.all(*[n.public_ip for n in managers.nodes])
         self.manager_private_ips = pulumi.Output.all(*manager_ips)
         self.ssh_commands = self._ssh_commands([node for node, _ in nodes])
-        self.inventory = pulumi.Output.all(*[self._inventory_entry(*m) for m in members])
+        self.inventory = pulumi.Output.all(*[self._inventory_entry(*m, health) for m in members])
         self.bootstrap_timings = pulumi.Output.all(*[software[n.name].bootstrap_timings for n, _ in nodes]).apply(
             lambda timings: {node.name: t for (node, _), t in zip(nodes, timings)}
         )
@@ -158,10 +162,10 @@ class Cluster(pulumi.ComponentResource):
         instance_type = pool.instance_type if gpu else s.managers.instance_type
         env = node_software.node_env(gpu=gpu, gpu_kind=s.gpu_kind, instance_type=instance_type,
                                      image=s.image if gpu else "ubuntu", slots_per_gpu=pool.slots_per_gpu if gpu else 0,
-                                     shared_kind=s.shared_gpu_kind)
+                                     shared_kind=s.shared_gpu_kind, spot=gpu and pool.spot)
         return NodeSoftware(f"{self._name}-software-{node.pool}-{node.index}", NodeSoftwareArgs(
             pool=node.pool, gpu=gpu, expected_gpus=pool.gpus_per_node if gpu else 0, instance_type=instance_type,
-            env=env,
+            env=env, health_env=s.health.node_env(),
             software=self._software, node=self._connection(node, BOOT), manager=self._first_live,
             private_ip=node.private_ip, instance_id=node.instance.id, access_script=self._access,
             cordon_after=list(cordon_after),
@@ -202,10 +206,11 @@ class Cluster(pulumi.ComponentResource):
             lambda commands: {n.name: c for n, c in zip(nodes, commands)}
         )
 
-    def _inventory_entry(self, node: Node, pool: GpuPool | None, member: Membership) -> pulumi.Output[dict]:
+    def _inventory_entry(self, node: Node, pool: GpuPool | None, member: Membership,
+                         health: SwarmHealth) -> pulumi.Output[dict]:
         return pulumi.Output.all(
             node.instance.instance_type, node.private_ip, node.public_ip, member.node_id, member.advertised_gpus,
-            member.gpus_verified,
+            member.gpus_verified, health.conditions,
         ).apply(lambda v: {
             "name": node.name,
             "role": node.role,
@@ -221,7 +226,17 @@ class Cluster(pulumi.ComponentResource):
             "gpusVerified": (v[5] or {}).get("verified") if pool else None,
             "slotsPerGpu": pool.slots_per_gpu if pool else 0,
             "software": self._software[:12],
+            # As the swarm saw it at this `pulumi up` (health.inventoryEachUp) or when the
+            # nodes last changed: the watcher's condition, and what the reconciler did.
+            "health": _health_entry((v[6] or {}).get(v[3]), health.read_at),
         })
+
+
+def _health_entry(seen: dict | None, read_at: str | None) -> dict:
+    seen = seen or {}
+    return {"condition": seen.get("condition"), "reason": seen.get("reason"), "gpu": seen.get("gpu"),
+            "availability": seen.get("availability"), "state": seen.get("state"),
+            "drainedBy": seen.get("drainedBy"), "lastAction": seen.get("healthLast"), "readAt": read_at}
 
 
 def _pool_labels(pool: GpuPool) -> dict[str, str]:

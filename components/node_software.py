@@ -26,6 +26,7 @@ class NodeSoftwareArgs:
     expected_gpus: int
     instance_type: str
     env: dict[str, str]  # node.env: the node's settings (kind, image, ...)
+    health_env: dict[str, str]  # health.env: Health.node_env(), apart so that a change drains nothing
     software: str  # node_software.software_hash()
     node: pulumi.Input[command.remote.ConnectionArgs]  # to the node, patient: it may be booting
     manager: pulumi.Input[command.remote.ConnectionArgs]  # to the first manager
@@ -75,13 +76,22 @@ class NodeSoftware(pulumi.ComponentResource):
             triggers=fresh,
             opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.cordon_after)),
         )
+        # Before the software, so that its services start with these settings; a later
+        # change restarts them and nothing else.
+        health = command.remote.Command(
+            f"{name}-health",
+            connection=args.node,
+            create=as_root(node_software.health_settings(args.health_env)),
+            triggers=fresh,
+            opts=child,
+        )
         self.applied = command.remote.Command(
             f"{name}-apply",
             connection=args.node,
             create=as_root(node_software.apply_software(
                 software=args.software, steps=steps, env=args.env, expected_gpus=args.expected_gpus)),
             triggers=fresh,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[copy, cordon]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[copy, cordon, health]),
         )
         self.bootstrap_timings = self.applied.stdout.apply(_parse_timings)
         self.register_outputs({"bootstrap_timings": self.bootstrap_timings})

@@ -62,3 +62,14 @@ hold_nvidia_packages() {
     log "held ${#pkgs[@]} NVIDIA packages against unattended upgrades: ${pkgs[*]}"
   fi
 }
+# install_service UNIT: install the unit from beside the steps, enable it and (re)start it,
+# so that new node software runs at once; on failure, show its journal and fail the step.
+install_service() {
+  install -m 0644 "$(dirname "${BASH_SOURCE[0]}")/$1" "$GPU_SWARM_UNIT_DIR/$1"
+  systemctl daemon-reload
+  systemctl enable "$1"
+  systemctl restart "$1" || {
+    journalctl -u "$1" -n 30 --no-pager || :
+    die "$1 failed to start"
+  }
+}

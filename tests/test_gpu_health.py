@@ -692,7 +692,7 @@ def test_unit_runs_the_watcher_after_docker_and_the_agent():
     settings = unit_settings(UNIT)
     assert settings["Type"] == ["simple"] and settings["Restart"] == ["always"] and settings["RestartSec"] == ["5"]
     assert {"docker.service", "gpu-swarm-agent.service"} <= set(settings["After"][0].split())
-    assert settings["EnvironmentFile"] == ["-/etc/gpu-swarm/node.env"]
+    assert settings["EnvironmentFile"] == ["-/etc/gpu-swarm/node.env", "-/etc/gpu-swarm/health.env"]
     assert settings["ExecStart"] == ["/opt/gpu-swarm/venv/bin/python /opt/gpu-swarm/software/gpu_health.py"]
     assert "multi-user.target" in settings["WantedBy"][0]
 

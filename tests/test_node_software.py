@@ -297,6 +297,70 @@ def test_apply_passes_shellcheck():
     assert proc.returncode == 0, proc.stdout
 
 
+# ---------------------------------------------------------------- health settings, apart from node.env
+
+
+def _health(node: Node, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", node_software.health_settings(env, root=str(node.root))], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PATH": f"{node.bin}:{os.environ['PATH']}"})
+
+
+def test_health_settings_restart_the_health_services_only_when_they_change(node):
+    from settings import Health
+    first = _health(node, Health().node_env())
+    assert first.returncode == 0 and first.stdout.strip() == "changed", first.stderr
+    written = node.path(node_software.HEALTH_ENV_PATH).read_text()
+    assert "HEALTH_INTERVAL_SECONDS=10\n" in written and "HEALTH_IGNORE_XIDS=\n" in written
+    assert "systemctl try-restart gpu-swarm-health.service" in node.calls.read_text()
+    # Only the units this node has: here the watcher (a GPU node).
+    node.fake("systemctl", '[ "$1 $2" != "cat gpu-swarm-reconciler.service" ]')
+    node.calls.unlink()
+    assert _health(node, Health(ignore_xids=(94, 95)).node_env()).stdout.strip() == "changed"
+    assert "HEALTH_IGNORE_XIDS=94,95\n" in node.path(node_software.HEALTH_ENV_PATH).read_text()
+    assert node.calls.read_text().splitlines() == [
+        "systemctl cat gpu-swarm-health.service", "systemctl try-restart gpu-swarm-health.service",
+        "systemctl cat gpu-swarm-reconciler.service"]
+    again = _health(node, Health(ignore_xids=(94, 95)).node_env())
+    assert again.stdout.strip() == "unchanged" and len(node.calls.read_text().splitlines()) == 3
+    assert [p.name for p in node.path(node_software.HEALTH_ENV_PATH).parent.iterdir()] == ["health.env"]
+
+
+def test_health_settings_are_what_the_watcher_and_the_reconciler_read():
+    """The values the program writes parse, as environment defaults, in both node programs."""
+    import importlib.util
+    import sys
+    from settings import Health
+    env = Health(ignore_xids=(94, 95), critical_xids=(43,), check_interval_s=5, recovery_s=60,
+                 max_drained_percent=25).node_env()
+    sys.path.insert(0, str(SOURCE_DIR))
+    try:
+        programs = {}
+        for name in ("gpu_health", "swarm_reconciler"):
+            spec = importlib.util.spec_from_file_location(f"{name}_env_check", SOURCE_DIR / f"{name}.py")
+            programs[name] = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = programs[name]
+            spec.loader.exec_module(programs[name])
+    finally:
+        sys.path.remove(str(SOURCE_DIR))
+    watcher = programs["gpu_health"].parse_args([], env=env)
+    assert (watcher.ignore_xids, watcher.critical_xids, watcher.interval, watcher.recovery_seconds) == (
+        frozenset({94, 95}), frozenset({43}), 5, 60)
+    assert programs["swarm_reconciler"].parse_args([], env=env).max_drained_percent == 25
+
+
+def test_health_units_read_health_env():
+    for unit in node_software.HEALTH_UNITS:
+        assert f"EnvironmentFile=-{node_software.HEALTH_ENV_PATH}" in (SOURCE_DIR / unit).read_text()
+
+
+def test_health_settings_pass_shellcheck():
+    require_tool("shellcheck")
+    from settings import Health
+    proc = subprocess.run(["shellcheck", "-s", "bash", "-"], input=node_software.health_settings(Health().node_env()),
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
 # ---------------------------------------------------------------- who may log in
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pytest
 
 import node_software
-from components import provider_facts
+from components import provider_facts, swarm_health
 from tests.conftest import CUSTOM_AMI, CUSTOM_AMI_NEXT, request_inputs, run_program, stack_config, unwrap
 
 INSTANCE = "aws:ec2/instance:Instance"
@@ -43,12 +43,22 @@ def _registered(run) -> dict:
             if not req.type.startswith(("pulumi:", "gpu-swarm:"))}
 
 
-def plan(config_a: dict, config_b: dict, *, between=None, secret_keys=(), stack: str = "prod") -> Plan:
-    """Run the program with config A, then (after `between()`, if given) with config B; diff them."""
-    a = _registered(run_program(config_a, secret_keys, stack=stack))
-    if between:
-        between()
-    b = _registered(run_program(config_b, secret_keys, stack=stack))
+HEALTH_READ = "gpu-swarm-health-read"  # reads each node's condition at every `pulumi up`
+
+
+def plan(config_a: dict, config_b: dict, *, between=None, secret_keys=(), stack: str = "prod",
+         monkeypatch=None) -> Plan:
+    """Run the program with config A, then (after `between()`, if given) with config B; diff them.
+
+    The two runs are two `pulumi up`s, a minute apart: the health read that runs at each
+    up is checked to be an update of its script alone, and left out of the result."""
+    stamps = iter(["2026-11-23T01:00:00+00:00", "2026-11-23T01:01:00+00:00"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(swarm_health, "read_stamp", lambda: next(stamps))
+        a = _registered(run_program(config_a, secret_keys, stack=stack))
+        if between:
+            between()
+        b = _registered(run_program(config_b, secret_keys, stack=stack))
     result = Plan(created=set(b) - set(a), deleted=set(a) - set(b),
                   instances={n for n, (typ, _, _) in b.items() if typ == INSTANCE})
     for name in set(a) & set(b):
@@ -65,6 +75,8 @@ def plan(config_a: dict, config_b: dict, *, between=None, secret_keys=(), stack:
             result.replaced[name] = forcing
         else:
             result.updated[name] = {k for k in set(old) | set(new) if old.get(k) != new.get(k)}
+    read = result.updated.pop(HEALTH_READ, None)
+    assert read is None or "create" in read and read <= {"create", "connection"}, read  # None: inventoryEachUp off
     return result
 
 
@@ -77,6 +89,23 @@ def with_(**overrides) -> dict:
 
 def test_a_second_pulumi_up_with_nothing_changed_changes_nothing():
     assert plan(PROD, PROD).changed() == set()
+
+
+def test_each_pulumi_up_reads_the_conditions_and_with_inventory_each_up_off_nothing_at_all():
+    each = plan(PROD, PROD)  # plan() checks the read itself
+    assert each.changed() == set()
+    quiet = with_(health={"inventoryEachUp": False})
+    a = _registered(run_program(quiet, stack="prod"))
+    b = _registered(run_program(quiet, stack="prod"))
+    assert a[HEALTH_READ][1] == b[HEALTH_READ][1] and "conditions read at" not in a[HEALTH_READ][1]["create"]
+
+
+def test_a_health_setting_restarts_the_health_services_and_drains_nothing():
+    changed = plan(PROD, with_(health={"ignoreXids": [94], "checkIntervalSeconds": 5}))
+    assert changed.created == changed.deleted == set() and not changed.replaced
+    assert set(changed.updated) == {n for n in changed.updated if n.endswith("-health")} and changed.updated
+    assert all(why == {"create"} for why in changed.updated.values())
+    assert not any(n.endswith(("-apply", "-cordon", "-admit")) for n in changed.changed())
 
 
 def test_an_operator_on_another_os_and_python_changes_nothing(monkeypatch):

@@ -244,7 +244,7 @@ def test_the_program_key_and_the_extra_keys_may_log_in():
 
 
 def test_commands_that_meet_a_node_first_wait_for_its_boot_others_give_up_soon(prod):
-    patient = ("-probe-1", "-probe-2", "-init", "-join", "-apply", "-copy", "-access")
+    patient = ("-probe-1", "-probe-2", "-init", "-join", "-apply", "-copy", "-access", "-health")
     for name in list(prod.of_type("command:remote:Command")) + list(prod.of_type("command:remote:CopyToRemote")):
         conn = prod.plain(name)["connection"]
         expected = remote.BOOT if name.endswith(patient) else remote.LIVE
@@ -471,3 +471,29 @@ def test_a_shared_pool_advertises_slots_and_its_nodes_say_so(prod):
     assert '"Kind":"NVIDIA-GPU-SHARED"' in admit and "gpu-swarm.slots-per-gpu=4" in admit
     assert "--generic-resource NVIDIA-GPU-SHARED=1" in admit  # the check reserves one slot
     assert "--generic-resource NVIDIA-GPU=8" in inner(prod.plain("gpu-swarm-member-training-0-admit"))
+
+
+def test_inventory_shows_each_nodes_health_as_read_at_this_up(prod):
+    """The read runs after every change to the swarm, on the first manager, and touches nothing."""
+    nodes = prod.run.exports["inventory"]
+    assert all(n["health"]["condition"] == "healthy" and n["health"]["availability"] == "active" for n in nodes)
+    assert all(n["health"]["readAt"] and n["health"]["readAt"] == nodes[0]["health"]["readAt"] for n in nodes)
+    read = prod.plain("gpu-swarm-health-read")
+    assert f"# conditions read at {nodes[0]['health']['readAt']}" in read["create"]
+    assert all(n["swarmNodeId"] in read["create"] for n in nodes)
+    assert "docker node update" not in read["create"] and "delete" not in read
+    for after in ("gpu-swarm-reconcile-run", "gpu-swarm-stack-gpu-smoke-deploy", "gpu-swarm-member-training-0-admit"):
+        assert prod.depends_on("gpu-swarm-health-read", after), after
+
+
+def test_gpu_nodes_run_the_health_watcher_and_managers_the_reconciler(prod):
+    """Every node gets the health settings before its software; spot nodes watch for reclaims."""
+    for name in ("training-0", "inference-0", "managers-0"):
+        apply = prod.plain(f"gpu-swarm-software-{name}-apply")["create"]
+        gpu = not name.startswith("managers")
+        assert ("install-health-watcher" in apply) is gpu and ("install-reconciler" in apply) is not gpu, name
+        assert ("GPU_SWARM_SPOT=true" in apply) is name.startswith("inference"), name  # the spot pool
+        assert "HEALTH_" not in apply  # a health setting must not roll the node
+        health = prod.plain(f"gpu-swarm-software-{name}-health")["create"]
+        assert "HEALTH_INTERVAL_SECONDS=10" in health and "try-restart" in health
+        assert prod.depends_on(f"gpu-swarm-software-{name}-apply", f"gpu-swarm-software-{name}-health")

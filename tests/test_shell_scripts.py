@@ -369,6 +369,27 @@ def test_gpu_agent_step_fails_loudly_with_the_agents_journal(node):
     assert "agent: NVML failed" in node.log.read_text()
 
 
+@pytest.mark.parametrize("step,unit", [("install-health-watcher", "gpu-swarm-health.service"),
+                                       ("install-reconciler", "gpu-swarm-reconciler.service")])
+def test_health_steps_install_enable_and_restart_their_unit(node, step, unit):
+    """Restart, not start: a node that gets new software runs the new watcher at once."""
+    node.real_step(step)
+    node.fake("systemctl", "exit 0")
+    assert node.bootstrap(step).returncode == 0, node.log.read_text()
+    assert node.called() == ["systemctl daemon-reload", f"systemctl enable {unit}", f"systemctl restart {unit}"]
+    assert (node.root / "units" / unit).read_text() == (NODE_SRC / unit).read_text()
+
+
+def test_a_health_unit_that_does_not_start_fails_its_step_with_its_journal(node):
+    node.real_step("install-health-watcher")
+    node.fake("systemctl", '[ "$1" != restart ]')
+    node.fake("journalctl", 'echo "gpu-swarm health: NVML failing"')
+    assert node.bootstrap("install-health-watcher").returncode == 1
+    assert node.statuses() == {"install-health-watcher": "failed"}
+    log = node.log.read_text()
+    assert "gpu-swarm health: NVML failing" in log and "gpu-swarm-health.service failed to start" in log
+
+
 def test_apply_docker_config_drops_live_restore_and_restarts_only_on_change(node):
     node.real_step("apply-docker-config")
     node.fake("systemctl", "exit 0")
