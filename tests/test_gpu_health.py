@@ -533,13 +533,25 @@ def test_spot_instance_action_means_reclaim(node, imds):
     assert [h.get("x-aws-ec2-metadata-token") for _, _, h in fake.requests] == [None, fake.token, fake.token]
 
 
-def test_spot_rebalance_means_reclaim_and_outranks_a_gpu_fault(node, imds):
+def test_spot_reclaim_outranks_a_gpu_fault_and_a_rebalance(node, imds):
     url, fake = imds
     fake.answers[REBALANCE] = {"noticeTime": "2026-11-22T23:50:00Z"}
+    fake.answers[ACTION] = {"action": "stop", "time": "2026-11-22T23:59:00Z"}
     node.set_faults({uuid(0): {"xid": 79}})
     report, _ = node.once("--imds", url, env={"GPU_SWARM_SPOT": "true"})
-    assert report["condition"] == "reclaim" and report["reason"] == "rebalance_recommended_at_2026-11-22T23:50:00Z"
+    assert report["condition"] == "reclaim" and report["reason"] == "spot_stop_at_2026-11-22T23:59:00Z"
     assert report["gpus"][uuid(0)]["condition"] == "unhealthy"
+
+
+def test_a_rebalance_recommendation_is_shown_as_degraded_and_drains_nothing(node, imds):
+    """It says the risk went up, often hours ahead of any interruption: the node keeps its tasks."""
+    url, fake = imds
+    fake.answers[REBALANCE] = {"noticeTime": "2026-11-22T23:50:00Z"}
+    report, _ = node.once("--imds", url, env={"GPU_SWARM_SPOT": "true"})
+    assert report["condition"] == "degraded" and report["reason"] == "rebalance_recommended_at_2026-11-22T23:50:00Z"
+    node.set_faults({uuid(0): {"xid": 79}})  # a GPU fault is worse, and drains
+    report, _ = node.once("--imds", url, env={"GPU_SWARM_SPOT": "true"})
+    assert report["condition"] == "unhealthy"
 
 
 def test_spot_nothing_announced_is_healthy(node, imds):
