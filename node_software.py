@@ -250,16 +250,21 @@ def apply_software(*, software: str, steps: list[str], env: dict[str, str], expe
         f'  [ -e {at["done"]} ] || fail "the bootstrap ended without finishing (journalctl -u $unit)"',
         f"  echo {applied} >{at['applied']}",
         "fi",
-        *_advertised_gpus_check(env.get("GPU_SWARM_KIND", ""), expected_gpus, at["daemon"]),
+        *_advertised_gpus_check(env, expected_gpus, at["daemon"]),
         f"cat {at['timings']} 2>/dev/null || echo '{{}}'",
     )
 
 
-def _advertised_gpus_check(kind: str, expected: int, daemon_json: str) -> list[str]:
+def _advertised_gpus_check(env: dict[str, str], gpus: int, daemon_json: str) -> list[str]:
     # dockerd reads node-generic-resources only at start, and the agent restarts it after
-    # writing them, so daemon.json is what the engine advertises.
+    # writing them, so daemon.json is what the engine advertises: each GPU whole, or as
+    # GPU_SWARM_SLOTS_PER_GPU slots of the shared kind.
+    kind, slots = env.get("GPU_SWARM_KIND", ""), int(env.get("GPU_SWARM_SLOTS_PER_GPU") or 0)
     if not kind:
         return []
+    if slots:
+        kind = env["GPU_SWARM_SHARED_KIND"]
+    expected = gpus * (slots or 1)
     entry = quote(f'"{kind}=')
     return [
         f"n=$({{ grep -o {entry} {daemon_json} 2>/dev/null || true; }} | wc -l)",

@@ -290,6 +290,21 @@ def test_a_node_advertising_the_wrong_gpu_count_fails(node):
     assert "node advertises 0 NVIDIA-GPU resources" in result.stderr and "expected 1" in result.stderr
 
 
+def test_a_sharing_node_is_counted_in_slots_of_the_shared_kind(node):
+    """A pool with slotsPerGpu: 4 advertises 4 slots per GPU under the shared kind, no whole GPU."""
+    shared = node_software.node_env(gpu=True, gpu_kind="NVIDIA-GPU", instance_type="g6e.12xlarge", image="ubuntu",
+                                    slots_per_gpu=4, shared_kind="NVIDIA-GPU-SHARED")
+    path = node.path("/etc/docker/daemon.json")
+    uuid = "GPU-00000000-0000-0000-0000-000000000000"
+    path.write_text(json.dumps({"node-generic-resources": [f"NVIDIA-GPU-SHARED={uuid}-s{k}" for k in range(4)]}))
+    ok = node.apply(env=shared, expected_gpus=1)
+    assert ok.returncode == 0, ok.stderr
+    path.write_text(json.dumps({"node-generic-resources": [f"NVIDIA-GPU={uuid}"]}))  # whole: not what it should be
+    wrong = node.apply(env=shared, expected_gpus=1)
+    assert wrong.returncode == 1 and "node advertises 0 NVIDIA-GPU-SHARED resources" in wrong.stderr
+    assert "expected 4" in wrong.stderr
+
+
 def test_apply_passes_shellcheck():
     require_tool("shellcheck")
     text = apply_software(software=SOFTWARE, steps=["install-docker"], env=ENV, expected_gpus=1)
