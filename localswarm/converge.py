@@ -55,14 +55,18 @@ def admit(desired: Desired, engine: Engine, node: Node, node_id: str) -> tuple[l
 
 
 def converge(desired: Desired, engine: Engine, say: Callable[[str], None] = lambda _: None) -> dict:
-    """Bring the swarm to `desired`; returns {"cluster_id", "node_ids"}. Safe to run again."""
+    """Bring the swarm to `desired`; returns {"cluster_id", "node_ids", "checks"}. Safe to run again."""
     formed = form_swarm(desired, engine, say)
     deploy_stacks(desired, engine)
     return formed
 
 
-def form_swarm(desired: Desired, engine: Engine, say: Callable[[str], None] = lambda _: None) -> dict:
-    """Every step up to the reconcile: the swarm has the desired members, admitted."""
+def form_swarm(desired: Desired, engine: Engine, say: Callable[[str], None] = lambda _: None,
+               lap: Callable[[str], object] = lambda _: None) -> dict:
+    """Every step up to the reconcile: the swarm has the desired members, admitted.
+
+    lap(phase) is called as each step ends, so `up` can time them.
+    """
     managers = [n for n in desired.nodes if n.role == "manager"]
     first, peers = managers[0], managers[1:]
 
@@ -73,6 +77,7 @@ def form_swarm(desired: Desired, engine: Engine, say: Callable[[str], None] = la
                                  stdin=formation.live_peers(answers)))
     cluster = init["cluster_id"]
     say(f"{first.name}: {'created the swarm' if init['created'] else 'in swarm'} {cluster[:12]}")
+    lap("swarm_init")
     tokens = json.loads(run_script(first, engine, formation.read_join_tokens(cluster)))
 
     def join(node: Node) -> str:
@@ -85,6 +90,7 @@ def form_swarm(desired: Desired, engine: Engine, say: Callable[[str], None] = la
         node_ids[node.name] = join(node)
     workers = [n for n in desired.nodes if n.role == "worker"]
     node_ids.update(zip((w.name for w in workers), _parallel(join, workers)))
+    lap("joins")
 
     results = _parallel(lambda n: admit(desired, engine, n, node_ids[n.name]), desired.nodes)
     checks = {}
@@ -92,7 +98,9 @@ def form_swarm(desired: Desired, engine: Engine, say: Callable[[str], None] = la
         checks[node.name] = check
         verified = "" if check is None else ", GPUs proven" if check.get("verified") else ", GPU check FAILED"
         say(f"{node.name} is in as {node.role}, advertising {len(resources)} GPU resource(s){verified}")
+    lap("admit_and_gpu_check")
     run_script(first, engine, reconcile.reconcile(nodes=list(node_ids.values()), stacks=list(desired.stacks)))
+    lap("reconcile")
     return {"cluster_id": cluster, "node_ids": node_ids, "checks": checks}
 
 

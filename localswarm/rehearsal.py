@@ -5,7 +5,6 @@ Pulumi components send over SSH, and each node's GPUs come from the real agent.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -15,45 +14,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-import node_software
 from localswarm import network, nodes as nodes_mod, placement, registry
-from localswarm.converge import Desired, admit, converge, deploy_stacks, form_swarm
+from localswarm.converge import admit, converge, deploy_stacks, form_swarm
 from localswarm.host import CLI, REPO, RehearsalError, check_host, find_engine, run
 from localswarm.nodes import RUN_ROOT, STATE_ROOT, Node
 from localswarm.stacks import prepare_stack
+from localswarm.state import (SHARED_POOL, agent_args, desired, find_node, load_state, new_node, next_index, nodes_of,
+                              require_state, save_state)
 from swarm import rollout
-from swarm.gpu_check import GpuCheck
 from swarm.gpu_kind import DEFAULT_KIND, MAX_SLOTS_PER_GPU, default_shared_kind, validate_kind
 
-STATE_FILE = STATE_ROOT / "state.json"
 DEFAULT_STACK = REPO / "stacks" / "gpu-smoke.yml"
 DEFAULT_SHARED_STACK = REPO / "stacks" / "inference-shared.yml"
 Progress = Callable[[str], None]
-
-
-def load_state() -> dict | None:
-    try:
-        return json.loads(STATE_FILE.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _save_state(state: dict) -> None:
-    STATE_ROOT.mkdir(parents=True, exist_ok=True)
-    tmp = STATE_FILE.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
-    tmp.replace(STATE_FILE)
-
-
-def _nodes(state: dict) -> list[Node]:
-    return [Node(**n) for n in state["nodes"]]
-
-
-def _require_state() -> dict:
-    state = load_state()
-    if not state:
-        raise RehearsalError(f"no rehearsal is up; start one with `{CLI} up`")
-    return state
 
 
 def _check_args(n_nodes: int, gpus: int, managers: int, kind: str, slots: int = 0, shared_nodes: int = 0) -> None:
@@ -76,29 +49,11 @@ def _check_args(n_nodes: int, gpus: int, managers: int, kind: str, slots: int = 
         raise RehearsalError("; ".join(problems))
 
 
-def release_of(state: dict) -> str:
-    """What the rehearsal's nodes "run": the program's node software and the rehearsal's settings."""
-    seed = f"{node_software.software_hash()}\n{state['kind']}\n{state['gpus_per_node']}\n{state.get('rolls', 0)}"
-    return hashlib.sha256(seed.encode()).hexdigest()
-
-
-def desired(state: dict) -> Desired:
-    nodes = _nodes(state)
-    # Every rehearsal node has GPUs, managers too, so a small rehearsal still has room to schedule.
-    gpus = {n.name: state["gpus_per_node"] for n in nodes}
-    return Desired(nodes=nodes, kind=state["kind"], gpus=gpus,
-                   stacks={name: s["text"] for name, s in state["stacks"].items()}, release=release_of(state),
-                   shared_kind=state.get("shared_kind", ""),
-                   slots={n.name: state["slots_per_gpu"] for n in nodes if n.pool == SHARED_POOL},
-                   check=GpuCheck(image=registry.STANDIN_IMAGE, devices=False, busy_after_s=8)
-                   if any(gpus.values()) else None)
-
-
 def up(*, n_nodes: int = 3, gpus: int = 2, managers: int = 1, stacks: list[str] | None = None,
        kind: str = DEFAULT_KIND, progress: Progress = print, converge_timeout: float = 120,
        keep_on_failure: bool = False, slots_per_gpu: int = 0, shared_nodes: int | None = None) -> dict:
-    started = time.monotonic()
-    say = lambda msg: progress(f"[{time.monotonic() - started:5.1f}s] {msg}")  # noqa: E731
+    clock = _Clock()
+    say = lambda msg: progress(f"[{clock.now():5.1f}s] {msg}")  # noqa: E731
     shared = (n_nodes if shared_nodes is None else shared_nodes) if slots_per_gpu else 0
     _check_args(n_nodes, gpus, managers, kind, slots_per_gpu, shared)
     check_host()
@@ -106,7 +61,7 @@ def up(*, n_nodes: int = 3, gpus: int = 2, managers: int = 1, stacks: list[str] 
     if load_state() or network.our_netns():
         raise RehearsalError(f"a rehearsal is already up; see it with `{CLI} status`, or run `{CLI} down` first")
     # The last `shared` nodes share their GPUs (as one pool of the program would); the rest don't.
-    nodes = [_node(i, "manager" if i <= managers else "worker", shared=i > n_nodes - shared)
+    nodes = [new_node(i, "manager" if i <= managers else "worker", shared=i > n_nodes - shared)
              for i in range(1, n_nodes + 1)]
     whole_gpus = gpus * (n_nodes - shared)
     shared_kind = default_shared_kind(kind) if shared else ""
@@ -121,9 +76,10 @@ def up(*, n_nodes: int = 3, gpus: int = 2, managers: int = 1, stacks: list[str] 
 
     state = {"kind": kind, "gpus_per_node": gpus, "nodes": [n.to_dict() for n in nodes], "stacks": prepared,
              "slots_per_gpu": slots_per_gpu, "shared_kind": shared_kind}
-    _save_state(state)  # first, so that `down` can clean up after a failure below
+    save_state(state)  # first, so that `down` can clean up after a failure below
+    clock.lap("checks")  # arguments, host, engine and stack files
     try:
-        timings = _build(state, engine, say, started, converge_timeout)
+        timings = _build(state, engine, say, clock, converge_timeout)
     except BaseException as e:
         if keep_on_failure:
             raise RehearsalError(f"{e}\nThe partial rehearsal is still there: look at it, then run `{CLI} down`.")
@@ -137,50 +93,67 @@ def up(*, n_nodes: int = 3, gpus: int = 2, managers: int = 1, stacks: list[str] 
     return view
 
 
-def _build(state: dict, engine, say, started: float, converge_timeout: float) -> dict:
-    nodes = _nodes(state)
+class _Clock:
+    """Seconds since `up` started, and how long each of its phases took, for `up`'s timings."""
+
+    def __init__(self) -> None:
+        self.started, self.epoch = time.monotonic(), time.time()
+        self.phases: dict[str, float] = {}
+        self._last = self.started
+
+    def now(self) -> float:
+        return round(time.monotonic() - self.started, 2)
+
+    def lap(self, phase: str) -> float:
+        """End `phase`; returns the seconds since `up` started."""
+        at = time.monotonic()
+        self.phases[phase] = round(at - self._last, 2)
+        self._last = at
+        return round(at - self.started, 2)
+
+
+def _build(state: dict, engine, say, clock: _Clock, converge_timeout: float) -> dict:
+    nodes = nodes_of(state)
     network.create_bridge()
     registry.start_registry()
     for node in nodes:
         network.create_node_netns(node.name, node.index)
+    clock.lap("network_and_registry")
     for node, report in zip(nodes, _parallel(lambda n: _first_boot(n, state), nodes)):
         say(f"{node.name}: agent wrote {len(report['resources'])} {state['kind']} resources to {node.daemon_json}")
+    clock.lap("agents")
     # Engines start together: each takes a second or two, mostly waiting on its own containerd.
     _parallel(lambda n: nodes_mod.start_dockerd(n, engine), nodes)
     _parallel(lambda n: nodes_mod.wait_ready(n, engine), nodes)
-    nodes_ready = time.monotonic() - started
+    nodes_ready = clock.lap("engines")
     say(f"{len(nodes)} engines ready at {', '.join(n.address for n in nodes)}")
     # The post-join GPU check runs the stand-in on each node, so it must be there first.
     registry.push_standin(nodes[0], engine)
+    clock.lap("standin_push")
     say("stand-in image pushed to the local registry")
 
-    formed = form_swarm(desired(state), engine, say)
+    formed = form_swarm(desired(state), engine, say, lap=clock.lap)
     state["cluster_id"] = formed["cluster_id"]
-    _save_state(state)
-    swarm_ready = time.monotonic() - started
+    save_state(state)
+    swarm_ready = clock.now()
     managers = sum(n.role == "manager" for n in nodes)
     say(f"swarm formed: {managers} manager(s), {len(nodes) - managers} worker(s), every node's GPUs proven")
     deploy_stacks(desired(state), engine)
+    stacks_deployed = clock.lap("stack_deploy")
     say(f"stack(s) deployed: {', '.join(state['stacks'])}")
-    stacks_deployed = time.monotonic() - started
     view = wait_converged(nodes, engine, state["kind"], converge_timeout, state.get("shared_kind", ""))
+    converged = clock.lap("stack_converge")
     say("stacks converged")
-    return {"view": view, "nodes_ready_s": round(nodes_ready, 2), "swarm_ready_s": round(swarm_ready, 2),
-            "stacks_deployed_s": round(stacks_deployed, 2),
-            "stack_converged_s": round(time.monotonic() - started, 2)}
+    return {"view": view, "nodes_ready_s": nodes_ready, "swarm_ready_s": swarm_ready,
+            "stacks_deployed_s": stacks_deployed, "stack_converged_s": converged,
+            "started_at": clock.epoch, "phases": clock.phases}
 
 
 def _first_boot(node: Node, state: dict) -> dict:
     """What the node software's bootstrap does here: the agent writes the node's daemon.json."""
     nodes_mod.prepare(node)
     return nodes_mod.run_agent(node, nodes_mod.simulated_gpus(state["gpus_per_node"]), state["kind"],
-                               _agent_args(node, state))
-
-
-def _agent_args(node: Node, state: dict) -> tuple[str, ...]:
-    if node.pool == SHARED_POOL:
-        return ("--slots-per-gpu", str(state["slots_per_gpu"]), "--shared-kind", state["shared_kind"])
-    return ()
+                               agent_args(node, state))
 
 
 def stack_name(path: Path) -> str:
@@ -201,8 +174,8 @@ def wait_converged(nodes: list[Node], engine, kind: str, timeout: float, shared_
 
 
 def status(*, progress: Progress = print) -> dict:
-    state = _require_state()
-    return placement.collect(_nodes(state), find_engine(), state["kind"], state.get("shared_kind", ""))
+    state = require_state()
+    return placement.collect(nodes_of(state), find_engine(), state["kind"], state.get("shared_kind", ""))
 
 
 # ---------------------------------------------------------------- changes, as `pulumi up` makes them
@@ -210,25 +183,25 @@ def status(*, progress: Progress = print) -> dict:
 
 def converge_again(*, progress: Progress = print) -> dict:
     """Run every swarm step of `pulumi up` again, as a second `pulumi up` with nothing changed would."""
-    state = _require_state()
+    state = require_state()
     engine = find_engine()
     result = converge(desired(state), engine, progress)
     state["cluster_id"] = result["cluster_id"]
-    _save_state(state)
+    save_state(state)
     return {**result, "view": status()}
 
 
 def replace_node(name: str, *, progress: Progress = print) -> dict:
     """The node's instance is lost and a new one takes its place (a new address, empty disk)."""
-    state = _require_state()
+    state = require_state()
     engine = find_engine()
-    old = _find(state, name)
-    new = Node(f"node-{_next_index(state)}", _next_index(state), old.role, old.pool)  # the same pool's new instance
+    old = find_node(state, name)
+    new = Node(f"node-{next_index(state)}", next_index(state), old.role, old.pool)  # the same pool's new instance
     progress(f"replacing {old.name} ({old.address}) with {new.name} ({new.address})")
     nodes_mod.remove_everything_of(old)
     network.create_node_netns(new.name, new.index)
     state["nodes"] = [new.to_dict() if n["name"] == name else n for n in state["nodes"]]
-    _save_state(state)
+    save_state(state)
     _first_boot(new, state)
     nodes_mod.start_dockerd(new, engine)
     nodes_mod.wait_ready(new, engine)
@@ -236,12 +209,12 @@ def replace_node(name: str, *, progress: Progress = print) -> dict:
 
 
 def add_node(*, role: str = "worker", progress: Progress = print) -> dict:
-    state = _require_state()
+    state = require_state()
     engine = find_engine()
-    node = _node(_next_index(state), role)
+    node = new_node(next_index(state), role)
     network.create_node_netns(node.name, node.index)
     state["nodes"].append(node.to_dict())
-    _save_state(state)
+    save_state(state)
     _first_boot(node, state)
     nodes_mod.start_dockerd(node, engine)
     nodes_mod.wait_ready(node, engine)
@@ -252,12 +225,12 @@ def add_node(*, role: str = "worker", progress: Progress = print) -> dict:
 def remove_node(name: str, *, progress: Progress = print) -> dict:
     """Scale down: the program no longer has the node. The reconcile drains and removes it,
     then its instance goes, as `pulumi up` deletes resources last."""
-    state = _require_state()
-    node = _find(state, name)
+    state = require_state()
+    node = find_node(state, name)
     if node.role == "manager" and sum(n["role"] == "manager" for n in state["nodes"]) == 1:
         raise RehearsalError("that is the only manager; the cluster needs one")
     state["nodes"] = [n for n in state["nodes"] if n["name"] != name]
-    _save_state(state)
+    save_state(state)
     result = converge_again(progress=progress)
     nodes_mod.remove_everything_of(node)
     progress(f"{name} drained, removed from the swarm, and its instance terminated")
@@ -266,7 +239,7 @@ def remove_node(name: str, *, progress: Progress = print) -> dict:
 
 def set_stacks(files: list[str], *, progress: Progress = print) -> dict:
     """The program's stack list changed: deploy what is listed, remove the rest."""
-    state = _require_state()
+    state = require_state()
     prepared = {}
     for arg in files:
         name, _, file = arg.rpartition("=") if "=" in arg else ("", "", arg)
@@ -276,7 +249,7 @@ def set_stacks(files: list[str], *, progress: Progress = print) -> dict:
         prepared[name] = prepare_stack(Path(file), name, state["kind"], state["gpus_per_node"] if whole else 0, 0,
                                        scale=False, say=progress, shared_kind=state["shared_kind"] if shared else None)
     state["stacks"] = prepared
-    _save_state(state)
+    save_state(state)
     return converge_again(progress=progress)
 
 
@@ -285,10 +258,10 @@ def roll(*, progress: Progress = print) -> dict:
     drained under its pool's lease (so one node per pool is out at a time), "applied", and
     admitted back. Applying here is what a bootstrap does when it changes daemon.json: the
     engine restarts. Returns the most nodes of each pool the swarm had drained at once."""
-    state = _require_state()
+    state = require_state()
     engine = find_engine()
     state["rolls"] = state.get("rolls", 0) + 1
-    _save_state(state)
+    save_state(state)
     want = desired(state)
     first = want.nodes[0]
     lock = str(STATE_ROOT / "rollout.lock")
@@ -336,33 +309,10 @@ def placement_nodes(manager: Node, engine, ids: list[str]) -> list[dict]:
     return json.loads(proc.stdout) if proc.returncode == 0 else []
 
 
-SHARED_POOL = "shared"
-
-
-def _node(index: int, role: str, shared: bool = False) -> Node:
-    # Pools as the program names them: the managers' own, one GPU pool for the workers, and one
-    # whose GPUs are shared. A manager that shares is in the shared pool: it is rolled with it.
-    pool = SHARED_POOL if shared else "managers" if role == "manager" else "rehearsal"
-    return Node(f"node-{index}", index, role, pool)
-
-
-def _find(state: dict, name: str) -> Node:
-    node = next((n for n in _nodes(state) if n.name == name), None)
-    if node is None:
-        raise RehearsalError(f"no node {name!r}; nodes are {', '.join(n['name'] for n in state['nodes'])}")
-    return node
-
-
-def _next_index(state: dict) -> int:
-    used = {n["index"] for n in state["nodes"]} | {int(p.name.split("-")[1]) for p in RUN_ROOT.glob("node-*")
-                                                    if p.name.split("-")[1].isdigit()}
-    return max(used, default=0) + 1
-
-
 def node_engine(name: str, action: str, *, gpus: int | None = None) -> dict:
     """Stop or start one node's engine, or re-run its agent on a new simulated inventory."""
-    state = _require_state()
-    node = _find(state, name)
+    state = require_state()
+    node = find_node(state, name)
     engine = find_engine()
     if action == "stop":
         nodes_mod.stop_dockerd(node)
@@ -375,7 +325,7 @@ def node_engine(name: str, action: str, *, gpus: int | None = None) -> dict:
         # The same hardware keeps its GPUs (a reboot); another count is other hardware.
         current = json.loads(node.inventory.read_text()) if node.inventory.exists() else []
         inventory = current if gpus is None or gpus == len(current) else nodes_mod.simulated_gpus(gpus)
-        report = nodes_mod.run_agent(node, inventory, state["kind"], _agent_args(node, state))
+        report = nodes_mod.run_agent(node, inventory, state["kind"], agent_args(node, state))
         # As the agent's unit does on a real node: dockerd reads its resources only at start.
         report["engine_restarted"] = bool(report["changed"]) and nodes_mod.is_running(node)
         if report["engine_restarted"]:
@@ -409,7 +359,7 @@ def down(*, progress: Progress = print) -> dict:
     if os.geteuid() != 0:
         raise RehearsalError("run `down` as root, as `up` was")
     state = load_state() or {}
-    nodes = _nodes(state) if state.get("nodes") else []
+    nodes = nodes_of(state) if state.get("nodes") else []
     known = {n.name for n in nodes}
     nodes += [Node(p.name, 0, "worker") for p in sorted(RUN_ROOT.glob("node-*")) if p.name not in known]
     _parallel(nodes_mod.stop_dockerd, nodes)
