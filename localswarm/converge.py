@@ -62,10 +62,12 @@ def converge(desired: Desired, engine: Engine, say: Callable[[str], None] = lamb
 
 
 def form_swarm(desired: Desired, engine: Engine, say: Callable[[str], None] = lambda _: None,
-               lap: Callable[[str], object] = lambda _: None) -> dict:
+               lap: Callable[[str], object] = lambda _: None,
+               before_admit: Callable[[], object] = lambda: None) -> dict:
     """Every step up to the reconcile: the swarm has the desired members, admitted.
 
-    lap(phase) is called as each step ends, so `up` can time them.
+    lap(phase) is called as each step ends, so `up` can time them; before_admit() waits for
+    what the admissions need that `up` prepares meanwhile (the GPU check's image on every node).
     """
     managers = [n for n in desired.nodes if n.role == "manager"]
     first, peers = managers[0], managers[1:]
@@ -91,6 +93,7 @@ def form_swarm(desired: Desired, engine: Engine, say: Callable[[str], None] = la
     workers = [n for n in desired.nodes if n.role == "worker"]
     node_ids.update(zip((w.name for w in workers), _parallel(join, workers)))
     lap("joins")
+    before_admit()
 
     results = _parallel(lambda n: admit(desired, engine, n, node_ids[n.name]), desired.nodes)
     checks = {}

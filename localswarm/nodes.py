@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from localswarm import api
 from localswarm.host import REPO, Engine, RehearsalError, run
 from localswarm.network import BRIDGE_ADDR, netns_name, netns_pids, node_addr, remove_node_netns
 
@@ -76,6 +78,10 @@ class Node:
         return self.run_dir / "dockerd.pid"
 
     @property
+    def containerd_dir(self) -> Path:
+        return self.run_dir / "containerd"
+
+    @property
     def log(self) -> Path:
         return self.state_dir / "dockerd.log"
 
@@ -112,16 +118,51 @@ def run_agent(node: Node, gpus: list[dict], kind: str, extra: tuple[str, ...] = 
     return json.loads(proc.stdout)
 
 
+def start_containerd(node: Node, engine: Engine, timeout: float = 30) -> int:
+    """Start the node's containerd, in its namespace and under its hostname, and wait until it listens.
+
+    A dockerd that starts its own containerd dials it before it listens, and gRPC retries
+    only after its one-second backoff: a second of every engine start. So containerd starts
+    first, as containerd.service does before docker.service on a real node.
+    """
+    pidfile, sock = node.containerd_dir / "containerd.pid", node.containerd_dir / "containerd.sock"
+    pid = _pid_of(pidfile, "containerd")
+    if pid:
+        return pid
+    node.containerd_dir.mkdir(parents=True, exist_ok=True)
+    config = node.containerd_dir / "containerd.toml"
+    # What dockerd writes for the containerd it manages: the same folders, the same plugins.
+    config.write_text(f'version = 2\nroot = "{node.state_dir / "docker/containerd/daemon"}"\n'
+                      f'state = "{node.run_dir / "exec/containerd/daemon"}"\noom_score = 0\n'
+                      f'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n[grpc]\n  address = "{sock}"\n')
+    sock.unlink(missing_ok=True)
+    cmd = ["nsenter", f"--net=/var/run/netns/{netns_name(node.name)}", "--",
+           # A UTS namespace gives each node its own hostname (dockerd joins it), so `docker node ls` reads well.
+           "unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', node.name,
+           "containerd", "--config", str(config)]
+    with open(node.state_dir / "containerd.log", "ab") as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                env=engine.env(), start_new_session=True)
+    pidfile.write_text(f"{proc.pid}\n")  # nsenter, unshare and sh each exec the next: this is containerd's pid
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        with socket.socket(socket.AF_UNIX) as probe:
+            if probe.connect_ex(str(sock)) == 0:
+                return proc.pid
+        time.sleep(0.01)
+    raise RehearsalError(f"containerd on {node.name} did not start; see {node.state_dir / 'containerd.log'}")
+
+
 def start_dockerd(node: Node, engine: Engine) -> int:
-    """Start the node's engine inside its namespace, under its own hostname."""
+    """Start the node's engine (its containerd first) inside its namespaces."""
     if is_running(node):
         return read_pid(node)
+    containerd = start_containerd(node, engine)
     for stale in (node.pidfile, Path(node.sock)):
         stale.unlink(missing_ok=True)
-    cmd = ["nsenter", f"--net=/var/run/netns/{netns_name(node.name)}", "--",
-           # A UTS namespace gives each engine its own hostname, so `docker node ls` reads well.
-           "unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', node.name,
+    cmd = ["nsenter", f"--net=/var/run/netns/{netns_name(node.name)}", f"--uts=/proc/{containerd}/ns/uts", "--",
            engine.dockerd, "--config-file", str(node.daemon_json),
+           "--containerd", str(node.containerd_dir / "containerd.sock"),
            "--data-root", str(node.state_dir / "docker"), "--exec-root", str(node.run_dir / "exec"),
            "--pidfile", str(node.pidfile), "-H", f"unix://{node.sock}"]
     with open(node.log, "ab") as log:
@@ -133,12 +174,20 @@ def start_dockerd(node: Node, engine: Engine) -> int:
 def wait_ready(node: Node, engine: Engine, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        # `docker info --format` exits 0 even when the engine is unreachable; `version` does not.
-        if docker(node, engine, "version", "--format", "{{.Server.Version}}", check=False).returncode == 0:
+        if api.ping(node.sock):  # a `docker` process per try would take the CPU the engines need
             return
-        time.sleep(0.1)
+        time.sleep(0.02)
     tail = "\n".join(node.log.read_text(errors="replace").splitlines()[-15:]) if node.log.exists() else ""
     raise RehearsalError(f"dockerd on {node.name} did not come up in {timeout:.0f} s; last log lines:\n{tail}")
+
+
+def _pid_of(pidfile: Path, comm: str) -> int | None:
+    """The pid in `pidfile`, while that process is still `comm`."""
+    try:
+        pid = int(pidfile.read_text().strip())
+        return pid if Path(f"/proc/{pid}/comm").read_text().strip() == comm else None
+    except (OSError, ValueError):
+        return None
 
 
 def read_pid(node: Node) -> int | None:
@@ -149,26 +198,27 @@ def read_pid(node: Node) -> int | None:
 
 
 def is_running(node: Node) -> bool:
-    pid = read_pid(node)
+    return _pid_of(node.pidfile, "dockerd") is not None
+
+
+def _terminate(pidfile: Path, comm: str, timeout: float) -> None:
+    pid = _pid_of(pidfile, comm)
     if pid is None:
-        return False
-    try:
-        comm = Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return False
-    return comm == "dockerd"
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _pid_of(pidfile, comm) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _pid_of(pidfile, comm):
+        os.kill(pid, signal.SIGKILL)
 
 
-def stop_dockerd(node: Node, timeout: float = 30) -> None:
-    """Stop the node's engine by its own pid, then anything it left in its namespace."""
-    pid = read_pid(node)
-    if pid and is_running(node):
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while is_running(node) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if is_running(node):
-            os.kill(pid, signal.SIGKILL)
+def stop_dockerd(node: Node, timeout: float = 30, *, keep_containerd: bool = False) -> None:
+    """Stop the node's engine by its own pid, then its containerd and anything left in its namespace."""
+    _terminate(node.pidfile, "dockerd", timeout)
+    if keep_containerd:
+        return
+    _terminate(node.containerd_dir / "containerd.pid", "containerd", timeout)
     # containerd shims outlive an engine that was killed; they are in the node's namespace.
     for leftover in netns_pids(netns_name(node.name)):
         try:
@@ -196,8 +246,11 @@ def run_script(node: Node, engine: Engine, script: str, *, stdin: str = "", time
 
 
 def restart_dockerd(node: Node, engine: Engine) -> None:
-    """What the agent's unit does after changing daemon.json: dockerd reads its resources only at start."""
-    stop_dockerd(node)
+    """What the agent's unit does after changing daemon.json: dockerd reads its resources only at start.
+
+    As `systemctl restart docker` on a real node, it leaves containerd running.
+    """
+    stop_dockerd(node, keep_containerd=True)
     start_dockerd(node, engine)
     wait_ready(node, engine)
 

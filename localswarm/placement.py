@@ -4,29 +4,40 @@ A task's GPUs are read from its container's configuration on its node (`docker i
 .Config.Env, DOCKER_RESOURCE_<KIND>): what dockerd handed the runtime, whatever the
 task's processes did with their environment since. When the node cannot be asked (its
 engine is down), the manager's record of the assignment is shown and marked as such.
+Everything is read through the engines' API (localswarm.api): `up` and the tests poll this.
 """
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import time
 from datetime import datetime, timezone
 
-from localswarm.host import Engine
-from localswarm.nodes import Node, docker
+from localswarm import api
+from localswarm.host import Engine, RehearsalError
+from localswarm.nodes import Node
 from swarm.gpu_kind import resource_env_name, slot_gpu
 from swarm.labels import DRAINED_BY_LABEL, MAINTENANCE_LABEL
 from swarm.rollout import advertised_gpus
 
 
-def _inspect(manager: Node, engine: Engine, ids: list[str]) -> list[dict]:
-    # `docker inspect` resolves node, service and task IDs alike.
-    return json.loads(docker(manager, engine, "inspect", *ids).stdout) if ids else []
+def _get(node: Node, path: str, **query):
+    try:
+        return api.get(node.sock, path, **query)
+    except (OSError, api.ApiError, http.client.HTTPException) as e:
+        raise RehearsalError(f"{node.name}: GET {path}: {e}") from None
 
 
-def _container_env(node: Node, engine: Engine, container: str) -> list[str] | None:
-    proc = docker(node, engine, "inspect", "--format", "{{json .Config.Env}}", container, check=False, timeout=10)
-    return json.loads(proc.stdout) if proc.returncode == 0 and proc.stdout.strip() else None
+def _running_tasks(manager: Node, service_id: str) -> list[dict]:
+    return _get(manager, "/tasks", filters={"service": [service_id], "desired-state": ["running"]})
+
+
+def _container_env(node: Node, container: str) -> list[str] | None:
+    try:
+        return api.get(node.sock, f"/containers/{container}/json")["Config"]["Env"] or []
+    except (OSError, api.ApiError, http.client.HTTPException, KeyError, TypeError):
+        return None
 
 
 def _assigned(task: dict, kind: str) -> list[str]:
@@ -69,7 +80,7 @@ def collect(nodes: list[Node], engine: Engine, kind: str, shared_kind: str = "")
                            "availability": "unknown", "gpus": [], "drained_by": "", "maintenance": ""}
                           for n in nodes], "services": [], "error": "no manager's engine answers"}
     view_nodes, nodes_by_id = [], {}
-    for info in _inspect(manager, engine, docker(manager, engine, "node", "ls", "-q").stdout.split()):
+    for info in _get(manager, "/nodes"):
         name = info["Description"]["Hostname"]
         if name in by_name:
             nodes_by_id[info["ID"]] = by_name[name]
@@ -96,18 +107,16 @@ def collect(nodes: list[Node], engine: Engine, kind: str, shared_kind: str = "")
     env_name = resource_env_name(kind)
     shared_env = resource_env_name(shared_kind) if shared_kind else ""
     services = []
-    for svc in _inspect(manager, engine, docker(manager, engine, "service", "ls", "-q").stdout.split()):
-        task_ids = docker(manager, engine, "service", "ps", "-q", "--no-trunc",
-                          "--filter", "desired-state=running", svc["ID"]).stdout.split()
+    for svc in _get(manager, "/services"):
         tasks = []
-        for task in _inspect(manager, engine, task_ids):
+        for task in _running_tasks(manager, svc["ID"]):
             status = task["Status"]
             node_id = task.get("NodeID", "")
             state = status["State"]
             whole, slots, source = _assigned(task, kind), _assigned(task, shared_kind), "scheduler"
             container = status.get("ContainerStatus", {}).get("ContainerID")
             if container and node_id in nodes_by_id and state_of.get(node_id) == "ready":
-                env = _container_env(nodes_by_id[node_id], engine, container)
+                env = _container_env(nodes_by_id[node_id], container)
                 if env is not None:
                     whole, source = _from_env(env, env_name), "container"
                     slots = _from_env(env, shared_env) if shared_env else []
@@ -138,7 +147,26 @@ def collect(nodes: list[Node], engine: Engine, kind: str, shared_kind: str = "")
 
 
 def _answers(node: Node, engine: Engine) -> bool:
-    return docker(node, engine, "node", "ls", "-q", check=False, timeout=10).returncode == 0
+    try:
+        api.get(node.sock, "/nodes", timeout=10)  # only a manager answers
+        return True
+    except (OSError, api.ApiError, http.client.HTTPException):
+        return False
+
+
+def looks_converged(nodes: list[Node], engine: Engine) -> bool:
+    """converged() by the manager's records alone: two reads, where collect() asks every task's node too."""
+    manager = next((n for n in nodes if n.role == "manager" and _answers(n, engine)), None)
+    if manager is None:
+        return False
+    tasks = _get(manager, "/tasks", filters={"desired-state": ["running"]})
+    services = []
+    for svc in _get(manager, "/services"):
+        replicated = svc["Spec"].get("Mode", {}).get("Replicated")
+        services.append({"replicas": replicated.get("Replicas", 1) if replicated else None,
+                         "tasks": [{"state": t["Status"]["State"], "reason": t["Status"].get("Err", "")}
+                                   for t in tasks if t["ServiceID"] == svc["ID"]]})
+    return converged({"services": services})
 
 
 def converged(view: dict) -> bool:

@@ -15,6 +15,7 @@ import subprocess
 import tarfile
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from localswarm.host import Engine, RehearsalError
@@ -104,3 +105,14 @@ def push_standin(node: Node, engine: Engine) -> str:
         raise RehearsalError(f"could not build the stand-in image: {proc.stderr.decode().strip()}")
     docker(node, engine, "push", "-q", STANDIN_IMAGE, timeout=60)
     return STANDIN_IMAGE
+
+
+def pull_standin(nodes: list[Node], engine: Engine) -> None:
+    """Put the pushed stand-in on these nodes, as a GPU node builds its check image at boot.
+
+    The post-join GPU check and the stacks run it; pulled beforehand, while the swarm forms,
+    no admission waits for its download (a second under load), only for a manifest check.
+    """
+    if nodes:
+        with ThreadPoolExecutor(max_workers=min(8, len(nodes))) as pool:
+            list(pool.map(lambda n: docker(n, engine, "pull", "-q", STANDIN_IMAGE, timeout=60), nodes))

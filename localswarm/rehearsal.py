@@ -122,17 +122,25 @@ def _build(state: dict, engine, say, clock: _Clock, converge_timeout: float) -> 
     for node, report in zip(nodes, _parallel(lambda n: _first_boot(n, state), nodes)):
         say(f"{node.name}: agent wrote {len(report['resources'])} {state['kind']} resources to {node.daemon_json}")
     clock.lap("agents")
-    # Engines start together: each takes a second or two, mostly waiting on its own containerd.
+    # Engines start together, each after its own containerd (see nodes.start_containerd).
     _parallel(lambda n: nodes_mod.start_dockerd(n, engine), nodes)
     _parallel(lambda n: nodes_mod.wait_ready(n, engine), nodes)
     nodes_ready = clock.lap("engines")
     say(f"{len(nodes)} engines ready at {', '.join(n.address for n in nodes)}")
-    # The post-join GPU check runs the stand-in on each node, so it must be there first.
-    registry.push_standin(nodes[0], engine)
-    clock.lap("standin_push")
-    say("stand-in image pushed to the local registry")
 
-    formed = form_swarm(desired(state), engine, say, lap=clock.lap)
+    def preload() -> None:  # the post-join GPU check runs the stand-in on each node, so it must be there first
+        registry.push_standin(nodes[0], engine)
+        registry.pull_standin(nodes[1:], engine)
+        say("stand-in image pushed to the local registry and pulled by every node")
+
+    def wait_for_preload() -> None:
+        background.result()
+        clock.lap("standin_wait")  # what is left of the push and the pulls once the nodes have joined
+
+    # The stand-in travels while the swarm forms: init and joins mostly wait on the network.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        background = pool.submit(preload)
+        formed = form_swarm(desired(state), engine, say, lap=clock.lap, before_admit=wait_for_preload)
     state["cluster_id"] = formed["cluster_id"]
     save_state(state)
     swarm_ready = clock.now()
@@ -165,12 +173,16 @@ def stack_name(path: Path) -> str:
 def wait_converged(nodes: list[Node], engine, kind: str, timeout: float, shared_kind: str = "") -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        view = placement.collect(nodes, engine, kind, shared_kind)
-        if placement.converged(view):
-            return view
-        if time.monotonic() > deadline:
-            raise RehearsalError(f"the stacks did not converge in {timeout:.0f} s:\n" + placement.render_table(view))
-        time.sleep(0.25)
+        # The full view asks every task's node for its container: read it only once the manager's
+        # own records say the stacks converged, so the polling leaves the CPU to the tasks starting.
+        if placement.looks_converged(nodes, engine) or time.monotonic() > deadline:
+            view = placement.collect(nodes, engine, kind, shared_kind)
+            if placement.converged(view):
+                return view
+            if time.monotonic() > deadline:
+                raise RehearsalError(f"the stacks did not converge in {timeout:.0f} s:\n"
+                                     + placement.render_table(view))
+        time.sleep(0.1)
 
 
 def status(*, progress: Progress = print) -> dict:
@@ -205,6 +217,7 @@ def replace_node(name: str, *, progress: Progress = print) -> dict:
     _first_boot(new, state)
     nodes_mod.start_dockerd(new, engine)
     nodes_mod.wait_ready(new, engine)
+    registry.pull_standin([new], engine)
     return converge_again(progress=progress)
 
 
@@ -218,6 +231,7 @@ def add_node(*, role: str = "worker", progress: Progress = print) -> dict:
     _first_boot(node, state)
     nodes_mod.start_dockerd(node, engine)
     nodes_mod.wait_ready(node, engine)
+    registry.pull_standin([node], engine)
     progress(f"added {node.name} as {role}")
     return converge_again(progress=progress)
 

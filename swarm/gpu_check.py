@@ -61,14 +61,23 @@ def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuChe
         f'  docker service create {common} --name "$jobs-reserved" --generic-resource {quote(f"{kind}={reserve}")} '
         f"{quote(check.image)} sh -c {probe} >/dev/null",
         f'  docker service create {common} --name "$jobs-none" {quote(check.image)} sh -c {probe} >/dev/null',
-        "  state_() { docker service ps --format '{{.CurrentState}}' \"$1\" 2>/dev/null | head -n 1; }",
-        "  done_() { case \"$(state_ \"$1\")\" in Complete*|Failed*|Rejected*) true ;; *) false ;; esac; }",
-        f"  busy=false; now=$(date +%s); busy_at=$((now + {int(check.busy_after_s)})); end=$((now + {int(check.timeout_s)}))",
-        '  until done_ "$jobs-none" && { "$busy" || done_ "$jobs-reserved"; }; do',
-        '    if ! "$busy" && [ "$(date +%s)" -ge "$busy_at" ] && state_ "$jobs-reserved" | grep -q ^Pending; then',
+        # Both jobs' states in one `docker service ps` a round, and the clock from bash: every GPU node's
+        # admission polls at once, and their processes took the CPU the jobs themselves needed.
+        "  poll() {",
+        '    local services=("$jobs-none"); "$busy" || services+=("$jobs-reserved")',
+        '    none_state=""; reserved_state=""',
+        "    while read -r task state _; do",
+        '      case $task in "$jobs-none".*) none_state=${none_state:-$state} ;; '
+        '"$jobs-reserved".*) reserved_state=${reserved_state:-$state} ;; esac',
+        "    done < <(docker service ps --format '{{.Name}} {{.CurrentState}}' \"${services[@]}\" 2>/dev/null || true)",
+        "  }",
+        "  ended() { case $1 in Complete|Failed|Rejected) true ;; *) false ;; esac; }",
+        f"  busy=false; busy_at=$((SECONDS + {int(check.busy_after_s)})); end=$((SECONDS + {int(check.timeout_s)}))",
+        '  until poll; ended "$none_state" && { "$busy" || ended "$reserved_state"; }; do',
+        '    if ! "$busy" && [ "$SECONDS" -ge "$busy_at" ] && [ "$reserved_state" = Pending ]; then',
         '      busy=true; docker service rm "$jobs-reserved" >/dev/null  # its GPUs are in use: skip that half',
         "    fi",
-        f'    [ "$(date +%s)" -lt "$end" ] || {{ echo "gpu-swarm: the GPU check jobs on node {node} did not finish in '
+        f'    [ "$SECONDS" -lt "$end" ] || {{ echo "gpu-swarm: the GPU check jobs on node {node} did not finish in '
         f'{int(check.timeout_s)} s; see docker service ps $jobs-none" >&2; exit 1; }}',
         "    sleep 0.25",
         "  done",
