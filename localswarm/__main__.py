@@ -6,16 +6,21 @@ import json
 import sys
 import time
 
-from localswarm import rehearsal
+from localswarm import changes, rehearsal
 from localswarm.host import CLI, RehearsalError
 from localswarm.placement import render_table
+from localswarm.health import DEFAULT_XID
 from swarm.gpu_kind import DEFAULT_KIND
+
+HEALTH_ACTIONS = ("gpu-fault", "gpu-heal", "spot-notice")
 
 NEXT_STEPS = f"""
 Try next:
   {CLI} status --watch          # watch tasks move (Ctrl-C to stop)
   {CLI} node stop node-2        # a node fails; its tasks move to free GPUs
   {CLI} node start node-2
+  {CLI} node gpu-fault node-2   # a GPU falls off the bus: the node is drained, its tasks move
+  {CLI} node gpu-heal node-2    # healthy again (after 5 s of passing checks): active again
   {CLI} node replace node-1     # the first manager's instance is lost and replaced
   {CLI} roll                    # new node software, one node per pool at a time
   {CLI} down                    # remove everything"""
@@ -48,12 +53,17 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--watch", action="store_true", help="refresh every --interval seconds until Ctrl-C")
     st.add_argument("--interval", type=float, default=1.0)
     command("down", "remove everything `up` made")
-    node = command("node", "fail, restore, re-detect, replace or remove one node")
-    node.add_argument("action", choices=("stop", "start", "redetect", "replace", "remove"),
+    node = command("node", "fail, restore, re-detect, replace or remove one node; make its GPU or instance sick")
+    node.add_argument("action", choices=("stop", "start", "redetect", "replace", "remove", *HEALTH_ACTIONS),
                       help="stop/start its engine; redetect: re-run its agent (--gpus) and restart the engine "
-                           "if that changed anything; replace: a new instance takes its place; remove: scale down")
+                           "if that changed anything; replace: a new instance takes its place; remove: scale down; "
+                           "gpu-fault: a GPU reports an XID (--gpu, --xid); gpu-heal: clear faults and notices; "
+                           "spot-notice: its IMDS announces a spot reclaim")
     node.add_argument("name")
     node.add_argument("--gpus", type=int, help="redetect: simulated GPU count for the new inventory")
+    node.add_argument("--gpu", metavar="UUID", help="gpu-fault: which GPU (default: the node's first)")
+    node.add_argument("--xid", type=int, default=DEFAULT_XID,
+                      help="gpu-fault: the XID it reports (default %(default)s, fallen off the bus)")
     add = command("add", "scale up: a new node joins")
     add.add_argument("--role", choices=("worker", "manager"), default="worker")
     command("converge", "run every swarm step of `pulumi up` again (nothing changed)")
@@ -89,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nmost nodes of a pool drained at once: {result['peak_drained_per_pool']}")
     elif args.command == "node" and args.action in ("stop", "start"):
         print(f"{args.name}: engine {'started' if result['running'] else 'stopped'}")
+    elif args.command == "node" and args.action in HEALTH_ACTIONS:
+        print(f"{args.name}: {_health_summary(args.action, result)}; its health watcher reports it within a "
+              f"second, and the manager drains or reactivates the node once it sees the label (up to 20 s)")
     elif args.command == "node" and args.action == "redetect":
         print(f"{args.name}: {len(result['gpus'])} GPU(s); daemon.json "
               f"{'changed, engine restarted' if result['engine_restarted'] else 'unchanged'}")
@@ -106,19 +119,29 @@ def _run(args, say):
         return rehearsal.down(progress=say)
     if args.command == "node":
         if args.action == "replace":
-            return rehearsal.replace_node(args.name, progress=say)
+            return changes.replace_node(args.name, progress=say)
         if args.action == "remove":
-            return rehearsal.remove_node(args.name, progress=say)
-        return rehearsal.node_engine(args.name, args.action, gpus=args.gpus)
+            return changes.remove_node(args.name, progress=say)
+        if args.action in HEALTH_ACTIONS:
+            return changes.node_health(args.name, args.action, gpu=args.gpu, xid=args.xid)
+        return changes.node_engine(args.name, args.action, gpus=args.gpus)
     if args.command == "add":
-        return rehearsal.add_node(role=args.role, progress=say)
+        return changes.add_node(role=args.role, progress=say)
     if args.command == "converge":
-        return rehearsal.converge_again(progress=say)
+        return changes.converge_again(progress=say)
     if args.command == "roll":
-        return rehearsal.roll(progress=say)
+        return changes.roll(progress=say)
     if args.command == "stacks":
-        return rehearsal.set_stacks(args.files, progress=say)
+        return changes.set_stacks(args.files, progress=say)
     raise AssertionError(args.command)
+
+
+def _health_summary(action: str, result: dict) -> str:
+    if action == "gpu-fault":
+        return f"GPU {result['gpu']} reports XID {result['xid']}"
+    if action == "spot-notice":
+        return f"its IMDS announces a spot {result['action']} at {result['time']}"
+    return f"faults cleared on {', '.join(result['healed']) or 'no GPU'}, {result['notices_cleared']} notice(s) cleared"
 
 
 def _watch(interval: float) -> int:

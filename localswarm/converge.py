@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from localswarm.host import Engine
+from localswarm.host import Engine, parallel
 from localswarm.nodes import Node, run_script
 from swarm import formation, reconcile, rollout, stacks as stack_scripts
 from swarm.gpu_check import GpuCheck
@@ -72,7 +71,7 @@ def form_swarm(desired: Desired, engine: Engine, say: Callable[[str], None] = la
     managers = [n for n in desired.nodes if n.role == "manager"]
     first, peers = managers[0], managers[1:]
 
-    answers = _parallel(lambda n: run_script(n, engine, formation.probe_manager()), peers)
+    answers = parallel(lambda n: run_script(n, engine, formation.probe_manager()), peers)
     init = json.loads(run_script(first, engine,
                                  formation.init_swarm(first.address, peers=[p.address for p in peers],
                                                       address_pool=OVERLAY_POOL),
@@ -91,11 +90,11 @@ def form_swarm(desired: Desired, engine: Engine, say: Callable[[str], None] = la
     for node in managers:  # managers one at a time, so Raft grows by one member per step
         node_ids[node.name] = join(node)
     workers = [n for n in desired.nodes if n.role == "worker"]
-    node_ids.update(zip((w.name for w in workers), _parallel(join, workers)))
+    node_ids.update(zip((w.name for w in workers), parallel(join, workers)))
     lap("joins")
     before_admit()
 
-    results = _parallel(lambda n: admit(desired, engine, n, node_ids[n.name]), desired.nodes)
+    results = parallel(lambda n: admit(desired, engine, n, node_ids[n.name]), desired.nodes)
     checks = {}
     for node, (resources, check) in zip(desired.nodes, results):
         checks[node.name] = check
@@ -112,10 +111,3 @@ def deploy_stacks(desired: Desired, engine: Engine) -> None:
     for name, text in desired.stacks.items():
         run_script(first, engine, stack_scripts.deploy_stack(name, hashlib.sha256(text.encode()).hexdigest()),
                    stdin=text)
-
-
-def _parallel(work, items: list) -> list:
-    if not items:
-        return []
-    with ThreadPoolExecutor(max_workers=min(8, len(items))) as pool:
-        return list(pool.map(work, items))

@@ -96,7 +96,23 @@ def start_watcher(node: Node, kind: str, shared_kind: str = "") -> None:
            "--spot", "--imds", imds_url(node)]  # every rehearsal node may get a spot notice
     if shared_kind:
         cmd += ["--shared-kind", shared_kind]
-    _spawn(cmd, node.state_dir / "health.log", _pidfile(node, "health"))
+    _spawn(cmd, log_file(node), _pidfile(node, "health"))
+
+
+def start_all(nodes: list[Node], engine: Engine, kind: str, shared_kind: str = "") -> None:
+    """What the node software installs: a watcher on every node, a reconciler on every manager."""
+    for node in nodes:
+        start_watcher(node, kind, shared_kind)
+        if node.role == "manager":
+            start_reconciler(node, engine)
+
+
+def watching(node: Node) -> bool:
+    return _alive(_pidfile(node, "health"), WATCHER.name) is not None
+
+
+def log_file(node: Node) -> Path:
+    return node.state_dir / "health.log"
 
 
 def start_reconciler(node: Node, engine: Engine) -> None:

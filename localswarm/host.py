@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,3 +104,11 @@ def check_host() -> None:
     if made.returncode != 0:
         raise RehearsalError(f"the kernel cannot create VXLAN links (modprobe vxlan): {made.stderr.strip()}")
     run(["ip", "link", "del", probe], check=False)
+
+
+def parallel(work, items: list) -> list:
+    """work(item) for every item, at most 8 at a time; the results in the items' order."""
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=min(8, len(items))) as pool:
+        return list(pool.map(work, items))

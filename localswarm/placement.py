@@ -18,7 +18,7 @@ from localswarm import api
 from localswarm.host import Engine, RehearsalError
 from localswarm.nodes import Node
 from swarm.gpu_kind import resource_env_name, slot_gpu
-from swarm.labels import DRAINED_BY_LABEL, MAINTENANCE_LABEL
+from swarm.labels import CONDITION_LABEL, DRAINED_BY_LABEL, HEALTH_LABEL, HEALTH_LAST_LABEL, MAINTENANCE_LABEL
 from swarm.rollout import advertised_gpus
 
 
@@ -77,7 +77,8 @@ def collect(nodes: list[Node], engine: Engine, kind: str, shared_kind: str = "")
     manager = next((n for n in nodes if n.role == "manager" and _answers(n, engine)), None)
     if manager is None:
         return {"nodes": [{"name": n.name, "role": n.role, "address": n.address, "state": "unknown",
-                           "availability": "unknown", "gpus": [], "drained_by": "", "maintenance": ""}
+                           "availability": "unknown", "condition": "unknown", "gpus": [], "drained_by": "",
+                           "maintenance": ""}
                           for n in nodes], "services": [], "error": "no manager's engine answers"}
     view_nodes, nodes_by_id = [], {}
     for info in _get(manager, "/nodes"):
@@ -95,6 +96,7 @@ def collect(nodes: list[Node], engine: Engine, kind: str, shared_kind: str = "")
             "address": info["Status"].get("Addr", ""),
             "state": info["Status"]["State"],  # ready / down / unknown
             "availability": info["Spec"].get("Availability", "active"),  # active / pause / drain
+            **_condition(info["Description"].get("Engine", {}).get("Labels") or {}, labels),
             "drained_by": labels.get(DRAINED_BY_LABEL, ""),
             "maintenance": labels.get(MAINTENANCE_LABEL, ""),
             "gpus": gpus,
@@ -146,6 +148,15 @@ def collect(nodes: list[Node], engine: Engine, kind: str, shared_kind: str = "")
     return {"nodes": view_nodes, "services": sorted(services, key=lambda s: s["name"])}
 
 
+def _condition(engine_labels: dict, labels: dict) -> dict:
+    """What the node's health watcher reports (its engine labels, as the manager last heard them)
+    and what the reconciler did about it (node labels)."""
+    return {"condition": engine_labels.get(CONDITION_LABEL) or "unknown",  # no watcher has reported
+            "condition_reason": engine_labels.get(f"{CONDITION_LABEL}.reason", ""),
+            "condition_gpu": engine_labels.get(f"{CONDITION_LABEL}.gpu", ""),
+            "health": labels.get(HEALTH_LABEL, ""), "health_last": labels.get(HEALTH_LAST_LABEL, "")}
+
+
 def _answers(node: Node, engine: Engine) -> bool:
     try:
         api.get(node.sock, "/nodes", timeout=10)  # only a manager answers
@@ -183,10 +194,13 @@ def converged(view: dict) -> bool:
 
 def render_table(view: dict) -> str:
     """Nodes with their state, then one row per advertised GPU (free or held), then tasks without GPUs."""
-    rows = [("NODE", "ROLE", "STATE", "AVAILABILITY", "GPUS")]
+    rows = [("NODE", "ROLE", "STATE", "AVAILABILITY", "CONDITION", "GPUS")]
     for node in view["nodes"]:
         availability = node["availability"] + (f" ({node['drained_by']})" if node.get("drained_by") else "")
-        rows.append((node["name"], node["role"], node["state"], availability, str(len(node["gpus"]))))
+        condition = node.get("condition", "unknown")
+        if condition not in ("healthy", "unknown") and node.get("condition_reason", "-") != "-":
+            condition += f": {node['condition_reason']}"  # the reason names the GPU
+        rows.append((node["name"], node["role"], node["state"], availability, condition, str(len(node["gpus"]))))
     out = [_table(rows)]
 
     holders = {}
@@ -218,7 +232,8 @@ def render_table(view: dict) -> str:
                     reason += f" ({t['reason_age_s']:.0f}s ago)"
                 rows.append((t["node"] or "-", "-", svc["name"], str(t["slot"]), t["state"], reason))
     out.append(_table(rows))
-    out.append("TASK is the replica's slot number (service.slot in `docker service ps`).")
+    out.append("TASK is the replica's slot number (service.slot in `docker service ps`). CONDITION is what the "
+               "node's GPU health watcher reported, as the manager last heard it.")
     return "\n\n".join(out)
 
 

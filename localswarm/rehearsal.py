@@ -5,23 +5,19 @@ Pulumi components send over SSH, and each node's GPUs come from the real agent.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from localswarm import network, nodes as nodes_mod, placement, registry
-from localswarm.converge import admit, converge, deploy_stacks, form_swarm
-from localswarm.host import CLI, REPO, RehearsalError, check_host, find_engine, run
+from localswarm import health, network, nodes as nodes_mod, placement, registry
+from localswarm.converge import deploy_stacks, form_swarm
+from localswarm.host import CLI, REPO, RehearsalError, check_host, find_engine, parallel, run
 from localswarm.nodes import RUN_ROOT, STATE_ROOT, Node
 from localswarm.stacks import prepare_stack
-from localswarm.state import (SHARED_POOL, agent_args, desired, find_node, load_state, new_node, next_index, nodes_of,
-                              require_state, save_state)
-from swarm import rollout
+from localswarm.state import desired, first_boot, load_state, new_node, nodes_of, require_state, save_state
 from swarm.gpu_kind import DEFAULT_KIND, MAX_SLOTS_PER_GPU, default_shared_kind, validate_kind
 
 DEFAULT_STACK = REPO / "stacks" / "gpu-smoke.yml"
@@ -119,12 +115,12 @@ def _build(state: dict, engine, say, clock: _Clock, converge_timeout: float) -> 
     for node in nodes:
         network.create_node_netns(node.name, node.index)
     clock.lap("network_and_registry")
-    for node, report in zip(nodes, _parallel(lambda n: _first_boot(n, state), nodes)):
+    for node, report in zip(nodes, parallel(lambda n: first_boot(n, state), nodes)):
         say(f"{node.name}: agent wrote {len(report['resources'])} {state['kind']} resources to {node.daemon_json}")
     clock.lap("agents")
     # Engines start together, each after its own containerd (see nodes.start_containerd).
-    _parallel(lambda n: nodes_mod.start_dockerd(n, engine), nodes)
-    _parallel(lambda n: nodes_mod.wait_ready(n, engine), nodes)
+    parallel(lambda n: nodes_mod.start_dockerd(n, engine), nodes)
+    parallel(lambda n: nodes_mod.wait_ready(n, engine), nodes)
     nodes_ready = clock.lap("engines")
     say(f"{len(nodes)} engines ready at {', '.join(n.address for n in nodes)}")
 
@@ -152,16 +148,13 @@ def _build(state: dict, engine, say, clock: _Clock, converge_timeout: float) -> 
     view = wait_converged(nodes, engine, state["kind"], converge_timeout, state.get("shared_kind", ""))
     converged = clock.lap("stack_converge")
     say("stacks converged")
+    # As the node software installs them; started last, so that they leave the CPU to the steps above.
+    health.start_all(nodes, engine, state["kind"], state.get("shared_kind", ""))
+    clock.lap("health")
+    say("health watcher on every node, reconciler on every manager")
     return {"view": view, "nodes_ready_s": nodes_ready, "swarm_ready_s": swarm_ready,
             "stacks_deployed_s": stacks_deployed, "stack_converged_s": converged,
             "started_at": clock.epoch, "phases": clock.phases}
-
-
-def _first_boot(node: Node, state: dict) -> dict:
-    """What the node software's bootstrap does here: the agent writes the node's daemon.json."""
-    nodes_mod.prepare(node)
-    return nodes_mod.run_agent(node, nodes_mod.simulated_gpus(state["gpus_per_node"]), state["kind"],
-                               agent_args(node, state))
 
 
 def stack_name(path: Path) -> str:
@@ -190,171 +183,6 @@ def status(*, progress: Progress = print) -> dict:
     return placement.collect(nodes_of(state), find_engine(), state["kind"], state.get("shared_kind", ""))
 
 
-# ---------------------------------------------------------------- changes, as `pulumi up` makes them
-
-
-def converge_again(*, progress: Progress = print) -> dict:
-    """Run every swarm step of `pulumi up` again, as a second `pulumi up` with nothing changed would."""
-    state = require_state()
-    engine = find_engine()
-    result = converge(desired(state), engine, progress)
-    state["cluster_id"] = result["cluster_id"]
-    save_state(state)
-    return {**result, "view": status()}
-
-
-def replace_node(name: str, *, progress: Progress = print) -> dict:
-    """The node's instance is lost and a new one takes its place (a new address, empty disk)."""
-    state = require_state()
-    engine = find_engine()
-    old = find_node(state, name)
-    new = Node(f"node-{next_index(state)}", next_index(state), old.role, old.pool)  # the same pool's new instance
-    progress(f"replacing {old.name} ({old.address}) with {new.name} ({new.address})")
-    nodes_mod.remove_everything_of(old)
-    network.create_node_netns(new.name, new.index)
-    state["nodes"] = [new.to_dict() if n["name"] == name else n for n in state["nodes"]]
-    save_state(state)
-    _first_boot(new, state)
-    nodes_mod.start_dockerd(new, engine)
-    nodes_mod.wait_ready(new, engine)
-    registry.pull_standin([new], engine)
-    return converge_again(progress=progress)
-
-
-def add_node(*, role: str = "worker", progress: Progress = print) -> dict:
-    state = require_state()
-    engine = find_engine()
-    node = new_node(next_index(state), role)
-    network.create_node_netns(node.name, node.index)
-    state["nodes"].append(node.to_dict())
-    save_state(state)
-    _first_boot(node, state)
-    nodes_mod.start_dockerd(node, engine)
-    nodes_mod.wait_ready(node, engine)
-    registry.pull_standin([node], engine)
-    progress(f"added {node.name} as {role}")
-    return converge_again(progress=progress)
-
-
-def remove_node(name: str, *, progress: Progress = print) -> dict:
-    """Scale down: the program no longer has the node. The reconcile drains and removes it,
-    then its instance goes, as `pulumi up` deletes resources last."""
-    state = require_state()
-    node = find_node(state, name)
-    if node.role == "manager" and sum(n["role"] == "manager" for n in state["nodes"]) == 1:
-        raise RehearsalError("that is the only manager; the cluster needs one")
-    state["nodes"] = [n for n in state["nodes"] if n["name"] != name]
-    save_state(state)
-    result = converge_again(progress=progress)
-    nodes_mod.remove_everything_of(node)
-    progress(f"{name} drained, removed from the swarm, and its instance terminated")
-    return result
-
-
-def set_stacks(files: list[str], *, progress: Progress = print) -> dict:
-    """The program's stack list changed: deploy what is listed, remove the rest."""
-    state = require_state()
-    prepared = {}
-    for arg in files:
-        name, _, file = arg.rpartition("=") if "=" in arg else ("", "", arg)
-        name = name or stack_name(Path(file))
-        shared = any(n["pool"] == SHARED_POOL for n in state["nodes"])
-        whole = any(n["pool"] != SHARED_POOL for n in state["nodes"])
-        prepared[name] = prepare_stack(Path(file), name, state["kind"], state["gpus_per_node"] if whole else 0, 0,
-                                       scale=False, say=progress, shared_kind=state["shared_kind"] if shared else None)
-    state["stacks"] = prepared
-    save_state(state)
-    return converge_again(progress=progress)
-
-
-def roll(*, progress: Progress = print) -> dict:
-    """New node software reaches every node as `pulumi up` rolls it: every node at once, each
-    drained under its pool's lease (so one node per pool is out at a time), "applied", and
-    admitted back. Applying here is what a bootstrap does when it changes daemon.json: the
-    engine restarts. Returns the most nodes of each pool the swarm had drained at once."""
-    state = require_state()
-    engine = find_engine()
-    state["rolls"] = state.get("rolls", 0) + 1
-    save_state(state)
-    want = desired(state)
-    first = want.nodes[0]
-    lock = str(STATE_ROOT / "rollout.lock")
-
-    def one(node: Node) -> None:
-        nodes_mod.run_script(first, engine, rollout.cordon_node(node.address, pool=node.pool,
-                                                                software=want.release, lock_path=lock))
-        nodes_mod.restart_dockerd(node, engine)
-        node_id = nodes_mod.docker(node, engine, "info", "--format", "{{.Swarm.NodeID}}").stdout.strip()
-        admit(want, engine, node, node_id)
-        progress(f"{node.name}: software applied and admitted")
-
-    peak: dict[str, int] = {}
-    done = threading.Event()
-
-    def watch() -> None:  # what the swarm itself says: drained nodes per pool
-        while not done.is_set():
-            out = nodes_mod.docker(first, engine, "node", "ls", "-q", "--filter", "node.label=gpu-swarm.pool",
-                                   check=False).stdout.split()
-            counts: dict[str, int] = {}
-            for info in placement_nodes(first, engine, out):
-                if info["Spec"].get("Availability") == "drain":
-                    pool = (info["Spec"].get("Labels") or {}).get("gpu-swarm.pool", "?")
-                    counts[pool] = counts.get(pool, 0) + 1
-            for pool, n in counts.items():
-                peak[pool] = max(peak.get(pool, 0), n)
-            time.sleep(0.2)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
-        _parallel(one, [n for n in want.nodes if n is not first])
-        one(first)  # the first manager drains itself too; here it goes last, as its engine runs the scripts
-    finally:
-        done.set()
-        watcher.join()
-    converge(want, engine, progress)
-    return {"peak_drained_per_pool": peak, "view": status()}
-
-
-def placement_nodes(manager: Node, engine, ids: list[str]) -> list[dict]:
-    if not ids:
-        return []
-    proc = nodes_mod.docker(manager, engine, "node", "inspect", *ids, check=False)
-    return json.loads(proc.stdout) if proc.returncode == 0 else []
-
-
-def node_engine(name: str, action: str, *, gpus: int | None = None) -> dict:
-    """Stop or start one node's engine, or re-run its agent on a new simulated inventory."""
-    state = require_state()
-    node = find_node(state, name)
-    engine = find_engine()
-    if action == "stop":
-        nodes_mod.stop_dockerd(node)
-        return {"node": name, "running": False}
-    if action == "start":
-        nodes_mod.start_dockerd(node, engine)
-        nodes_mod.wait_ready(node, engine)
-        return {"node": name, "running": True}
-    if action == "redetect":
-        # The same hardware keeps its GPUs (a reboot); another count is other hardware.
-        current = json.loads(node.inventory.read_text()) if node.inventory.exists() else []
-        inventory = current if gpus is None or gpus == len(current) else nodes_mod.simulated_gpus(gpus)
-        report = nodes_mod.run_agent(node, inventory, state["kind"], agent_args(node, state))
-        # As the agent's unit does on a real node: dockerd reads its resources only at start.
-        report["engine_restarted"] = bool(report["changed"]) and nodes_mod.is_running(node)
-        if report["engine_restarted"]:
-            nodes_mod.restart_dockerd(node, engine)
-        return report
-    raise ValueError(action)
-
-
-def _parallel(work, items: list) -> list:
-    if not items:
-        return []
-    with ThreadPoolExecutor(max_workers=min(8, len(items))) as pool:
-        return list(pool.map(work, items))
-
-
 # ---------------------------------------------------------------- down
 
 
@@ -376,7 +204,10 @@ def down(*, progress: Progress = print) -> dict:
     nodes = nodes_of(state) if state.get("nodes") else []
     known = {n.name for n in nodes}
     nodes += [Node(p.name, 0, "worker") for p in sorted(RUN_ROOT.glob("node-*")) if p.name not in known]
-    _parallel(nodes_mod.stop_dockerd, nodes)
+    for node in nodes:
+        health.stop(node)
+    health.stop_imds()
+    parallel(nodes_mod.stop_dockerd, nodes)
     registry.stop_registry()
     for ns in network.our_netns():  # anything else still living in our namespaces
         for pid in network.netns_pids(ns):

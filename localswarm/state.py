@@ -12,6 +12,7 @@ import node_software
 from localswarm import registry
 from localswarm.converge import Desired
 from localswarm.host import CLI, RehearsalError
+from localswarm import nodes as nodes_mod
 from localswarm.nodes import RUN_ROOT, STATE_ROOT, Node
 from swarm.gpu_check import GpuCheck
 
@@ -86,3 +87,10 @@ def next_index(state: dict) -> int:
     used = {n["index"] for n in state["nodes"]} | {int(p.name.split("-")[1]) for p in RUN_ROOT.glob("node-*")
                                                     if p.name.split("-")[1].isdigit()}
     return max(used, default=0) + 1
+
+
+def first_boot(node: Node, state: dict) -> dict:
+    """What the node software's bootstrap does here: the agent writes the node's daemon.json."""
+    nodes_mod.prepare(node)
+    return nodes_mod.run_agent(node, nodes_mod.simulated_gpus(state["gpus_per_node"]), state["kind"],
+                               agent_args(node, state))

@@ -214,6 +214,8 @@ def _our_processes() -> list[str]:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "/localswarm" in cmdline and "pytest" not in cmdline:
+        # The health watcher, the reconciler and the fake IMDS run from the repository.
+        ours = ("/localswarm", "gpu_health.py", "swarm_reconciler.py", "localswarm.fake_imds")
+        if any(mark in cmdline for mark in ours) and "pytest" not in cmdline:
             found.append(f"{proc.name}: {cmdline}")
     return found

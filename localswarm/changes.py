@@ -1,0 +1,204 @@
+"""The rehearsal changed as `pulumi up` changes a cluster: again with nothing changed, a node
+replaced, added or removed, other stacks, new node software; and one node's engine stopped,
+started or its GPUs re-detected, or a GPU fault or spot notice injected for the health watcher.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+from localswarm import health, network, nodes as nodes_mod, registry
+from localswarm.converge import admit, converge
+from localswarm.host import RehearsalError, find_engine, parallel
+from localswarm.nodes import STATE_ROOT, Node
+from localswarm.rehearsal import Progress, stack_name, status
+from localswarm.stacks import prepare_stack
+from localswarm.state import (SHARED_POOL, agent_args, desired, find_node, first_boot, new_node, next_index,
+                              require_state, save_state)
+from swarm import rollout
+
+
+
+def converge_again(*, progress: Progress = print) -> dict:
+    """Run every swarm step of `pulumi up` again, as a second `pulumi up` with nothing changed would."""
+    state = require_state()
+    engine = find_engine()
+    result = converge(desired(state), engine, progress)
+    state["cluster_id"] = result["cluster_id"]
+    save_state(state)
+    return {**result, "view": status()}
+
+
+def replace_node(name: str, *, progress: Progress = print) -> dict:
+    """The node's instance is lost and a new one takes its place (a new address, empty disk)."""
+    state = require_state()
+    engine = find_engine()
+    old = find_node(state, name)
+    new = Node(f"node-{next_index(state)}", next_index(state), old.role, old.pool)  # the same pool's new instance
+    progress(f"replacing {old.name} ({old.address}) with {new.name} ({new.address})")
+    health.stop(old)  # the old instance is gone, and its watcher with it
+    nodes_mod.remove_everything_of(old)
+    network.create_node_netns(new.name, new.index)
+    state["nodes"] = [new.to_dict() if n["name"] == name else n for n in state["nodes"]]
+    save_state(state)
+    first_boot(new, state)
+    nodes_mod.start_dockerd(new, engine)
+    nodes_mod.wait_ready(new, engine)
+    registry.pull_standin([new], engine)
+    result = converge_again(progress=progress)
+    _start_health([new], state, engine)
+    return result
+
+
+def add_node(*, role: str = "worker", progress: Progress = print) -> dict:
+    state = require_state()
+    engine = find_engine()
+    node = new_node(next_index(state), role)
+    network.create_node_netns(node.name, node.index)
+    state["nodes"].append(node.to_dict())
+    save_state(state)
+    first_boot(node, state)
+    nodes_mod.start_dockerd(node, engine)
+    nodes_mod.wait_ready(node, engine)
+    registry.pull_standin([node], engine)
+    result = converge_again(progress=progress)
+    _start_health([node], state, engine)
+    progress(f"added {node.name} as {role}")
+    return result
+
+
+def remove_node(name: str, *, progress: Progress = print) -> dict:
+    """Scale down: the program no longer has the node. The reconcile drains and removes it,
+    then its instance goes, as `pulumi up` deletes resources last."""
+    state = require_state()
+    node = find_node(state, name)
+    if node.role == "manager" and sum(n["role"] == "manager" for n in state["nodes"]) == 1:
+        raise RehearsalError("that is the only manager; the cluster needs one")
+    state["nodes"] = [n for n in state["nodes"] if n["name"] != name]
+    save_state(state)
+    result = converge_again(progress=progress)
+    health.stop(node)
+    nodes_mod.remove_everything_of(node)
+    progress(f"{name} drained, removed from the swarm, and its instance terminated")
+    return result
+
+
+def set_stacks(files: list[str], *, progress: Progress = print) -> dict:
+    """The program's stack list changed: deploy what is listed, remove the rest."""
+    state = require_state()
+    prepared = {}
+    for arg in files:
+        name, _, file = arg.rpartition("=") if "=" in arg else ("", "", arg)
+        name = name or stack_name(Path(file))
+        shared = any(n["pool"] == SHARED_POOL for n in state["nodes"])
+        whole = any(n["pool"] != SHARED_POOL for n in state["nodes"])
+        prepared[name] = prepare_stack(Path(file), name, state["kind"], state["gpus_per_node"] if whole else 0, 0,
+                                       scale=False, say=progress, shared_kind=state["shared_kind"] if shared else None)
+    state["stacks"] = prepared
+    save_state(state)
+    return converge_again(progress=progress)
+
+
+def roll(*, progress: Progress = print) -> dict:
+    """New node software reaches every node as `pulumi up` rolls it: every node at once, each
+    drained under its pool's lease (so one node per pool is out at a time), "applied", and
+    admitted back. Applying here is what a bootstrap does when it changes daemon.json: the
+    engine restarts. Returns the most nodes of each pool the swarm had drained at once."""
+    state = require_state()
+    engine = find_engine()
+    state["rolls"] = state.get("rolls", 0) + 1
+    save_state(state)
+    want = desired(state)
+    first = want.nodes[0]
+    lock = str(STATE_ROOT / "rollout.lock")
+
+    def one(node: Node) -> None:
+        nodes_mod.run_script(first, engine, rollout.cordon_node(node.address, pool=node.pool,
+                                                                software=want.release, lock_path=lock))
+        nodes_mod.restart_dockerd(node, engine)
+        node_id = nodes_mod.docker(node, engine, "info", "--format", "{{.Swarm.NodeID}}").stdout.strip()
+        admit(want, engine, node, node_id)
+        progress(f"{node.name}: software applied and admitted")
+
+    peak: dict[str, int] = {}
+    done = threading.Event()
+
+    def watch() -> None:  # what the swarm itself says: drained nodes per pool
+        while not done.is_set():
+            out = nodes_mod.docker(first, engine, "node", "ls", "-q", "--filter", "node.label=gpu-swarm.pool",
+                                   check=False).stdout.split()
+            counts: dict[str, int] = {}
+            for info in placement_nodes(first, engine, out):
+                if info["Spec"].get("Availability") == "drain":
+                    pool = (info["Spec"].get("Labels") or {}).get("gpu-swarm.pool", "?")
+                    counts[pool] = counts.get(pool, 0) + 1
+            for pool, n in counts.items():
+                peak[pool] = max(peak.get(pool, 0), n)
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        parallel(one, [n for n in want.nodes if n is not first])
+        one(first)  # the first manager drains itself too; here it goes last, as its engine runs the scripts
+    finally:
+        done.set()
+        watcher.join()
+    converge(want, engine, progress)
+    return {"peak_drained_per_pool": peak, "view": status()}
+
+
+def placement_nodes(manager: Node, engine, ids: list[str]) -> list[dict]:
+    if not ids:
+        return []
+    proc = nodes_mod.docker(manager, engine, "node", "inspect", *ids, check=False)
+    return json.loads(proc.stdout) if proc.returncode == 0 else []
+
+
+def node_engine(name: str, action: str, *, gpus: int | None = None) -> dict:
+    """Stop or start one node's engine, or re-run its agent on a new simulated inventory."""
+    state = require_state()
+    node = find_node(state, name)
+    engine = find_engine()
+    if action == "stop":
+        nodes_mod.stop_dockerd(node)
+        return {"node": name, "running": False}
+    if action == "start":
+        nodes_mod.start_dockerd(node, engine)
+        nodes_mod.wait_ready(node, engine)
+        return {"node": name, "running": True}
+    if action == "redetect":
+        # The same hardware keeps its GPUs (a reboot); another count is other hardware.
+        current = json.loads(node.inventory.read_text()) if node.inventory.exists() else []
+        inventory = current if gpus is None or gpus == len(current) else nodes_mod.simulated_gpus(gpus)
+        report = nodes_mod.run_agent(node, inventory, state["kind"], agent_args(node, state))
+        # As the agent's unit does on a real node: dockerd reads its resources only at start.
+        report["engine_restarted"] = bool(report["changed"]) and nodes_mod.is_running(node)
+        if report["engine_restarted"]:
+            nodes_mod.restart_dockerd(node, engine)
+        return report
+    raise ValueError(action)
+
+
+def _start_health(nodes: list[Node], state: dict, engine) -> None:
+    health.start_all(nodes, engine, state["kind"], state.get("shared_kind", ""))
+
+
+def node_health(name: str, action: str, *, gpu: str | None = None, xid: int = health.DEFAULT_XID) -> dict:
+    """Inject a GPU fault or a spot notice into one node, or clear both; its watcher does the rest."""
+    state = require_state()
+    node = find_node(state, name)
+    if action == "gpu-fault":
+        result = health.gpu_fault(node, gpu, xid)
+    elif action == "gpu-heal":
+        result = health.gpu_heal(node)
+    elif action == "spot-notice":
+        result = health.spot_notice(node)
+    else:
+        raise ValueError(action)
+    if not health.watching(node):
+        raise RehearsalError(f"{name} has no health watcher running (see {health.log_file(node)}); "
+                             f"the {action} was written but nothing will act on it")
+    return result
