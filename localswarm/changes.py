@@ -40,32 +40,31 @@ def replace_node(name: str, *, progress: Progress = print) -> dict:
     progress(f"replacing {old.name} ({old.address}) with {new.name} ({new.address})")
     health.stop(old)  # the old instance is gone, and its watcher with it
     nodes_mod.remove_everything_of(old)
-    network.create_node_netns(new.name, new.index)
     state["nodes"] = [new.to_dict() if n["name"] == name else n for n in state["nodes"]]
-    save_state(state)
-    first_boot(new, state)
-    nodes_mod.start_dockerd(new, engine)
-    nodes_mod.wait_ready(new, engine)
-    registry.pull_standin([new], engine)
-    result = converge_again(progress=progress)
-    _start_health([new], state, engine)
-    return result
+    return _launch(new, state, engine, progress)
 
 
 def add_node(*, role: str = "worker", progress: Progress = print) -> dict:
     state = require_state()
     engine = find_engine()
     node = new_node(next_index(state), role)
-    network.create_node_netns(node.name, node.index)
     state["nodes"].append(node.to_dict())
+    result = _launch(node, state, engine, progress)
+    progress(f"added {node.name} as {role}")
+    return result
+
+
+def _launch(node: Node, state: dict, engine, progress: Progress) -> dict:
+    """A new instance of the program's: it boots (agent, engine, check image), `pulumi up`
+    runs the swarm steps again to admit it, and its health services start."""
+    network.create_node_netns(node.name, node.index)
     save_state(state)
     first_boot(node, state)
     nodes_mod.start_dockerd(node, engine)
     nodes_mod.wait_ready(node, engine)
     registry.pull_standin([node], engine)
     result = converge_again(progress=progress)
-    _start_health([node], state, engine)
-    progress(f"added {node.name} as {role}")
+    health.start_all([node], engine, state["kind"], state.get("shared_kind", ""))
     return result
 
 
@@ -180,10 +179,6 @@ def node_engine(name: str, action: str, *, gpus: int | None = None) -> dict:
             nodes_mod.restart_dockerd(node, engine)
         return report
     raise ValueError(action)
-
-
-def _start_health(nodes: list[Node], state: dict, engine) -> None:
-    health.start_all(nodes, engine, state["kind"], state.get("shared_kind", ""))
 
 
 def node_health(name: str, action: str, *, gpu: str | None = None, xid: int = health.DEFAULT_XID) -> dict:
