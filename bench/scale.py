@@ -31,6 +31,8 @@ def _config(gpu_nodes: int) -> dict:
         "prod",
         managerCount="3",
         gpuPools=[{"name": "gpu", "instanceType": "g6.xlarge", "count": gpu_nodes}],
+        # prod's shared-GPU stack needs a sharing pool; one whole-GPU pool runs the smoke stack
+        stacks=[{"name": "gpu-smoke", "file": "stacks/gpu-smoke.yml"}],
     )
 
 

@@ -119,7 +119,12 @@ class Cluster(pulumi.ComponentResource):
         self.manager_public_ips = pulumi.Output.all(*[n.public_ip for n in managers.nodes])
         self.manager_private_ips = pulumi.Output.all(*manager_ips)
         self.ssh_commands = self._ssh_commands([node for node, _ in nodes])
-        self.inventory = pulumi.Output.all(*[self._inventory_entry(*m, health) for m in members])
+        # Each node's health is added to the whole list in one step: handing the conditions of
+        # every node to each node's entry made the program's cost grow with the square of the nodes.
+        self.inventory = pulumi.Output.all(pulumi.Output.all(*[self._inventory_entry(*m) for m in members]),
+                                           health.conditions).apply(
+            lambda v: [{**entry, "health": _health_entry((v[1] or {}).get(entry["swarmNodeId"]), health.read_at)}
+                       for entry in v[0]])
         self.bootstrap_timings = pulumi.Output.all(*[software[n.name].bootstrap_timings for n, _ in nodes]).apply(
             lambda timings: {node.name: t for (node, _), t in zip(nodes, timings)}
         )
@@ -206,11 +211,11 @@ class Cluster(pulumi.ComponentResource):
             lambda commands: {n.name: c for n, c in zip(nodes, commands)}
         )
 
-    def _inventory_entry(self, node: Node, pool: GpuPool | None, member: Membership,
-                         health: SwarmHealth) -> pulumi.Output[dict]:
+    def _inventory_entry(self, node: Node, pool: GpuPool | None, member: Membership) -> pulumi.Output[dict]:
+        """The node's entry, all but its health (see __init__)."""
         return pulumi.Output.all(
             node.instance.instance_type, node.private_ip, node.public_ip, member.node_id, member.advertised_gpus,
-            member.gpus_verified, health.conditions,
+            member.gpus_verified,
         ).apply(lambda v: {
             "name": node.name,
             "role": node.role,
@@ -226,13 +231,12 @@ class Cluster(pulumi.ComponentResource):
             "gpusVerified": (v[5] or {}).get("verified") if pool else None,
             "slotsPerGpu": pool.slots_per_gpu if pool else 0,
             "software": self._software[:12],
-            # As the swarm saw it at this `pulumi up` (health.inventoryEachUp) or when the
-            # nodes last changed: the watcher's condition, and what the reconciler did.
-            "health": _health_entry((v[6] or {}).get(v[3]), health.read_at),
         })
 
 
 def _health_entry(seen: dict | None, read_at: str | None) -> dict:
+    """As the swarm saw it at this `pulumi up` (health.inventoryEachUp) or when the nodes last
+    changed: the watcher's condition, and what the reconciler did."""
     seen = seen or {}
     return {"condition": seen.get("condition"), "reason": seen.get("reason"), "gpu": seen.get("gpu"),
             "availability": seen.get("availability"), "state": seen.get("state"),

@@ -87,6 +87,13 @@ def guard(spec: dict, settings: dict[str, str]) -> tuple[dict, str]:
     shared_kind = settings.get("SHARED_KIND", "")
     shared = _values(env, env_name(shared_kind)) if shared_kind else None
 
+    for name in filter(None, (whole_var, env_name(shared_kind) if shared_kind else "")):
+        # Swarm appends its variable after the service's own environment: two of them means
+        # the service set it too. (A service that sets it alone, to a GPU of this node, cannot
+        # be told from swarm here; the preview refuses that in stack files.)
+        if sum(e.partition("=")[0] == name for e in env) > 1:
+            raise Refused(f"{name} is set by the service as well as by swarm; remove it from the service's "
+                          "environment and reserve GPUs with generic_resources")
     for uuid in whole or []:
         if not UUID_RE.fullmatch(uuid):
             raise Refused(f"{whole_var}={uuid} is not a GPU swarm assigned: swarm sets this variable to full GPU "

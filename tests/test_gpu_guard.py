@@ -73,6 +73,14 @@ def test_a_gpu_variable_swarm_did_not_set_is_refused(value, message):
         decide(spec(f"DOCKER_RESOURCE_NVIDIA-GPU={value}"))
 
 
+@pytest.mark.parametrize("variable", ["DOCKER_RESOURCE_NVIDIA-GPU", "DOCKER_RESOURCE_NVIDIA-GPU-SHARED"])
+def test_a_swarm_variable_the_service_also_set_is_refused(variable):
+    value = A if variable.endswith("GPU") else f"{A}-s0"
+    # The service's own entry comes first, swarm's last (as dockerd builds the environment).
+    with pytest.raises(gpu_guard.Refused, match="set by the service as well as by swarm"):
+        decide(spec(f"{variable}={value}", f"{variable}={value}"))
+
+
 def test_cdi_annotations_cannot_bring_gpus_past_the_guard():
     out = decide(spec(annotations={"cdi.k8s.io/x": "nvidia.com/gpu=all", "org.opencontainers.image.title": "x"}))
     assert out["annotations"] == {"org.opencontainers.image.title": "x"}
