@@ -91,3 +91,19 @@ def write_atomic(path: str, data: bytes) -> None:
         os.fsync(dir_fd)  # make the rename itself survive a power cut
     finally:
         os.close(dir_fd)
+
+
+def set_labels(labels: list[str], prefix: str, wanted: dict[str, str]) -> list[str]:
+    """labels with every label whose key starts with prefix set to `wanted`: each stays where
+    it was (or goes, when no longer wanted), new ones come last. Two programs own labels in
+    one list (the agent gpu.*, the watcher gpu-swarm.condition*); keeping places means one
+    of them rewriting its own never looks like a change to the other's."""
+    out, done = [], set()
+    for label in labels:
+        key = label.split("=", 1)[0]
+        if not key.startswith(prefix):
+            out.append(label)
+        elif key in wanted and key not in done:
+            out.append(f"{key}={wanted[key]}")
+            done.add(key)
+    return out + [f"{key}={value}" for key, value in wanted.items() if key not in done]

@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 
-from daemon_json import DEFAULT_DAEMON_JSON, locked, read_daemon_json, write_atomic
+from daemon_json import DEFAULT_DAEMON_JSON, locked, read_daemon_json, set_labels, write_atomic
 from gpu_detect import BadInput, DetectionFailed, detect_gpus, gpu_labels, load_inventory
 from gpu_resources import (DEFAULT_KIND, MAX_SLOTS_PER_GPU, default_shared_kind, resource_entries, resource_env_name,
                            slot_entries, validate_kind)
@@ -60,8 +60,7 @@ def merge_daemon_config(config: dict, resources: list[str], labels: dict, guard:
     else:
         new.pop("node-generic-resources", None)
     if "labels" in new or labels:
-        kept = [label for label in new.get("labels", []) if not label.split("=", 1)[0].startswith("gpu.")]
-        new["labels"] = kept + [f"{key}={value}" for key, value in labels.items()]
+        new["labels"] = set_labels(new.get("labels", []), "gpu.", labels)
     if resources and guard:
         runtimes = new.setdefault("runtimes", {})
         # nvidia stays registered for `docker run --runtime=nvidia`; tasks get the guard.

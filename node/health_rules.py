@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 
+from daemon_json import set_labels
 from gpu_resources import SLOT_RE
 
 RANK = {"healthy": 0, "degraded": 1, "unhealthy": 2, "reclaim": 3}  # conditions, best to worst
@@ -73,8 +74,7 @@ def condition_labels(condition: str, reason: str, gpu: str, since: float) -> dic
 def merge_labels(config: dict, labels: dict[str, str]) -> dict:
     """config with our labels set; every other key and label kept, in order."""
     new = json.loads(json.dumps(config))  # a deep copy that keeps key order
-    kept = [label for label in new.get("labels", []) if not label.split("=", 1)[0].startswith(LABEL)]
-    new["labels"] = kept + [f"{key}={value}" for key, value in labels.items()]
+    new["labels"] = set_labels(new.get("labels", []), LABEL, labels)
     return new
 
 

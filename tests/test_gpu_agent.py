@@ -349,9 +349,9 @@ MERGE_TABLE = {
         {"runtimes": {"nvidia": {"runtimeArgs": []}}, "default-runtime": "nvidia"},
         {"runtimes": {"nvidia": {"runtimeArgs": [], "path": "nvidia-container-runtime"}, "gpu-swarm": GUARD},
          "default-runtime": "gpu-swarm", "node-generic-resources": TWO, "labels": LABELS}),
-    "old gpu labels replaced, others kept in order": (
+    "old gpu labels replaced in place, others kept in order": (
         {"labels": ["zone=a", "gpu.count=8", "gpu.product=Tesla-V100", "team=ml", "gpuish=yes"]},
-        {"labels": ["zone=a", "team=ml", "gpuish=yes", *LABELS], "node-generic-resources": TWO,
+        {"labels": ["zone=a", LABELS[0], LABELS[1], "team=ml", "gpuish=yes", LABELS[2]], "node-generic-resources": TWO,
          "runtimes": {"nvidia": NV_RUNTIME, "gpu-swarm": GUARD}, "default-runtime": "gpu-swarm"}),
     "stale resources replaced in place": (
         {"debug": False, "node-generic-resources": ["NVIDIA-GPU=GPU-be74ca1f", "FPGA=fpga0"], "iptables": True},
@@ -374,6 +374,20 @@ def test_merge_keeps_what_the_agent_does_not_own(node, capsys, before, after):
     after = json.loads(json.dumps(after).replace("RUNTIME_CONFIG", str(node.runtime_config)))
     assert node.daemon() == after
     assert list(node.daemon()) == list(after)  # key order kept, new keys appended
+
+
+def test_the_health_watchers_labels_keep_their_place_and_a_rerun_changes_nothing(node, capsys):
+    """The watcher appends gpu-swarm.condition* labels after the agent's; the next boot's agent
+    must not move them (that would rewrite daemon.json and restart dockerd for nothing)."""
+    inventory = node.inventory([inventory_gpu(0), inventory_gpu(1)])
+    assert node.run(capsys, "--inventory", inventory)[0] == 0
+    config = node.daemon()
+    watcher = ["gpu-swarm.condition=healthy", "gpu-swarm.condition.reason=ok", "gpu-swarm.condition.gpu=-"]
+    config["labels"] += watcher
+    node.write_daemon(config)
+    rc, report, _ = node.run(capsys, "--inventory", inventory)
+    assert rc == 0 and report["changed"] is False
+    assert node.daemon()["labels"] == [*LABELS, *watcher]
 
 
 def test_other_default_runtime_is_replaced_with_a_warning(node, capsys):

@@ -215,8 +215,9 @@ def test_label_merge_keeps_every_other_key_and_label():
               "node-generic-resources": ["NVIDIA-GPU=x"], "runtimes": {"nvidia": {"path": "p"}}}
     labels = rules.condition_labels("healthy", "ok", "-", 5)
     merged = rules.merge_labels(config, labels)
-    assert merged == {**config, "labels": ["zone=a", "gpu.count=2", "gpu-swarm.pool=h100",
-                                           "gpu-swarm.condition=healthy", "gpu-swarm.condition.reason=ok",
+    # Ours are set where they were (the agent's gpu.* labels never move), new ones come last.
+    assert merged == {**config, "labels": ["zone=a", "gpu-swarm.condition=healthy", "gpu.count=2",
+                                           "gpu-swarm.condition.reason=ok", "gpu-swarm.pool=h100",
                                            "gpu-swarm.condition.gpu=-", "gpu-swarm.condition.since=5"]}
     assert list(merged) == list(config) and config["labels"][1] == "gpu-swarm.condition=unhealthy"  # not mutated
     assert rules.merge_labels({}, labels)["labels"][0] == "gpu-swarm.condition=healthy"

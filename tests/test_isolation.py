@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from localswarm import rehearsal as rehearsal_mod
+from localswarm import changes
 from localswarm.host import RehearsalError
 from localswarm.nodes import STATE_ROOT, Node, docker, restart_dockerd
 from tests.rehearsal_tools import cli, cli_json, node_of, require_engine, status, tasks_of, wait_for
@@ -126,7 +126,7 @@ def test_a_node_whose_runtime_lets_gpus_leak_fails_its_check_and_is_drained(shar
     docker(MANAGER, engine, "node", "update", "--label-rm", "gpu-swarm.gpus-verified", "node-2")
     try:
         with pytest.raises(RehearsalError) as err:
-            rehearsal_mod.converge_again(progress=lambda _: None)
+            changes.converge_again(progress=lambda _: None)
         assert "failed its GPU check, so it was drained" in str(err.value)
         assert '"unreserved_saw": ["GPU 0: every GPU of the node (NVIDIA_VISIBLE_DEVICES=all, no guard)' in str(err.value)
         view = wait_for(lambda v: node_of(v, "node-2")["availability"] == "drain", 30, "node-2 drained")
