@@ -166,10 +166,14 @@ def job(name: str, image: str, command: str, *extra: str) -> str:
         docker("service", "rm", name, check_rc=False)
 
 
-def start_times(runs: int, variants: dict[str, list[str]]) -> dict[str, float]:
+START_RUNS = 15  # --start-runs
+START_LIMIT_MS = 30  # issue 8: the guard's median overhead per container start
+
+
+def start_times(variants: dict[str, list[str]]) -> dict[str, float]:
     """Median seconds of `docker run --rm` per variant, interleaved so drift hits each alike."""
     samples: dict[str, list[float]] = {name: [] for name in variants}
-    for i in range(runs + 1):
+    for i in range(START_RUNS + 1):
         for name, args in variants.items():
             t0 = time.perf_counter()
             docker("run", "--rm", *args, CUDA_IMAGE, "true")
@@ -260,7 +264,7 @@ def whole_gpus(out: Path, host: list[str], node: str) -> None:
               f"nvidia-container-runtime alone fails here too: {(plain.stderr or plain.stdout).strip()[-160:]}")
     script(stacks.remove_stack("smoke"))
 
-    times = start_times(15, {
+    times = start_times({
         "guard, no GPU": [],
         "nvidia alone, no GPU": ["--runtime", "nvidia"],
         "guard, one GPU": ["--env", f"DOCKER_RESOURCE_NVIDIA-GPU={host[0]}"],
@@ -269,9 +273,9 @@ def whole_gpus(out: Path, host: list[str], node: str) -> None:
     (out / "start-times.json").write_text(json.dumps(times, indent=2))
     for what in ("no GPU", "one GPU"):
         extra = (times[f"guard, {what}"] - times[f"nvidia alone, {what}"]) * 1000
-        check(f"guard's cost per container start ({what})", extra <= 50,
+        check(f"guard's cost per container start ({what})", extra <= START_LIMIT_MS,
               f"{times[f'guard, {what}'] * 1000:.0f} ms vs {times[f'nvidia alone, {what}'] * 1000:.0f} ms: "
-              f"+{extra:.0f} ms (median of 15, interleaved)")
+              f"{extra:+.0f} ms (median of {START_RUNS}, interleaved)")
 
 
 def shared_gpus(out: Path, host: list[str], node: str, slots: int, engine: subprocess.Popen) -> subprocess.Popen:
@@ -318,23 +322,27 @@ def shared_gpus(out: Path, host: list[str], node: str, slots: int, engine: subpr
           f"{len(on_gpu)} CUDA processes on the host's nvidia-smi")
     script(stacks.remove_stack("infer"))
 
-    times = start_times(15, {
+    times = start_times({
         "whole GPU": ["--env", f"DOCKER_RESOURCE_NVIDIA-GPU={host[0]}"],
         "slot of a GPU": ["--env", f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={host[0]}-s0"],
     })
     (out / "start-times-shared.json").write_text(json.dumps(times, indent=2))
     extra = (times["slot of a GPU"] - times["whole GPU"]) * 1000
-    check("slot mapping's cost per container start", extra <= 50,
+    check("slot mapping's cost per container start", extra <= START_LIMIT_MS,
           f"{times['slot of a GPU'] * 1000:.0f} ms vs {times['whole GPU'] * 1000:.0f} ms: {extra:+.0f} ms")
     return engine
 
 
 def main() -> int:
+    global START_RUNS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slots-per-gpu", type=int, default=4)
     parser.add_argument("--out", default="/tmp/gpu-swarm-e2e", help="logs and JSON results go here")
     parser.add_argument("--cuda-probe", help="a built bench/cuda_probe.c (default: build it with cc)")
+    parser.add_argument("--start-runs", type=int, default=START_RUNS,
+                        help="interleaved `docker run` starts per variant for the cost figures (default %(default)s)")
     args = parser.parse_args()
+    START_RUNS = args.start_runs
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
