@@ -185,15 +185,13 @@ def node_health(name: str, action: str, *, gpu: str | None = None, xid: int = he
     """Inject a GPU fault or a spot notice into one node, or clear both; its watcher does the rest."""
     state = require_state()
     node = find_node(state, name)
-    if action == "gpu-fault":
-        result = health.gpu_fault(node, gpu, xid)
-    elif action == "gpu-heal":
-        result = health.gpu_heal(node)
-    elif action == "spot-notice":
-        result = health.spot_notice(node)
-    else:
-        raise ValueError(action)
     if not health.watching(node):
-        raise RehearsalError(f"{name} has no health watcher running (see {health.log_file(node)}); "
-                             f"the {action} was written but nothing will act on it")
-    return result
+        raise RehearsalError(f"{name} has no health watcher running (see {health.log_file(node)}), "
+                             f"so nothing would act on a {action}")
+    if action == "gpu-fault":
+        return health.gpu_fault(node, gpu, xid)
+    if action == "gpu-heal":
+        return health.gpu_heal(node)
+    if action == "spot-notice":
+        return health.spot_notice(node)
+    raise ValueError(action)

@@ -87,7 +87,7 @@ def guard(spec: dict, settings: dict[str, str]) -> tuple[dict, str]:
     shared_kind = settings.get("SHARED_KIND", "")
     shared = _values(env, env_name(shared_kind)) if shared_kind else None
 
-    for name in filter(None, (whole_var, env_name(shared_kind) if shared_kind else "")):
+    for name in [whole_var] + ([env_name(shared_kind)] if shared_kind else []):
         # Swarm appends its variable after the service's own environment: two of them means
         # the service set it too. (A service that sets it alone, to a GPU of this node, cannot
         # be told from swarm here; the preview refuses that in stack files.)

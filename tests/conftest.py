@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pulumi
+import pytest
 import yaml
 from google.protobuf import json_format
 from pulumi.runtime import mocks as pulumi_mocks
@@ -292,3 +293,10 @@ def unwrap(value):
     if isinstance(value, list):
         return [unwrap(v) for v in value]
     return value
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """The rehearsal's engine; the integration tests fail without it in CI (see require_engine)."""
+    from tests.rehearsal_tools import require_engine
+    return require_engine()

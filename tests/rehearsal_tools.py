@@ -27,6 +27,14 @@ def require_engine():
     pytest.skip(missing)
 
 
+def rehearsal_up(*args: str):
+    """A module's rehearsal, for `yield from` in a fixture: what an interrupted run left is
+    removed first (it must not fail the suite), and `down` runs when the module is done."""
+    cli("down")
+    yield cli_json("up", *args)
+    cli("down")
+
+
 def cli(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "localswarm", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout)

@@ -13,7 +13,7 @@ import pytest
 
 from localswarm.nodes import STATE_ROOT, Node, docker, run_script
 from swarm import formation
-from tests.rehearsal_tools import (advertised, cli, cli_json, node_of, require_engine, running_pairs, status,
+from tests.rehearsal_tools import (advertised, cli, cli_json, node_of, rehearsal_up, running_pairs, status,
                                    tasks_of, wait_for)
 
 pytestmark = pytest.mark.integration
@@ -37,16 +37,10 @@ def cluster_ids(names: list[str], engine) -> set[str]:
     return ids
 
 
-@pytest.fixture(scope="module")
-def engine():
-    return require_engine()
-
 
 @pytest.fixture(scope="module")
 def three_managers(engine):
-    cli("down")
-    yield cli_json("up", "--nodes", "5", "--managers", "3", "--gpus-per-node", "1")
-    cli("down")
+    yield from rehearsal_up("--nodes", "5", "--managers", "3", "--gpus-per-node", "1")
 
 
 def test_a_second_pulumi_up_changes_nothing(three_managers, engine):

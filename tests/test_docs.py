@@ -4,10 +4,11 @@ that only this project's workspace has."""
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.tools import files_git_lists
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -20,13 +21,7 @@ CODE_SPAN = re.compile(r"`[^`\n]*`")
 
 def markdown_files() -> list[Path]:
     """README.md, docs/ and bench/results/: every markdown file git tracks or would track."""
-    try:
-        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "*.md"],
-                                cwd=REPO, capture_output=True, text=True, check=True).stdout
-        paths = [REPO / name for name in listed.split("\0") if name]
-    except (OSError, subprocess.CalledProcessError):  # not a git checkout
-        paths = [p for p in REPO.rglob("*.md") if not {".git", ".venv"} & set(p.relative_to(REPO).parts)]
-    return sorted(p for p in paths if p.is_file())
+    return files_git_lists(REPO, "*.md")
 
 
 def relative_links(text: str) -> list[str]:

@@ -4,13 +4,12 @@ a spot notice drains its node. Labels reach the manager on swarmkit's 20 s node-
 so each wait allows 60 s."""
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 
 from localswarm.host import REPO
-from tests.rehearsal_tools import cli, cli_json, node_of, require_engine, tasks_of, wait_for
+from tests.rehearsal_tools import cli, cli_json, node_of, rehearsal_up, tasks_of, wait_for
 
 pytestmark = pytest.mark.integration
 REPLICAS = 2  # on 6 GPUs: a drained node's tasks have free GPUs to move to
@@ -18,15 +17,11 @@ LABEL_WAIT_S = 60
 
 
 @pytest.fixture(scope="module")
-def rehearsal(tmp_path_factory):
-    require_engine()
+def rehearsal(engine, tmp_path_factory):
     stack = (REPO / "stacks" / "gpu-smoke.yml").read_text()
     compose = tmp_path_factory.mktemp("health") / "smoke.yml"
     compose.write_text(re.sub(r"replicas: \d+", f"replicas: {REPLICAS}", stack, count=1))
-    cli("down")
-    yield json.loads(cli("up", "--nodes", "3", "--gpus-per-node", "2", "--stack", f"smoke={compose}",
-                         "--json").stdout)
-    cli("down")
+    yield from rehearsal_up("--nodes", "3", "--gpus-per-node", "2", "--stack", f"smoke={compose}")
 
 
 def _running(view: dict) -> list[dict]:

@@ -16,23 +16,17 @@ import pytest
 from localswarm import changes
 from localswarm.host import RehearsalError
 from localswarm.nodes import STATE_ROOT, Node, docker, restart_dockerd
-from tests.rehearsal_tools import cli, cli_json, node_of, require_engine, status, tasks_of, wait_for
+from tests.rehearsal_tools import cli_json, node_of, rehearsal_up, status, tasks_of, wait_for
 
 pytestmark = pytest.mark.integration
 STANDIN = "192.168.213.1:5000/gpu-swarm/standin:1"
 MANAGER = Node("node-1", 1, "manager", "managers")
 
 
-@pytest.fixture(scope="module")
-def engine():
-    return require_engine()
-
 
 @pytest.fixture(scope="module")
 def shared(engine):
-    cli("down")
-    yield cli_json("up", "--nodes", "3", "--gpus-per-node", "2", "--slots-per-gpu", "4", "--shared-nodes", "2")
-    cli("down")
+    yield from rehearsal_up("--nodes", "3", "--gpus-per-node", "2", "--slots-per-gpu", "4", "--shared-nodes", "2")
 
 
 def logs_of(service: str, engine) -> str:

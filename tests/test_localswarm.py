@@ -17,15 +17,11 @@ from localswarm import network, rehearsal as rehearsal_mod
 from localswarm.host import RehearsalError
 from localswarm.nodes import RUN_ROOT, STATE_ROOT, Node, docker, run_script
 from swarm import stacks
-from tests.rehearsal_tools import (KIND, advertised, cli, cli_json, node_of, require_engine, status, tasks_of,
+from tests.rehearsal_tools import (KIND, advertised, cli, cli_json, node_of, rehearsal_up, status, tasks_of,
                                    wait_for)
 
 pytestmark = pytest.mark.integration
 
-
-@pytest.fixture(scope="module")
-def engine():
-    return require_engine()
 
 
 MANAGER = Node("node-1", 1, "manager")
@@ -33,10 +29,7 @@ MANAGER = Node("node-1", 1, "manager")
 
 @pytest.fixture(scope="module")
 def rehearsal(engine):
-    cli("down")  # a leftover from an interrupted run must not fail the suite
-    up = cli("up", "--nodes", "3", "--gpus-per-node", "2", "--json")
-    yield json.loads(up.stdout)
-    cli("down")
+    yield from rehearsal_up("--nodes", "3", "--gpus-per-node", "2")
 
 
 def test_seven_one_gpu_replicas_on_six_gpus(rehearsal):

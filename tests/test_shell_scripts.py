@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import node_software
-from tests.tools import require_tool
+from tests.tools import files_git_lists, require_tool
 
 REPO = Path(__file__).resolve().parent.parent
 NODE_SRC = REPO / "node"
@@ -23,13 +23,7 @@ COMMON = NODE_SRC / "common.sh"
 
 def shell_scripts() -> list[Path]:
     """Every *.sh in the working tree that git does not ignore (so never .venv)."""
-    try:
-        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "*.sh"],
-                                cwd=REPO, capture_output=True, text=True, check=True).stdout
-        paths = [REPO / name for name in listed.split("\0") if name]
-    except (OSError, subprocess.CalledProcessError):  # not a git checkout
-        paths = [p for p in REPO.rglob("*.sh") if not {".git", ".venv"} & set(p.relative_to(REPO).parts)]
-    return sorted(p for p in paths if p.is_file())
+    return files_git_lists(REPO, "*.sh")
 
 
 SCRIPTS = shell_scripts()
