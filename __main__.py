@@ -12,6 +12,7 @@ pulumi.export("managerPrivateIps", cluster.manager_private_ips)
 pulumi.export("sshCommands", cluster.ssh_commands)
 pulumi.export("inventory", cluster.inventory)
 pulumi.export("bootstrapTimings", cluster.bootstrap_timings)
+pulumi.export("nodeSoftware", cluster.node_software)
 pulumi.export("availabilityZones", cluster.availability_zones)
 pulumi.export("vpcId", cluster.vpc_id)
 if cluster.private_key is not None:

@@ -1,46 +1,55 @@
-"""The node software in node/: what lands on every node, its version hash, and how a node applies it.
+"""The node software in node/: its bundle, each node's settings and steps, and the files a node boots with.
 
-Pulumi copies the whole node/ folder to each node over SSH (components/node_software.py)
-and runs apply_software() there: it checks the copy against the hash computed here,
-installs it under /opt/gpu-swarm/software, writes the node's settings and runs the
-bootstrap steps. The same path serves a node's first boot and every later change, one
-node of a pool at a time, so changing a script never replaces or reboots a node.
+Every node runs the same bundle: a tar of node/ that the program uploads (components/
+node_bundle.py) and that the node's installer (cloud-init/install.sh) downloads, checks
+against the sha256 pinned here and installs under /opt/gpu-swarm/software. What a node
+runs is a *release*: the bundle, its settings (node.env) and its bootstrap steps. At first
+boot cloud-init writes node_files() and runs the installer; when the release changes,
+node_commands.upgrade() writes the same files over SSH and runs the same installer.
 """
 from __future__ import annotations
 
 import hashlib
+import io
 import re
+import tarfile
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from swarm.gpu_kind import validate_kind
-from swarm.script import quote, script, sha256_hex
+from swarm.script import sha256_hex
 
-SOURCE_DIR = Path(__file__).resolve().parent / "node"
+REPO = Path(__file__).resolve().parent
+SOURCE_DIR = REPO / "node"
+CLOUD_INIT_DIR = REPO / "cloud-init"
 VERSIONS_ENV = SOURCE_DIR / "versions.env"
 
-# Paths on the node. node/common.sh has the same defaults (a test keeps them equal).
+# Paths on the node. node/common.sh and cloud-init/install.sh have the same defaults (tests keep them equal).
 NODE_DIR = "/opt/gpu-swarm"
 SOFTWARE_DIR = f"{NODE_DIR}/software"
 NODE_VERSIONS_ENV = f"{SOFTWARE_DIR}/versions.env"
 AGENT_PATH = f"{SOFTWARE_DIR}/gpu_agent.py"
 AGENT_VENV = f"{NODE_DIR}/venv"
 NODE_ENV_PATH = "/etc/gpu-swarm/node.env"
+# What the installer brings the node to: the bundle's URL and sha256, the steps, the release.
+RELEASE_ENV_PATH = "/etc/gpu-swarm/release.env"
+INSTALLER_PATH = "/usr/local/sbin/gpu-swarm-install"
 # The health settings, apart from node.env: changing them restarts two services and drains
-# no node, where a node.env change rolls the node (drain, apply, admit).
+# no node, where a node.env change rolls the node (drain, upgrade, admit).
 HEALTH_ENV_PATH = "/etc/gpu-swarm/health.env"
 HEALTH_UNITS = ("gpu-swarm-health.service", "gpu-swarm-reconciler.service")
 BOOTSTRAP_LOG = "/var/log/gpu-swarm/bootstrap.log"
 STATE_DIR = "/var/lib/gpu-swarm"
 BOOTSTRAP_TIMINGS = f"{STATE_DIR}/bootstrap-timings.json"
-# Exactly one of these exists once the bootstrap has ended: done, or failed (holding the
+INSTALL_TIMINGS = f"{STATE_DIR}/install-timings.json"  # the installer's own step: fetching the bundle
+# Exactly one of these exists once an install has ended: done, or failed (holding the
 # failed step's name). Neither: still running, or it never ran.
 BOOTSTRAP_DONE = f"{STATE_DIR}/bootstrap-done"
 BOOTSTRAP_FAILED = f"{STATE_DIR}/bootstrap-failed"
-# The software and settings the node last applied successfully (software_hash + node.env).
+# The release the node last applied successfully.
 APPLIED = f"{STATE_DIR}/applied"
-# Where CopyToRemote puts a software version: the SSH user can write here, and unlike
-# /tmp it survives a reboot. The folder is named after the hash, so versions never mix.
-STAGING_PARENT = "/var/tmp"
+UNATTENDED_CONFIG = "/etc/apt/apt.conf.d/51gpu-swarm-unattended"
 
 IMAGES = ("ubuntu", "deep-learning", "custom")
 ROLES = ("manager", "worker")
@@ -48,12 +57,14 @@ ROLES = ("manager", "worker")
 NVSWITCH_FAMILIES = frozenset({"p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "p6-b300"})
 # Their GPUs (Maxwell, Volta) predate NVIDIA's open kernel modules; all others use them.
 PROPRIETARY_MODULE_FAMILIES = frozenset({"g3", "g3s", "p3", "p3dn"})
+# What runs from the bundle: everything else lands read-only.
+_EXECUTABLE = re.compile(r"(\.sh|\.py|^gpu-swarm-runtime)$")
 
 _INSTANCE_TYPE_RE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+")
 _ENV_LINE_RE = re.compile(r"([A-Z][A-Z0-9_]*)=(\S*)")
-_ENV_VALUE_RE = re.compile(r"[A-Za-z0-9._:/,+=-]*")
-# Files that are not part of the software: Python's caches and editors' leftovers. The node
-# leaves them out of its hash in the same way (see apply_software).
+# Words of these characters, one space apart: nothing that bash or systemd would read differently.
+_ENV_VALUE_RE = re.compile(r"([A-Za-z0-9._:/,+=-]+( [A-Za-z0-9._:/,+=-]+)*)?")
+# Files that are not part of the software: Python's caches and editors' leftovers.
 _IGNORED = re.compile(r"(^|/)(__pycache__|\.[^/]*)(/|$)|(\.pyc|~)$")
 
 
@@ -68,19 +79,40 @@ def software_files(source: Path = SOURCE_DIR) -> list[tuple[str, bytes]]:
 
 
 def software_hash(source: Path = SOURCE_DIR) -> str:
-    """The version of the node software: the same digest the node computes over its copy.
+    """The node software's content: `sha256sum` of the `sha256sum` listing of every file, by path.
 
-    It is `sha256sum` of the `sha256sum` listing of every file, by path (as `./path`, in
-    byte order), so it depends on file content only: not on timestamps, permissions, the
-    operating system or the Python version of whoever runs `pulumi up`.
+    It depends on file content only: not on timestamps, permissions, the operating system or
+    the Python version of whoever runs `pulumi up`.
     """
     listing = "".join(f"{hashlib.sha256(data).hexdigest()}  ./{rel}\n" for rel, data in software_files(source))
     return hashlib.sha256(listing.encode()).hexdigest()
 
 
-def staging_dir(software: str) -> str:
-    """Where the copy of one software version lands (CopyToRemote adds node/ below it)."""
-    return f"{STAGING_PARENT}/gpu-swarm-{sha256_hex(software)[:16]}"
+@lru_cache(maxsize=4)
+def bundle(source: Path = SOURCE_DIR) -> bytes:
+    """node/ as one tar, the same bytes on every operator's machine.
+
+    Plain tar, not gzip: zlib's output differs between builds and platforms (zlib-ng, the
+    header's OS byte), and a new byte would be a new release that rolls every node. Owner,
+    times and modes are fixed here, so only content and paths count. About 120 KB.
+    """
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for rel, data in software_files(source):
+            info = tarfile.TarInfo(rel)
+            info.size, info.mtime, info.uid, info.gid, info.uname, info.gname = len(data), 0, 0, 0, "", ""
+            info.mode = 0o755 if _EXECUTABLE.search(rel) else 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def bundle_sha256(source: Path = SOURCE_DIR) -> str:
+    return hashlib.sha256(bundle(source)).hexdigest()
+
+
+def bundle_key(sha256: str) -> str:
+    """Where the bundle lives in the bucket: named after its content, so versions never mix."""
+    return f"node-software/{sha256_hex(sha256, 'the node software bundle')}.tar"
 
 
 def min_versions() -> dict[str, str]:
@@ -141,7 +173,7 @@ def node_env(*, gpu: bool, gpu_kind: str, instance_type: str, image: str, slots_
     if not isinstance(gpu, bool):
         raise ValueError(f"gpu: expected True or False, found {gpu!r}")
     _instance_family(instance_type)
-    # Only what a step or unit reads: a value here that changes reruns the node's bootstrap.
+    # Only what a step or unit reads: a value here that changes rolls the node.
     env = {"GPU_SWARM_IMAGE": image, "GPU_SWARM_KIND": validate_kind(gpu_kind)}
     if gpu:
         env["NVIDIA_KERNEL_MODULES"] = kernel_modules(instance_type)
@@ -153,173 +185,61 @@ def node_env(*, gpu: bool, gpu_kind: str, instance_type: str, image: str, slots_
     return env
 
 
-def _env_text(env: dict[str, str]) -> str:
+def env_text(env: dict[str, str]) -> str:
+    """KEY=VALUE lines that bash sources and systemd's EnvironmentFile reads the same way."""
     for key, value in env.items():
-        # Sourced by bash and read by systemd: nothing that either would read differently.
         if not re.fullmatch(r"[A-Z][A-Z0-9_]*", key) or not _ENV_VALUE_RE.fullmatch(value):
-            raise ValueError(f"node setting {key}={value!r} cannot be written to node.env safely")
-    return "".join(f"{key}={value}\n" for key, value in env.items())
+            raise ValueError(f"node setting {key}={value!r} cannot be written to an env file safely")
+    return "".join(f"{key}={_quoted(value)}\n" for key, value in env.items())
 
 
-def release(software: str, env: dict[str, str], steps: list[str]) -> str:
-    """What a node runs: the software, its settings and its steps, as one hash.
+def _quoted(value: str) -> str:
+    # Words (the steps) in double quotes: bash and systemd both strip them; nothing inside
+    # is special to either (the value pattern above allows no $, quote or backslash).
+    return f'"{value}"' if " " in value else value
 
-    A node's `gpu-swarm.software` label holds it; any change drains the node, applies it
-    and admits the node again.
+
+def release(bundle_sha: str, env: dict[str, str], steps: list[str]) -> str:
+    """What a node runs: the bundle, its settings and its steps, as one hash.
+
+    A node's `gpu-swarm.software` label holds it; any change drains the node, upgrades it
+    in place and admits it again.
     """
-    return hashlib.sha256(f"{sha256_hex(software)}\n{_env_text(env)}\n{' '.join(steps)}".encode()).hexdigest()
+    return hashlib.sha256(f"{sha256_hex(bundle_sha)}\n{env_text(env)}\n{' '.join(steps)}".encode()).hexdigest()
 
 
-def apply_software(*, software: str, steps: list[str], env: dict[str, str], expected_gpus: int,
-                   bootstrap_timeout_s: int = 2700, cloud_init_timeout_s: int = 600, root: str = "") -> str:
-    """On the node, as root: install the staged software, write node.env, run the bootstrap.
-
-    Skips the bootstrap when this node already applied the same software and settings, so a
-    re-run (a new SSH key, a node that changed its address) costs a second. The bootstrap
-    runs as a transient systemd unit: if the SSH session drops, it goes on, and the next
-    `pulumi up` waits for it instead of starting another. Prints the step timings as JSON.
-    `root` prefixes every node path (tests run the script in a scratch folder).
-    """
-    want = sha256_hex(software)
-    env_text = _env_text(env)
-    applied = release(software, env, steps)
-    for step in steps:
-        if not re.fullmatch(r"[a-z0-9-]+", step):
-            raise ValueError(f"bootstrap step {step!r} is not a step name")
-    at = {name: quote(root + path) for name, path in (
-        ("software", SOFTWARE_DIR), ("state", STATE_DIR), ("env", NODE_ENV_PATH), ("log", BOOTSTRAP_LOG),
-        ("done", BOOTSTRAP_DONE), ("failed", BOOTSTRAP_FAILED), ("applied", APPLIED),
-        ("timings", BOOTSTRAP_TIMINGS), ("staged", f"{staging_dir(want)}/node"),
-        ("daemon", "/etc/docker/daemon.json"))}
-    sw, log = at["software"], at["log"]
-    minutes = bootstrap_timeout_s // 60
-    return script(
-        "set -o pipefail",
-        "say() { echo \"gpu-swarm: $*\" >&2; }",
-        f"fail() {{ say \"$1\"; echo '--- last 40 lines of {BOOTSTRAP_LOG} ---' >&2; "
-        f"tail -n 40 {log} >&2 2>/dev/null || true; exit 1; }}",
-        f'mkdir -p {at["state"]} "$(dirname {at["env"]})" "$(dirname {log})" && touch {log}',
-        f"cat >{at['env']}.new <<'NODE_ENV'\n{env_text}NODE_ENV",
-        f"mv {at['env']}.new {at['env']}",
-        f'if [ "$(cat {at["applied"]} 2>/dev/null || true)" = {applied} ] && [ -e {at["done"]} ]; then',
-        '  say "software and settings already applied"',
-        "else",
-        f'  if [ "$(cat {sw}/.hash 2>/dev/null || true)" != {want} ]; then',
-        f"    staged={at['staged']}",
-        '    [ -d "$staged" ] || fail "the copy of the node software is missing ($staged); run pulumi up again"',
-        # The copy was written by the SSH user: check it is exactly what the program sent
-        # before root runs any of it.
-        "    got=$(cd \"$staged\" && find . -type f ! -path '*/__pycache__/*' ! -path '*/.*' ! -name '*.pyc' "
-        "! -name '*~' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)",
-        f'    [ "$got" = {want} ] || fail "the copy in $staged has hash $got, expected {want}"',
-        f'    mkdir -p "$(dirname {sw})" && rm -rf {sw}.new && cp -R "$staged" {sw}.new',
-        f"    chown -R 0:0 {sw}.new && chmod -R go-w {sw}.new",
-        # The copy keeps no modes (SFTP): the runtime guard and the scripts must be executable.
-        f'    chmod 0755 {sw}.new/gpu-swarm-runtime {sw}.new/*.sh {sw}.new/*.py',
-        f"    echo {want} >{sw}.new/.hash",
-        f"    rm -rf {sw}.old; if [ -e {sw} ]; then mv {sw} {sw}.old; fi",
-        f"    mv {sw}.new {sw}; rm -rf {sw}.old",
-        f'    say "installed node software {want[:12]}"',
-        "  fi",
-        # cloud-init may still be at work on a fresh node (apt, its own first-boot units).
-        # Its verdict is advice: exit 2 means recoverable warnings (cloud-init >= 23.4).
-        "  if command -v cloud-init >/dev/null 2>&1; then",
-        f"    rc=0; timeout {int(cloud_init_timeout_s)} cloud-init status --wait >/dev/null 2>&1 || rc=$?",
-        '    case $rc in 0|2) ;; 124) say "cloud-init is still running after '
-        f'{cloud_init_timeout_s // 60} min; going on" ;;',
-        '      *) say "cloud-init reported errors (exit $rc, see cloud-init status --long); going on" ;; esac',
-        "  fi",
-        "  unit=gpu-swarm-bootstrap",
-        f"  lines=$(wc -l <{log})",
-        '  if systemctl is-active -q "$unit"; then say "a bootstrap is already running; waiting for it"',
-        "  else",
-        '    systemctl reset-failed "$unit" >/dev/null 2>&1 || true',
-        f'    systemd-run --unit "$unit" --collect --quiet bash {sw}/bootstrap.sh {" ".join(steps)}',
-        "  fi",
-        f"  end=$(( $(date +%s) + {int(bootstrap_timeout_s)} ))",
-        '  while systemctl is-active -q "$unit"; do',
-        f"    tail -n +$((lines + 1)) {log} | sed 's/^/  | /' >&2",
-        f"    lines=$(wc -l <{log})",
-        f'    [ "$(date +%s)" -lt "$end" ] || fail "the bootstrap is still running after {minutes} min; it goes on'
-        f' (journalctl -u $unit): run pulumi up again to wait for it"',
-        "    sleep 5",
-        "  done",
-        f"  tail -n +$((lines + 1)) {log} | sed 's/^/  | /' >&2",
-        f'  if [ -e {at["failed"]} ]; then fail "bootstrap step $(cat {at["failed"]}) failed; '
-        'its steps are idempotent, so pulumi up retries it"; fi',
-        f'  [ -e {at["done"]} ] || fail "the bootstrap ended without finishing (journalctl -u $unit)"',
-        f"  echo {applied} >{at['applied']}",
-        "fi",
-        *_advertised_gpus_check(env, expected_gpus, at["daemon"]),
-        f"cat {at['timings']} 2>/dev/null || echo '{{}}'",
-    )
+@dataclass(frozen=True)
+class NodeFile:
+    path: str
+    content: str
+    mode: str = "0644"
 
 
-def _advertised_gpus_check(env: dict[str, str], gpus: int, daemon_json: str) -> list[str]:
-    # dockerd reads node-generic-resources only at start, and the agent restarts it after
-    # writing them, so daemon.json is what the engine advertises: each GPU whole, or as
-    # GPU_SWARM_SLOTS_PER_GPU slots of the shared kind.
-    kind, slots = env.get("GPU_SWARM_KIND", ""), int(env.get("GPU_SWARM_SLOTS_PER_GPU") or 0)
-    if not kind:
-        return []
-    if slots:
-        kind = env["GPU_SWARM_SHARED_KIND"]
-    expected = gpus * (slots or 1)
-    entry = quote(f'"{kind}=')
-    return [
-        f"n=$({{ grep -o {entry} {daemon_json} 2>/dev/null || true; }} | wc -l)",
-        f'[ "$n" -eq {int(expected)} ] || fail "node advertises $n {kind} resources in {daemon_json},'
-        f' expected {int(expected)}"',
-        "docker info >/dev/null 2>&1 || fail 'docker is not running'",
-    ]
+@dataclass(frozen=True)
+class NodeRelease:
+    """One kind of node (a pool), at one version of the software: what its boot and its upgrades install."""
 
+    bundle_url: str
+    bundle_sha: str
+    env: dict[str, str]
+    steps: tuple[str, ...]
 
-def health_settings(env: dict[str, str], root: str = "") -> str:
-    """On the node, as root: write health.env and restart the health services that run, if it changed.
+    @property
+    def id(self) -> str:
+        return release(self.bundle_sha, self.env, list(self.steps))
 
-    Prints "changed" or "unchanged". The services read it at start; one not installed yet
-    (a node still in its bootstrap) starts with it later.
-    """
-    path = quote(root + HEALTH_ENV_PATH)
-    return script(
-        f'mkdir -p "$(dirname {path})"',
-        f"cat >{path}.new <<'HEALTH_ENV'\n{_env_text(env)}HEALTH_ENV",
-        f"if cmp -s {path}.new {path}; then rm -f {path}.new; echo unchanged; exit 0; fi",
-        f"mv {path}.new {path}",
-        # A manager has no watcher, a GPU node no reconciler; try-restart leaves a stopped one stopped.
-        f"for unit in {' '.join(HEALTH_UNITS)}; do",
-        '  if systemctl cat "$unit" >/dev/null 2>&1; then systemctl try-restart "$unit"; fi',
-        "done",
-        "echo changed",
-    )
-
-
-_USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
-_PUBLIC_KEY_RE = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/]+=*( [^\n'\\]*)?")
-
-
-def authorize_keys(user: str, keys: list[str]) -> str:
-    """On the node, as root: make `keys` the only keys that may log in as `user`.
-
-    The program owns the whole authorized_keys file. That is what lets it rotate its own
-    key: first add the new key (sshAuthorizedKeys), then switch to it and drop the old one.
-    """
-    if not _USER_RE.fullmatch(user or ""):
-        raise ValueError(f"{user!r} is not a Linux user name")
-    keys = [k.strip() for k in keys]
-    if not keys:
-        raise ValueError("at least one public key must stay authorized, or nobody can log in again")
-    for k in keys:
-        if not _PUBLIC_KEY_RE.fullmatch(k):
-            raise ValueError(f"{k[:40]!r}... is not one OpenSSH public key line")
-    body = "".join(f"{k}\n" for k in dict.fromkeys(keys))
-    return script(
-        f"home=$(getent passwd {user} | cut -d: -f6)",
-        f'[ -n "$home" ] || {{ echo "gpu-swarm: there is no user {user} on this node" >&2; exit 1; }}',
-        f'install -d -m 0700 -o {user} -g "$(id -gn {user})" "$home/.ssh"',
-        "tmp=$home/.ssh/authorized_keys.gpu-swarm",
-        f"cat >\"$tmp\" <<'KEYS'\n{body}KEYS",
-        f'chown {user}:"$(id -gn {user})" "$tmp" && chmod 0600 "$tmp"',
-        'mv -f "$tmp" "$home/.ssh/authorized_keys"',
-        f'echo "{len(dict.fromkeys(keys))} key(s) may log in as {user}"',
-    )
+    def files(self) -> list[NodeFile]:
+        """What cloud-init writes at first boot, and node_commands.upgrade() writes later: the same files."""
+        for step in self.steps:
+            if not re.fullmatch(r"[a-z0-9-]+", step) or not (SOURCE_DIR / f"{step}.sh").is_file():
+                raise ValueError(f"bootstrap step {step!r} is not a script in node/")
+        if not re.fullmatch(r"https://[A-Za-z0-9.-]+(:\d+)?/[A-Za-z0-9._/-]+", self.bundle_url):
+            raise ValueError(f"bundle URL {self.bundle_url!r} is not a plain https URL")
+        release_env = {"GPU_SWARM_BUNDLE_URL": self.bundle_url, "GPU_SWARM_BUNDLE_SHA256": sha256_hex(self.bundle_sha),
+                       "GPU_SWARM_STEPS": " ".join(self.steps), "GPU_SWARM_RELEASE": self.id}
+        return [
+            NodeFile(UNATTENDED_CONFIG, (CLOUD_INIT_DIR / "unattended-upgrades.conf").read_text()),
+            NodeFile(NODE_ENV_PATH, env_text(self.env)),
+            NodeFile(RELEASE_ENV_PATH, env_text(release_env)),
+            NodeFile(INSTALLER_PATH, (CLOUD_INIT_DIR / "install.sh").read_text(), "0755"),
+        ]

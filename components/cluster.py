@@ -1,31 +1,54 @@
-"""The whole cluster: network, security groups, key, node pools, node software, the swarm and its stacks."""
+"""The whole cluster: network, security groups, key, the node software's bundle, node pools, the swarm and its stacks.
+
+The order `pulumi up` follows, per node: the instance boots and installs itself from its
+user data; boot waits for that; the node joins the swarm (the first manager makes it);
+then, one node per pool at a time, the node is drained if its release changes, upgraded in
+place and admitted. Stacks, the reconcile and the health read come once every node is in.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import pulumi
+import pulumi_aws as aws
 
 import node_software
+from components.cloud_config import render_cloud_config
 from components.gpu_stack import GpuStack, GpuStackArgs
 from components.network import Network, NetworkArgs
+from components.node_boot import NodeBoot, NodeBootArgs
+from components.node_bundle import NodeBundle, NodeBundleArgs
 from components.node_pool import Node, NodePool, NodePoolArgs
-from components.node_software import NodeSoftware, NodeSoftwareArgs
+from components.node_rollout import NodeRollout, NodeRolloutArgs
 from components.remote import BOOT, as_root, connection
 from components.security_groups import SecurityGroups, SecurityGroupsArgs
 from components.ssh_key import SshKey, SshKeyArgs
+from components.swarm_health import SwarmHealth, SwarmHealthArgs
 from components.swarm_init import SwarmInit, SwarmInitArgs
 from components.swarm_membership import Membership, MembershipArgs
-from components.swarm_health import SwarmHealth, SwarmHealthArgs
 from components.swarm_reconcile import SwarmReconcile, SwarmReconcileArgs
-from components.user_data import render_user_data
-from swarm.gpu_check import GpuCheck
+from node_commands import authorize_keys
+from node_software import NodeRelease
 from settings import GpuPool, Settings
+from swarm.gpu_check import GpuCheck
+from swarm.labels import POOL_LABEL
 
 
 @dataclass
 class ClusterArgs:
     # Plain, validated values: they decide which resources exist and how many.
     settings: Settings
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """What every node of one pool (or the managers) boots with and runs."""
+
+    env: dict[str, str]
+    steps: tuple[str, ...]
+    expected_gpus: int
+    release_id: str
+    release: pulumi.Output[NodeRelease]
 
 
 class Cluster(pulumi.ComponentResource):
@@ -36,6 +59,7 @@ class Cluster(pulumi.ComponentResource):
     ssh_commands: pulumi.Output[dict[str, str]]
     inventory: pulumi.Output[list[dict]]
     bootstrap_timings: pulumi.Output[dict[str, dict]]
+    node_software: pulumi.Output[dict]  # the bundle's sha256 and URL
     private_key: pulumi.Output[str] | None  # secret; only when the key was generated here
 
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None):
@@ -44,9 +68,8 @@ class Cluster(pulumi.ComponentResource):
         self._name, self._s = name, s
         self._child = pulumi.ResourceOptions(parent=self)
         self._tags = {**s.tag_map, "gpu-swarm:cluster": s.cluster_name}
-        self._software = node_software.software_hash()
 
-        vpc_id, subnet_ids = self._network()
+        vpc_id, subnet_ids, route_tables = self._network()
         groups = SecurityGroups(
             f"{name}-sg",
             SecurityGroupsArgs(vpc_id=vpc_id, allowed_ssh_cidrs=s.allowed_ssh_cidrs, tags=self._tags),
@@ -57,60 +80,68 @@ class Cluster(pulumi.ComponentResource):
             SshKeyArgs(public_key=s.ssh_public_key, private_key=s.ssh_private_key, tags=self._tags),
             opts=self._child,
         )
-        common = dict(subnet_ids=subnet_ids, key_name=self._key.key_name, user_data=render_user_data(),
-                      imds_hop_limit=s.imds_hop_limit, after=groups.ssh_rules, tags=self._tags)
+        self._bundle = NodeBundle(f"{name}-nodes", NodeBundleArgs(
+            vpc_id=vpc_id, region=aws.config.region, route_table_ids=route_tables,
+            existing_endpoint_id=s.network.s3_endpoint_id, tags=self._tags,
+        ), opts=self._child)
+        # A node's first boot needs the SSH rules (the operator must reach it in this very
+        # `pulumi up`) and its bundle, readable through the endpoint.
+        common = dict(subnet_ids=subnet_ids, key_name=self._key.key_name, imds_hop_limit=s.imds_hop_limit,
+                      after=[*groups.ssh_rules, *self._bundle.ready], tags=self._tags)
         # Every node takes the same keys: one script for all of them.
         self._access = pulumi.Output.all(self._key.public_key, *s.ssh_authorized_keys).apply(
-            lambda keys: as_root(node_software.authorize_keys(s.ssh_user, list(keys))))
+            lambda keys: as_root(authorize_keys(s.ssh_user, list(keys))))
+        self._kinds: dict[str, _Kind] = {"managers": self._kind(None)}
         managers = NodePool(f"{name}-managers", NodePoolArgs(
             role="manager", pool="managers", instance_type=s.managers.instance_type, count=s.managers.count,
             # Managers run no GPU work, so they always run plain Ubuntu, even when the GPU
             # nodes use the Deep Learning AMI (built for GPU instances) or a custom image.
             ami_id=s.manager_ami_id, security_group_ids=[groups.cluster_id, groups.managers_id],
             root_volume_gib=s.managers.root_volume_gib, node_name_prefix=f"{s.cluster_name}-manager",
-            one_at_a_time=True, **common,
+            user_data=self._user_data("managers"), one_at_a_time=True, **common,
         ), opts=self._child)
-        pools = [
-            (pool, NodePool(f"{name}-{pool.name}", NodePoolArgs(
+        pools = []
+        for pool in s.gpu_pools:
+            self._kinds[pool.name] = self._kind(pool)
+            pools.append((pool, NodePool(f"{name}-{pool.name}", NodePoolArgs(
                 role="worker", pool=pool.name, instance_type=pool.instance_type, count=pool.count,
                 ami_id=s.gpu_ami_id, security_group_ids=[groups.cluster_id, groups.workers_id],
                 root_volume_gib=pool.root_volume_gib, node_name_prefix=f"{s.cluster_name}-{pool.name}",
-                spot=pool.spot, spot_max_price=pool.spot_max_price, **common,
-            ), opts=self._child))
-            for pool in s.gpu_pools
-        ]
+                spot=pool.spot, spot_max_price=pool.spot_max_price, user_data=self._user_data(pool.name), **common,
+            ), opts=self._child)))
         nodes: list[tuple[Node, GpuPool | None]] = [(n, None) for n in managers.nodes]
         nodes += [(n, pool) for pool, node_pool in pools for n in node_pool.nodes]
 
         first = managers.nodes[0]
         self._jump_host = first.public_ip
         self._first_live = self._connection(first)
-        # The first manager's software comes first: the swarm is made on it.
-        software = {first.name: self._node_software(first, None)}
+        boots = {node.name: self._boot(node) for node, _ in nodes}
         swarm = SwarmInit(f"{name}-swarm", SwarmInitArgs(
-            first=self._connection(first, BOOT), first_live=self._first_live,
+            first=self._first_live, first_live=self._first_live,
             first_instance_id=first.instance.id, advertise_address=first.private_ip,
             peers=[(self._connection(n, BOOT), n.private_ip) for n in managers.nodes[1:]],
-            address_pool=s.overlay_address_pool, after=[software[first.name].applied],
+            address_pool=s.overlay_address_pool, after=[boots[first.name].booted],
         ), opts=self._child)
-        for node, pool in nodes[1:]:
-            # Draining a node for a software change needs the swarm; so does everything after.
-            software[node.name] = self._node_software(node, pool, cordon_after=[swarm.init])
 
         manager_ips = [n.private_ip for n in managers.nodes]
-        members = [(node, pool, self._membership(node, pool, swarm, software[node.name], manager_ips))
-                   for node, pool in nodes]
-        admitted = [m.admitted for _, _, m in members]
+        members, rollouts, previous = {}, {}, {}
+        for node, pool in nodes:
+            members[node.name] = self._membership(node, swarm, boots[node.name], manager_ips)
+            # One node per pool at a time: its rollout waits for the previous node's admit.
+            after = [members[node.name].joined, *([previous[node.pool]] if node.pool in previous else [])]
+            rollouts[node.name] = self._rollout(node, pool, members[node.name], after)
+            previous[node.pool] = rollouts[node.name].admitted
+        admitted = [r.admitted for r in rollouts.values()]
+        node_ids = [members[n.name].node_id for n, _ in nodes]
         reconcile = SwarmReconcile(f"{name}-reconcile", SwarmReconcileArgs(
-            manager=self._first_live, node_ids=[m.node_id for _, _, m in members],
-            stacks=[st.name for st in s.stacks], after=admitted,
+            manager=self._first_live, node_ids=node_ids, stacks=[st.name for st in s.stacks], after=admitted,
         ), opts=self._child)
         deployed = [GpuStack(f"{name}-stack-{stack.name}", GpuStackArgs(
             stack_name=stack.name, content=stack.content, sha256=stack.sha256, manager=self._first_live,
             after=admitted,
         ), opts=self._child) for stack in s.stacks]
         health = SwarmHealth(f"{name}-health", SwarmHealthArgs(
-            manager=self._first_live, node_ids=[m.node_id for _, _, m in members],
+            manager=self._first_live, node_ids=node_ids,
             each_up=s.health.inventory_each_up, after=[*admitted, reconcile, *deployed],
         ), opts=self._child)
 
@@ -119,15 +150,16 @@ class Cluster(pulumi.ComponentResource):
         self.manager_public_ips = pulumi.Output.all(*[n.public_ip for n in managers.nodes])
         self.manager_private_ips = pulumi.Output.all(*manager_ips)
         self.ssh_commands = self._ssh_commands([node for node, _ in nodes])
+        entries = [self._inventory_entry(node, pool, members[node.name], rollouts[node.name]) for node, pool in nodes]
         # Each node's health is added to the whole list in one step: handing the conditions of
         # every node to each node's entry made the program's cost grow with the square of the nodes.
-        self.inventory = pulumi.Output.all(pulumi.Output.all(*[self._inventory_entry(*m) for m in members]),
-                                           health.conditions).apply(
+        self.inventory = pulumi.Output.all(pulumi.Output.all(*entries), health.conditions).apply(
             lambda v: [{**entry, "health": _health_entry((v[1] or {}).get(entry["swarmNodeId"]), health.read_at)}
                        for entry in v[0]])
-        self.bootstrap_timings = pulumi.Output.all(*[software[n.name].bootstrap_timings for n, _ in nodes]).apply(
+        self.bootstrap_timings = pulumi.Output.all(*[boots[n.name].timings for n, _ in nodes]).apply(
             lambda timings: {node.name: t for (node, _), t in zip(nodes, timings)}
         )
+        self.node_software = self._bundle.url.apply(lambda url: {"bundleSha256": self._bundle.sha256, "url": url})
         self.private_key = self._key.private_key if self._key.generated else None
         self.register_outputs({
             "vpc_id": self.vpc_id,
@@ -136,12 +168,13 @@ class Cluster(pulumi.ComponentResource):
             "ssh_commands": self.ssh_commands,
             "inventory": self.inventory,
             "bootstrap_timings": self.bootstrap_timings,
+            "node_software": self.node_software,
         })
 
     def _network(self):
         net = self._s.network
         if net.vpc_id:
-            return net.vpc_id, list(net.subnet_ids)
+            return net.vpc_id, list(net.subnet_ids), list(net.route_table_ids)
         network = Network(
             f"{self._name}-network",
             NetworkArgs(
@@ -151,7 +184,23 @@ class Cluster(pulumi.ComponentResource):
             ),
             opts=self._child,
         )
-        return network.vpc_id, network.subnet_ids
+        return network.vpc_id, network.subnet_ids, network.route_table_ids
+
+    def _kind(self, pool: GpuPool | None) -> _Kind:
+        s = self._s
+        gpu = pool is not None
+        instance_type = pool.instance_type if gpu else s.managers.instance_type
+        env = node_software.node_env(gpu=gpu, gpu_kind=s.gpu_kind, instance_type=instance_type,
+                                     image=s.image if gpu else "ubuntu", slots_per_gpu=pool.slots_per_gpu if gpu else 0,
+                                     shared_kind=s.shared_gpu_kind, spot=gpu and pool.spot)
+        steps = tuple(node_software.bootstrap_steps(gpu=gpu, instance_type=instance_type))
+        sha = self._bundle.sha256
+        return _Kind(env=env, steps=steps, expected_gpus=pool.gpus_per_node if gpu else 0,
+                     release_id=node_software.release(sha, env, list(steps)),
+                     release=self._bundle.url.apply(lambda url: NodeRelease(url, sha, env, steps)))
+
+    def _user_data(self, pool: str) -> pulumi.Output[str]:
+        return self._kinds[pool].release.apply(render_cloud_config)
 
     def _connection(self, node: Node, budget=None):
         """Managers are reached directly; workers only through the first manager (see SecurityGroups)."""
@@ -161,41 +210,35 @@ class Cluster(pulumi.ComponentResource):
             return connection(host=node.public_ip, user=user, private_key=key, **extra)
         return connection(host=node.private_ip, user=user, private_key=key, jump_host=self._jump_host, **extra)
 
-    def _node_software(self, node: Node, pool: GpuPool | None, *, cordon_after=()) -> NodeSoftware:
-        s = self._s
-        gpu = pool is not None
-        instance_type = pool.instance_type if gpu else s.managers.instance_type
-        env = node_software.node_env(gpu=gpu, gpu_kind=s.gpu_kind, instance_type=instance_type,
-                                     image=s.image if gpu else "ubuntu", slots_per_gpu=pool.slots_per_gpu if gpu else 0,
-                                     shared_kind=s.shared_gpu_kind, spot=gpu and pool.spot)
-        return NodeSoftware(f"{self._name}-software-{node.pool}-{node.index}", NodeSoftwareArgs(
-            pool=node.pool, gpu=gpu, expected_gpus=pool.gpus_per_node if gpu else 0, instance_type=instance_type,
-            env=env, health_env=s.health.node_env(),
-            software=self._software, node=self._connection(node, BOOT), manager=self._first_live,
-            private_ip=node.private_ip, instance_id=node.instance.id, access_script=self._access,
-            cordon_after=list(cordon_after),
+    def _boot(self, node: Node) -> NodeBoot:
+        kind = self._kinds[node.pool]
+        return NodeBoot(f"{self._name}-boot-{node.pool}-{node.index}", NodeBootArgs(
+            node=self._connection(node, BOOT), instance_id=node.instance.id, env=kind.env,
+            expected_gpus=kind.expected_gpus, access_script=self._access, health_env=self._s.health.node_env(),
         ), opts=self._child)
 
-    def _membership(self, node: Node, pool: GpuPool | None, swarm: SwarmInit, software: NodeSoftware,
-                    manager_ips) -> Membership:
+    def _membership(self, node: Node, swarm: SwarmInit, boot: NodeBoot, manager_ips) -> Membership:
         manager = node.role == "manager"
         return Membership(f"{self._name}-member-{node.pool}-{node.index}", MembershipArgs(
             role=node.role,
-            labels={"gpu-swarm.pool": "managers"} if manager else _pool_labels(pool),
-            expected_gpus=0 if manager else pool.gpus_per_node,
-            kind=self._s.gpu_kind,
-            slots_per_gpu=0 if manager else pool.slots_per_gpu,
-            shared_kind=self._s.shared_gpu_kind,
-            check=None if manager else GpuCheck(),
-            software=software.release,
-            node=self._connection(node, BOOT),
-            manager=self._first_live,
+            node=self._connection(node),
             manager_addresses=manager_ips,
             advertise_address=node.private_ip,
             instance_id=node.instance.id,
             cluster_id=swarm.cluster_id,
             join_token=swarm.manager_token if manager else swarm.worker_token,
-            after=[software.applied, swarm.tokens],
+            after=[boot.booted, swarm.tokens],
+        ), opts=self._child)
+
+    def _rollout(self, node: Node, pool: GpuPool | None, member: Membership, after) -> NodeRollout:
+        kind = self._kinds[node.pool]
+        return NodeRollout(f"{self._name}-rollout-{node.pool}-{node.index}", NodeRolloutArgs(
+            pool=node.pool, release=kind.release, release_id=kind.release_id, node=self._connection(node),
+            manager=self._first_live, node_id=member.node_id,
+            labels={POOL_LABEL: "managers"} if pool is None else _pool_labels(pool),
+            expected_gpus=kind.expected_gpus, kind=self._s.gpu_kind,
+            slots_per_gpu=pool.slots_per_gpu if pool else 0, shared_kind=self._s.shared_gpu_kind,
+            check=GpuCheck() if pool else None, after=after,
         ), opts=self._child)
 
     def _ssh_commands(self, nodes: list[Node]) -> pulumi.Output[dict[str, str]]:
@@ -211,11 +254,12 @@ class Cluster(pulumi.ComponentResource):
             lambda commands: {n.name: c for n, c in zip(nodes, commands)}
         )
 
-    def _inventory_entry(self, node: Node, pool: GpuPool | None, member: Membership) -> pulumi.Output[dict]:
+    def _inventory_entry(self, node: Node, pool: GpuPool | None, member: Membership,
+                         rollout: NodeRollout) -> pulumi.Output[dict]:
         """The node's entry, all but its health (see __init__)."""
         return pulumi.Output.all(
-            node.instance.instance_type, node.private_ip, node.public_ip, member.node_id, member.advertised_gpus,
-            member.gpus_verified,
+            node.instance.instance_type, node.private_ip, node.public_ip, member.node_id, rollout.advertised_gpus,
+            rollout.gpus_verified,
         ).apply(lambda v: {
             "name": node.name,
             "role": node.role,
@@ -230,7 +274,7 @@ class Cluster(pulumi.ComponentResource):
             # none saw none. Its evidence is in the result when it failed.
             "gpusVerified": (v[5] or {}).get("verified") if pool else None,
             "slotsPerGpu": pool.slots_per_gpu if pool else 0,
-            "software": self._software[:12],
+            "release": self._kinds[node.pool].release_id[:12],
         })
 
 
@@ -247,7 +291,7 @@ def _pool_labels(pool: GpuPool) -> dict[str, str]:
     # Named after what they describe, so placement constraints read naturally:
     # node.labels.gpu-swarm.pool == training, node.labels.gpu-swarm.gpu-model == H100.
     return {
-        "gpu-swarm.pool": pool.name,
+        POOL_LABEL: pool.name,
         "gpu-swarm.instance-type": pool.instance_type,
         "gpu-swarm.gpu-model": pool.gpu_model,
         "gpu-swarm.gpu-count": str(pool.gpus_per_node),

@@ -20,6 +20,7 @@ class NetworkArgs:
 class Network(pulumi.ComponentResource):
     vpc_id: pulumi.Output[str]
     subnet_ids: list[pulumi.Output[str]]  # in the order of args.subnets
+    route_table_ids: list[pulumi.Output[str]]  # the subnets' routes: the S3 endpoint joins them
 
     def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-swarm:aws:Network", name, None, opts)
@@ -65,4 +66,5 @@ class Network(pulumi.ComponentResource):
             self.subnet_ids.append(subnet.id)
 
         self.vpc_id = vpc.id
+        self.route_table_ids = [routes.id]
         self.register_outputs({"vpc_id": self.vpc_id, "subnet_ids": self.subnet_ids})

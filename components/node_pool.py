@@ -20,7 +20,7 @@ class NodePoolArgs:
     subnet_ids: Sequence[pulumi.Input[str]]  # new nodes go round-robin over them
     security_group_ids: Sequence[pulumi.Input[str]]
     key_name: pulumi.Input[str]
-    user_data: pulumi.Input[str]  # read at first boot only; the software comes over SSH
+    user_data: pulumi.Input[str]  # the #cloud-config a new node boots with; running nodes keep theirs
     root_volume_gib: pulumi.Input[int]
     node_name_prefix: str
     imds_hop_limit: pulumi.Input[int] = 1

@@ -5,6 +5,7 @@ before the first resource is registered.
 """
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 
 import pulumi
@@ -78,7 +79,8 @@ def resolve_network(r: Reader, cfg: dict, instance_types: list[str]) -> Network 
             zones.append(subnet.availability_zone)
         if len(zones) != len(cfg["subnet_ids"]):
             return None
-        return Network(availability_zones=tuple(zones), vpc_id=cfg["vpc_id"], subnet_ids=tuple(cfg["subnet_ids"]))
+        return _existing_vpc_routes(r, Network(availability_zones=tuple(zones), vpc_id=cfg["vpc_id"],
+                                               subnet_ids=tuple(cfg["subnet_ids"])))
 
     try:
         region_zones = aws_lookups.available_zones()
@@ -118,6 +120,40 @@ def resolve_network(r: Reader, cfg: dict, instance_types: list[str]) -> Network 
     # Each zone keeps the slot of its letter, so adding or dropping a zone never renumbers the others.
     cidrs = tuple(str(slots[ord(z[-1]) - ord("a")]) for z in zones)
     return Network(availability_zones=tuple(zones), vpc_cidr=cfg["vpc_cidr"], subnet_cidrs=cidrs)
+
+
+def _existing_vpc_routes(r: Reader, network: Network) -> Network | None:
+    """The route tables of an existing VPC's subnets, and the S3 gateway endpoint that will serve them.
+
+    Nodes download the node software from S3 through a gateway endpoint (the bucket admits
+    nothing else). A VPC may hold one gateway endpoint per service on a route table: reuse
+    the VPC's own when it serves every subnet, else make one.
+    """
+    import pulumi_aws as aws
+
+    tables = []
+    for subnet_id in network.subnet_ids:
+        try:
+            tables.append(aws_lookups.route_table_of(subnet_id, network.vpc_id))
+        except LookupError as exc:
+            r.error("subnetIds", f"{subnet_id}: no route table found for it ({exc}); subnets must be routed")
+    try:
+        endpoint = aws_lookups.s3_gateway_endpoint(network.vpc_id, aws.config.region)
+    except LookupError as exc:
+        r.error("vpcId", f"{network.vpc_id}: could not list its S3 gateway endpoints ({exc})")
+        return None
+    tables = list(dict.fromkeys(tables))
+    if not tables:
+        return None
+    if endpoint:
+        missing = [t for t in tables if t not in endpoint[1]]
+        if missing:
+            r.error("vpcId", f"{network.vpc_id} has the S3 gateway endpoint {endpoint[0]}, which does not serve "
+                             f"the route table(s) {', '.join(missing)} of {key('subnetIds')}, so nodes there could "
+                             f"not download the node software. Add them: aws ec2 modify-vpc-endpoint "
+                             f"--vpc-endpoint-id {endpoint[0]} --add-route-table-ids {' '.join(missing)}")
+            return None
+    return dataclasses.replace(network, route_table_ids=tuple(tables), s3_endpoint_id=endpoint[0] if endpoint else None)
 
 
 def _zones_offering_all(offered: dict[str, frozenset[str]], types: list[str]) -> list[str]:

@@ -127,3 +127,34 @@ def describe_subnet(subnet_id: str) -> SubnetFacts:
     except Exception as exc:
         raise _aws_error(exc) from None
     return SubnetFacts(id=subnet_id, vpc_id=result.vpc_id, availability_zone=result.availability_zone)
+
+
+def _not_found(exc: Exception) -> bool:
+    # The provider's data sources say "no matching EC2 ... found" when nothing matches.
+    return "no matching" in str(exc).lower()
+
+
+def route_table_of(subnet_id: str, vpc_id: str) -> str:
+    """The route table a subnet uses: its own association, else the VPC's main table."""
+    try:
+        return aws.ec2.get_route_table(subnet_id=subnet_id).route_table_id
+    except Exception as exc:
+        if not _not_found(exc):
+            raise _aws_error(exc) from None
+    try:
+        return aws.ec2.get_route_table(vpc_id=vpc_id, filters=[{"name": "association.main", "values": ["true"]}]
+                                       ).route_table_id
+    except Exception as exc:
+        raise _aws_error(exc) from None
+
+
+def s3_gateway_endpoint(vpc_id: str, region: str) -> tuple[str, tuple[str, ...]] | None:
+    """The VPC's S3 gateway endpoint, as (id, its route tables), or None when it has none."""
+    try:
+        result = aws.ec2.get_vpc_endpoint(vpc_id=vpc_id, service_name=f"com.amazonaws.{region}.s3",
+                                          vpc_endpoint_type="Gateway", state="available")
+    except Exception as exc:
+        if _not_found(exc):
+            return None
+        raise _aws_error(exc) from None
+    return result.id, tuple(result.route_table_ids or ())

@@ -30,8 +30,15 @@ _AMI_RE = re.compile(r"^ami-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
 _VPC_RE = re.compile(r"^vpc-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
 _SUBNET_RE = re.compile(r"^subnet-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
 _PRICE_RE = re.compile(r"^\d+(\.\d+)?$")
-_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-_PUBLIC_KEY_RE = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/]+=*( .*)?$")
+LINUX_USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")  # also checked on the node (authorize_keys)
+_PUBLIC_KEY_RE = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/]+=*( [^\n]*)?")
+PUBLIC_KEY_EXAMPLE = "expected one OpenSSH public key line such as 'ssh-ed25519 AAAA... you@host'"
+
+
+def public_key_problem(text: str) -> str | None:
+    """The one rule for a public key, at preview and on the node (node_commands.authorize_keys):
+    None when `text` is one OpenSSH public key line; a comment may hold any character but a newline."""
+    return None if isinstance(text, str) and _PUBLIC_KEY_RE.fullmatch(text.strip()) else PUBLIC_KEY_EXAMPLE
 _ZONE_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+[a-p]$")
 
 
@@ -309,7 +316,7 @@ def read_tags(r: Reader) -> tuple[tuple[str, str], ...]:
 
 def read_ssh(r: Reader) -> tuple[str, str | None, pulumi.Output[str] | None]:
     user = r.string("sshUser")
-    if not _USER_RE.match(user):
+    if not LINUX_USER_RE.fullmatch(user):
         r.error("sshUser", f"{user!r} is not a Linux user name; the images' default is ubuntu")
     public = r.raw("sshPublicKey")
     private = r.raw("sshPrivateKey")
@@ -324,8 +331,8 @@ def read_ssh(r: Reader) -> tuple[str, str | None, pulumi.Output[str] | None]:
     if public is None:
         return user, None, None
     public = public.strip()
-    if not _PUBLIC_KEY_RE.match(public):
-        r.error("sshPublicKey", "expected one OpenSSH public key line such as 'ssh-ed25519 AAAA... you@host'")
+    if public_key_problem(public):
+        r.error("sshPublicKey", public_key_problem(public))
     if "PRIVATE KEY-----" not in private:
         r.error("sshPrivateKey", "expected an OpenSSH or PEM private key (-----BEGIN ... PRIVATE KEY-----)")
     if not runtime_config.is_config_secret(key("sshPrivateKey")):
@@ -376,8 +383,8 @@ def read_authorized_keys(r: Reader) -> tuple[str, ...]:
     keys = []
     for i, item in enumerate(raw or []):
         text = str(item).strip()
-        if not _PUBLIC_KEY_RE.match(text) or "\n" in text:
-            r.error(f"sshAuthorizedKeys[{i}]", "expected one OpenSSH public key line such as 'ssh-ed25519 AAAA... you@host'")
+        if public_key_problem(text):
+            r.error(f"sshAuthorizedKeys[{i}]", public_key_problem(text))
         elif text not in keys:
             keys.append(text)
     return tuple(keys)

@@ -50,6 +50,10 @@ class Network:
     subnet_cidrs: tuple[str, ...] = ()
     vpc_id: str | None = None
     subnet_ids: tuple[str, ...] = ()
+    # An existing VPC's route tables for subnet_ids: the nodes reach the node software's
+    # bucket through an S3 gateway endpoint on them (components/node_bundle.py).
+    route_table_ids: tuple[str, ...] = ()
+    s3_endpoint_id: str | None = None  # the VPC's own S3 gateway endpoint, when it has one that serves them
 
 
 @dataclass(frozen=True)

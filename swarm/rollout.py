@@ -1,8 +1,9 @@
 """Taking a node out of scheduling for a software change, and admitting it (back) afterwards.
 
-Run on a manager. A node whose software is about to change is drained first (cordon),
-holding its pool's maintenance lease, so at most one node per pool is out at a time while
-the rest of the pool keeps its GPUs in service. admit labels the node, checks what the swarm
+Run on a manager. A node whose release is about to change is drained first (cordon) and
+marked as under maintenance; the program orders each pool's nodes one after the other, so
+at most one node per pool is out at a time while the rest of the pool keeps its GPUs in
+service. admit labels the node, checks what the swarm
 sees of its GPUs, records the software it runs, and gives back only what cordon (or a
 failed GPU check) took: a node an operator drained stays drained.
 """
@@ -12,13 +13,9 @@ import json
 
 from swarm.gpu_check import GpuCheck, verify_gpus
 from swarm.gpu_kind import validate_kind
-from swarm.labels import DRAINED_BY_LABEL, MAINTENANCE_LABEL, POOL_LABEL, SOFTWARE_LABEL, node_label_function
-from swarm.script import (RETRY_TRANSIENT_SWARM_ERRORS, ip_address, label_key, node_id, quote, script, sha256_hex,
+from swarm.labels import DRAINED_BY_LABEL, MAINTENANCE_LABEL, SOFTWARE_LABEL, node_label_function
+from swarm.script import (RETRY_TRANSIENT_SWARM_ERRORS, label_key, node_id, quote, script, sha256_hex,
                           swarm_name, wait_until)
-
-LOCK_PATH = "/run/lock/gpu-swarm-rollout.lock"
-# A lease older than this belongs to a `pulumi up` that died half-way: it no longer blocks.
-STALE_LEASE_S = 2 * 3600
 
 
 def manager_ready(timeout_s: int = 180) -> list[str]:
@@ -32,63 +29,28 @@ def manager_ready(timeout_s: int = 180) -> list[str]:
                         "this manager's engine does not answer or the swarm has no leader; see docker node ls")]
 
 
-def node_by_address() -> str:
-    """A bash function: the ID of the swarm node whose address is $1, or nothing."""
-    return (
-        "node_by_address() {\n"
-        "  local ids\n"
-        "  mapfile -t ids < <(docker node ls -q)\n"
-        "  docker node inspect --format '{{.ID}} {{.Status.Addr}}' \"${ids[@]}\" | awk -v a=\"$1\" '$2 == a { print $1; exit }'\n"
-        "}"
-    )
+def cordon_node(node: str, *, pool: str, software: str, drain_timeout_s: int = 300) -> str:
+    """Drain swarm node `node` before it changes to release `software`; a no-op if it runs it.
 
-
-def cordon_node(address: str, *, pool: str, software: str, lock_path: str = LOCK_PATH,
-                lease_timeout_s: int = 3600, drain_timeout_s: int = 300) -> str:
-    """Drain the node at `address` before its software changes; a no-op for new nodes.
-
-    Waits for its pool's maintenance lease (one node per pool at a time), then drains the
-    node, if it was active, and waits for its tasks to move.
+    It marks the node as under maintenance (the health reconciler then leaves it alone) and
+    drains it if it was active. It never waits for another node: the program chains each
+    pool's nodes (components/node_rollout.py), so one node per pool is out at a time.
     """
-    addr = quote(ip_address(address))
-    pool = swarm_name(pool, "pool name")
+    node = node_id(node)
+    swarm_name(pool, "pool name")
     want = sha256_hex(software)
-    lease_filter = quote(f"node.label={POOL_LABEL}={pool}")
     return script(
         *manager_ready(),
-        node_by_address(),
         node_label_function(),
-        f"id=$(node_by_address {addr})",
-        f'if [ -z "$id" ]; then echo "node {address} is not in the swarm yet: nothing to drain"; exit 0; fi',
-        f'if [ "$(node_label "$id" {SOFTWARE_LABEL})" = {want} ]; then echo "node $id already runs this software"; exit 0; fi',
-        f"exec 9>{quote(lock_path)}",
-        f"end=$(( $(date +%s) + {int(lease_timeout_s)} ))",
-        "while :; do",
-        "  flock 9",
-        "  holder=''",
-        f"  for other in $(docker node ls -q --filter {lease_filter}); do",
-        '    [ "$other" != "$id" ] || continue',
-        f'    since=$(node_label "$other" {MAINTENANCE_LABEL})',
-        f'    if [ -n "$since" ] && [ $(( $(date +%s) - ${{since%%:*}} )) -lt {STALE_LEASE_S} ]; then holder=$other; fi',
-        "  done",
-        '  if [ -z "$holder" ]; then',
-        f"    set -- --label-add {MAINTENANCE_LABEL}=\"$(date +%s):{want[:12]}\"",
-        "    if [ \"$(docker node inspect --format '{{.Spec.Availability}}' \"$id\")\" = active ]; then",
-        f"      set -- \"$@\" --availability drain --label-add {DRAINED_BY_LABEL}=rollout",
-        "    fi",
-        '    docker node update "$@" "$id" >/dev/null',
-        "    flock -u 9; break",
-        "  fi",
-        "  flock -u 9",
-        '  [ "$(date +%s)" -lt "$end" ] || { echo "gpu-swarm: node $holder of pool'
-        f' {pool} has been out for maintenance too long; its software update failed or is still running. '
-        f'Fix it, or remove its {MAINTENANCE_LABEL} label, and run pulumi up again" >&2; exit 1; }}',
-        f'  echo "waiting: node $holder of pool {pool} is being updated" >&2',
-        "  sleep 5",
-        "done",
-        *wait_until('[ -z "$(docker node ps "$id" --filter desired-state=running -q)" ]', drain_timeout_s,
-                    "tasks on node $id did not move away"),
-        'echo "node $id drained for its software update"',
+        f'if [ "$(node_label {node} {SOFTWARE_LABEL})" = {want} ]; then echo "node {node} already runs this release"; exit 0; fi',
+        f'set -- --label-add {MAINTENANCE_LABEL}="$(date +%s):{want[:12]}"',
+        f"if [ \"$(docker node inspect --format '{{{{.Spec.Availability}}}}' {node})\" = active ]; then",
+        f'  set -- "$@" --availability drain --label-add {DRAINED_BY_LABEL}=rollout',
+        "fi",
+        f'docker node update "$@" {node} >/dev/null',
+        *wait_until(f'[ -z "$(docker node ps {node} --filter desired-state=running -q)" ]', drain_timeout_s,
+                    f"tasks on node {node} did not move away"),
+        f'echo "node {node} drained for its release"',
     )
 
 

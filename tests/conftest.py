@@ -141,6 +141,14 @@ class AwsMocks(pulumi_mocks.Mocks):
         if args.typ == "tls:index/privateKey:PrivateKey":
             state["privateKeyOpenssh"] = "-----BEGIN OPENSSH PRIVATE KEY-----\nZmFrZQ==\n-----END OPENSSH PRIVATE KEY-----\n"
             state["publicKeyOpenssh"] = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeFakeFake\n"
+        if args.typ == "aws:s3/bucket:Bucket":
+            # Auto-named, as the provider names it: the resource name and a random suffix.
+            state["bucket"] = f"{args.name}-{hashlib.sha1(args.name.encode()).hexdigest()[:7]}"
+            state["arn"] = f"arn:aws:s3:::{state['bucket']}"
+            state["bucketRegionalDomainName"] = f"{state['bucket']}.s3.{REGION}.amazonaws.com"
+            return state["bucket"], state
+        if args.typ == "aws:ec2/vpcEndpoint:VpcEndpoint":
+            return f"vpce-{hashlib.sha1(args.name.encode()).hexdigest()[:17]}", state
         if args.typ == "aws:ec2/keyPair:KeyPair":
             state["keyName"] = f"{args.name}-1234567"
         if args.typ == "command:remote:Command":

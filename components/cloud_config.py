@@ -1,0 +1,39 @@
+"""The EC2 user data of a node: a #cloud-config that writes the node's files and runs the installer at first boot.
+
+A pure function of one NodeRelease (node_software.py): the files come from cloud-init/ and
+the node's settings, so every change to what a node boots with is a diff of this text
+(tests/test_cloud_config.py keeps a snapshot per example stack). The node software itself
+is not here (EC2 caps user data at 16 KiB): the installer downloads its bundle and checks
+it against the sha256 pinned in release.env.
+"""
+from __future__ import annotations
+
+import yaml
+
+from node_software import INSTALLER_PATH, NodeRelease
+
+# EC2's limit on user data, before base64.
+USER_DATA_LIMIT = 16 * 1024
+
+
+def render_cloud_config(release: NodeRelease) -> str:
+    """The #cloud-config a node of this release boots with: plain text, the same bytes on every operator's machine."""
+    config = {
+        "write_files": [{"path": f.path, "owner": "root:root", "permissions": f.mode, "content": f.content}
+                        for f in release.files()],
+        # runcmd runs once per instance, in cloud-init's final stage: `cloud-init status --wait`
+        # returns when the install has ended, and reports an error when it failed.
+        "runcmd": [[INSTALLER_PATH]],
+    }
+    text = "#cloud-config\n" + yaml.dump(config, Dumper=_Dumper, sort_keys=False, width=4096)
+    if len(text.encode()) > USER_DATA_LIMIT:
+        raise ValueError(f"the user data is {len(text.encode())} bytes, over EC2's {USER_DATA_LIMIT}")
+    return text
+
+
+class _Dumper(yaml.SafeDumper):
+    """Writes multi-line strings as | blocks, so the file reads as it lands."""
+
+
+_Dumper.add_representer(str, lambda dumper, value: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", value, style="|" if "\n" in value else None))

@@ -1,0 +1,87 @@
+"""One node brought to the cluster's release and admitted: drained, upgraded in place, checked, given back.
+
+The three steps run on every `pulumi up` whose release differs from what the node runs,
+and only then (their scripts name the release):
+- cordon, on the first manager: drain the node if it runs another release;
+- upgrade, on the node: write the files its user data wrote and run the same installer its
+  first boot ran (node_commands.upgrade), so a roll and a boot are one path;
+- admit, on the first manager: label the node, check that the swarm sees its GPUs, prove
+  them (the post-join check), record the release and give back what cordon took.
+Cluster chains them per pool: a node's cordon waits for the previous node's admit. So at
+most one node per pool is out at a time, and no command ever waits for one that has not
+started, whatever `pulumi up --parallel` is (a lease held across commands would deadlock
+there). A node that just joined is drained as well, so it takes no task before admit has
+checked it; its upgrade only says that it runs the release already (it booted with it).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import pulumi
+import pulumi_command as command
+
+import node_commands
+from components.node_boot import parse_timings
+from components.remote import as_root
+from node_software import NodeRelease
+from swarm.gpu_check import GpuCheck
+from swarm.rollout import admit_node, admitted, advertised_gpus, cordon_node
+
+
+@dataclass
+class NodeRolloutArgs:
+    pool: str
+    release: pulumi.Input[NodeRelease]  # where the bundle is, and what the node runs
+    release_id: str  # release.id, known before the bundle's URL is
+    node: pulumi.Input[command.remote.ConnectionArgs]  # to the node
+    manager: pulumi.Input[command.remote.ConnectionArgs]  # to the first manager
+    node_id: pulumi.Input[str]  # as joined
+    labels: Mapping[str, str]
+    expected_gpus: int
+    kind: str
+    slots_per_gpu: int  # 0: whole GPUs
+    shared_kind: str
+    check: GpuCheck | None = None  # prove the node's GPUs (GPU nodes)
+    # The join, and the previous node of the pool's admit: one node per pool at a time.
+    after: Sequence[pulumi.Resource] = field(default_factory=list)
+
+
+class NodeRollout(pulumi.ComponentResource):
+    admitted: command.remote.Command  # done once the node runs the release, checked and schedulable
+    advertised_gpus: pulumi.Output[list[str]]  # GPU UUIDs (or slots) the swarm sees on the node
+    gpus_verified: pulumi.Output[dict | None]  # the post-join check's result; None: no GPUs to check
+    timings: pulumi.Output[dict]  # the last upgrade's steps (the boot's when the node booted with it)
+
+    def __init__(self, name: str, args: NodeRolloutArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gpu-swarm:node:Rollout", name, None, opts)
+        release = args.release_id
+        cordon = command.remote.Command(
+            f"{name}-cordon",
+            connection=args.manager,
+            create=pulumi.Output.from_input(args.node_id).apply(
+                lambda node: as_root(cordon_node(node, pool=args.pool, software=release))),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after)),
+        )
+        upgrade = command.remote.Command(
+            f"{name}-upgrade",
+            connection=args.node,
+            create=pulumi.Output.from_input(args.release).apply(
+                lambda r: as_root(node_commands.upgrade(r, expected_gpus=args.expected_gpus))),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[cordon]),
+        )
+        self.admitted = command.remote.Command(
+            f"{name}-admit",
+            connection=args.manager,
+            create=pulumi.Output.from_input(args.node_id).apply(lambda node: as_root(admit_node(
+                node, dict(args.labels), expected_gpus=args.expected_gpus, kind=args.kind, software=release,
+                slots_per_gpu=args.slots_per_gpu, shared_kind=args.shared_kind, check=args.check))),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[upgrade]),
+        )
+        shown = args.shared_kind if args.slots_per_gpu else args.kind
+        result = self.admitted.stdout.apply(admitted)
+        self.advertised_gpus = result.apply(lambda r: advertised_gpus(json.dumps(r[0]), shown))
+        self.gpus_verified = result.apply(lambda r: r[1])
+        self.timings = upgrade.stdout.apply(parse_timings)
+        self.register_outputs({"release": release})

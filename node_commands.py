@@ -1,0 +1,231 @@
+"""The scripts the program runs on a node, as root, over SSH: wait for its boot, upgrade it, its keys, its health settings.
+
+Each is a pure function of the program's values that returns a bash script; the Pulumi
+components send them (components/node_boot.py, components/node_rollout.py) and the
+rehearsal's `program up` runs them on its machines. `root` prefixes every node path, so
+the tests run the very same text in a scratch folder.
+"""
+from __future__ import annotations
+
+from node_software import (APPLIED, BOOTSTRAP_DONE, BOOTSTRAP_FAILED, BOOTSTRAP_LOG, BOOTSTRAP_TIMINGS, HEALTH_ENV_PATH,
+                           HEALTH_UNITS, INSTALL_TIMINGS, INSTALLER_PATH, RELEASE_ENV_PATH, STATE_DIR, NodeRelease,
+                           env_text)
+from settings.config_checks import LINUX_USER_RE, public_key_problem  # one copy of each rule
+from swarm.gpu_kind import validate_kind
+from swarm.script import quote, script
+
+CLOUD_INIT_LOG = "/var/log/cloud-init-output.log"
+CLOUD_INIT_STATUS = "/var/lib/cloud/data/status.json"
+# Written when a failed first boot has been reported: the next `pulumi up` retries the install.
+BOOT_FAILURE_REPORTED = f"{STATE_DIR}/boot-failure-reported"
+INSTALL_UNIT = "gpu-swarm-install"
+
+
+def _paths(root: str) -> dict[str, str]:
+    return {name: quote(root + path) for name, path in (
+        ("state", STATE_DIR), ("log", BOOTSTRAP_LOG), ("done", BOOTSTRAP_DONE), ("failed", BOOTSTRAP_FAILED),
+        ("applied", APPLIED), ("timings", BOOTSTRAP_TIMINGS), ("install_timings", INSTALL_TIMINGS),
+        ("release_env", RELEASE_ENV_PATH), ("installer", INSTALLER_PATH), ("reported", BOOT_FAILURE_REPORTED),
+        ("cloud_log", CLOUD_INIT_LOG), ("cloud_status", CLOUD_INIT_STATUS), ("daemon", "/etc/docker/daemon.json"))}
+
+
+def _common(at: dict[str, str]) -> list[str]:
+    """say and fail; fail shows the ends of the node's logs, so `pulumi up` says why, not just that."""
+    return [
+        "set -o pipefail",
+        'say() { echo "gpu-swarm: $*" >&2; }',
+        "fail() {",
+        '  say "$1"',
+        f"  echo '--- last 40 lines of {BOOTSTRAP_LOG} ---' >&2; tail -n 40 {at['log']} >&2 2>/dev/null || true",
+        f"  echo '--- last 15 lines of {CLOUD_INIT_LOG} ---' >&2; tail -n 15 {at['cloud_log']} >&2 2>/dev/null || true",
+        "  exit 1",
+        "}",
+    ]
+
+
+def _run_installer(at: dict[str, str], timeout_s: int) -> list[str]:
+    """Run the installer as a transient unit and follow its log: if the SSH session drops, the
+    install goes on, and the next `pulumi up` waits for it instead of starting another."""
+    minutes = timeout_s // 60
+    return [
+        f"unit={INSTALL_UNIT}",
+        f"mkdir -p \"$(dirname {at['log']})\" && touch {at['log']}",
+        f"lines=$(wc -l <{at['log']})",
+        'if systemctl is-active -q "$unit"; then say "an install is already running; waiting for it"',
+        "else",
+        '  systemctl reset-failed "$unit" >/dev/null 2>&1 || true',
+        f'  systemd-run --unit "$unit" --collect --quiet {at["installer"]}',
+        "fi",
+        f"end=$(( $(date +%s) + {int(timeout_s)} ))",
+        'while systemctl is-active -q "$unit"; do',
+        f"  tail -n +$((lines + 1)) {at['log']} | sed 's/^/  | /' >&2",
+        f"  lines=$(wc -l <{at['log']})",
+        f'  [ "$(date +%s)" -lt "$end" ] || fail "the install is still running after {minutes} min; it goes on'
+        f' (journalctl -u $unit): run pulumi up again to wait for it"',
+        "  sleep 5",
+        "done",
+        f"tail -n +$((lines + 1)) {at['log']} | sed 's/^/  | /' >&2",
+    ]
+
+
+def _outcome(at: dict[str, str], what: str) -> list[str]:
+    return [
+        f'if [ -e {at["failed"]} ]; then fail "{what}: step $(cat {at["failed"]}) failed; '
+        'its steps are idempotent, and the next pulumi up retries it"; fi',
+        f'[ -e {at["done"]} ] || fail "{what}: the install ended without finishing (journalctl -u {INSTALL_UNIT})"',
+    ]
+
+
+def _advertised_gpus(env: dict[str, str], gpus: int, daemon_json: str) -> list[str]:
+    # dockerd reads node-generic-resources only at start, and the agent restarts it after
+    # writing them, so daemon.json is what the engine advertises: each GPU whole, or as
+    # GPU_SWARM_SLOTS_PER_GPU slots of the shared kind.
+    kind, slots = env.get("GPU_SWARM_KIND", ""), int(env.get("GPU_SWARM_SLOTS_PER_GPU") or 0)
+    if not kind or not gpus:
+        return []
+    kind = validate_kind(env["GPU_SWARM_SHARED_KIND"] if slots else kind)
+    expected = gpus * (slots or 1)
+    return [
+        f"n=$({{ grep -o {quote(chr(34) + kind + '=')} {daemon_json} 2>/dev/null || true; }} | wc -l)",
+        f'[ "$n" -eq {int(expected)} ] || fail "node advertises $n {kind} resources in {daemon_json},'
+        f' expected {int(expected)}"',
+    ]
+
+
+def _timings(at: dict[str, str]) -> list[str]:
+    """Print one JSON object: each install step's seconds and status, and cloud-init's whole boot."""
+    return [
+        f"python3 - {at['install_timings']} {at['timings']} {at['cloud_status']} <<'PY'",
+        "import json, sys",
+        "out = {}",
+        "for path in sys.argv[1:3]:",
+        "    try:",
+        "        out.update(json.load(open(path)))",
+        "    except (OSError, ValueError):",
+        "        pass",
+        "try:",
+        "    v1 = json.load(open(sys.argv[3]))['v1']",
+        "    start = v1['init-local']['start'] or v1['init']['start']",
+        "    end = v1['modules-final']['finished']",
+        "    if start and end:",
+        "        failed = any(v1[s]['errors'] for s in ('init-local', 'init', 'modules-config', 'modules-final'))",
+        "        out['cloud-init'] = {'seconds': round(end - start, 3), 'status': 'failed' if failed else 'done'}",
+        "except (OSError, ValueError, KeyError, TypeError):",
+        "    pass",
+        "print(json.dumps(out))",
+        "PY",
+    ]
+
+
+def wait_for_boot(*, env: dict[str, str], expected_gpus: int, timeout_s: int = 2700,
+                  install_timeout_s: int = 2700, root: str = "") -> str:
+    """On a new node: wait until its first boot (cloud-init and the install it runs) has ended.
+
+    It waits for nothing that the boot itself does not bring. A failed boot fails with the
+    ends of the node's logs; the next run of this script (the next `pulumi up`) installs
+    again. Prints the boot's timings as JSON.
+    """
+    at = _paths(root)
+    minutes = timeout_s // 60
+    return script(
+        *_common(at),
+        "command -v cloud-init >/dev/null 2>&1 || fail 'this image has no cloud-init, which installs gpu-swarm at "
+        "first boot: use Ubuntu 24.04, the Deep Learning AMI, or an image built from them'",
+        # cloud-init >= 23.4 exits 2 on recoverable warnings; 1 is an error, which for the
+        # install shows in its markers below (with the step that failed).
+        f"rc=0; timeout {int(timeout_s)} cloud-init status --wait >/dev/null 2>&1 || rc=$?",
+        'case $rc in',
+        "  0|2) ;;",
+        f'  124) fail "the first boot is still running after {minutes} min (cloud-init status --long)" ;;',
+        '  *) say "cloud-init reported errors (exit $rc; cloud-init status --long)" ;;',
+        "esac",
+        f'if [ -e {at["failed"]} ] && [ -e {at["reported"]} ]; then',
+        '  say "retrying the install that failed at first boot"',
+        *(f"  {line}" for line in _run_installer(at, install_timeout_s)),
+        "fi",
+        f'if [ -e {at["failed"]} ]; then touch {at["reported"]}; fi',
+        f'[ -e {at["done"]} ] || [ -e {at["failed"]} ] || fail "cloud-init ended, but the gpu-swarm install never ran '
+        f'(the user data was not applied; see {CLOUD_INIT_LOG})"',
+        *_outcome(at, "the first boot failed"),
+        f"rm -f {at['reported']}",
+        *_advertised_gpus(env, expected_gpus, at["daemon"]),
+        *_timings(at),
+    )
+
+
+def upgrade(new: NodeRelease, *, expected_gpus: int, timeout_s: int = 2700, root: str = "") -> str:
+    """Bring a running node to `new` in place: the files its boot wrote, then the installer its boot ran.
+
+    A node that already runs `new` (it booted with it) only says so. Prints the timings.
+    """
+    at = _paths(root)
+    writes = []
+    for n, f in enumerate(new.files()):
+        mark = f"GPU_SWARM_FILE_{n}"
+        if mark in f.content or not f.content.endswith("\n"):
+            raise ValueError(f"{f.path}: content must end with a newline and not contain {mark}")
+        path = quote(root + f.path)
+        writes += [f'mkdir -p "$(dirname {path})"',
+                   f"cat >{path}.new <<'{mark}'\n{f.content}{mark}",
+                   f"chmod {f.mode} {path}.new && mv {path}.new {path}"]
+    return script(
+        *_common(at),
+        *writes,
+        f'if [ "$(cat {at["applied"]} 2>/dev/null || true)" = {new.id} ] && [ -e {at["done"]} ]; then',
+        f'  say "this node runs release {new.id[:12]}"',
+        "else",
+        *(f"  {line}" for line in _run_installer(at, timeout_s)),
+        *(f"  {line}" for line in _outcome(at, "the upgrade failed")),
+        "fi",
+        *_advertised_gpus(new.env, expected_gpus, at["daemon"]),
+        "docker info >/dev/null 2>&1 || fail 'docker is not running'",
+        *_timings(at),
+    )
+
+
+def health_settings(env: dict[str, str], root: str = "") -> str:
+    """On the node, as root: write health.env and restart the health services that run, if it changed.
+
+    Prints "changed" or "unchanged". The services read it at start; one not installed yet
+    (a node still in its first boot) starts with it later.
+    """
+    path = quote(root + HEALTH_ENV_PATH)
+    return script(
+        f'mkdir -p "$(dirname {path})"',
+        f"cat >{path}.new <<'HEALTH_ENV'\n{env_text(env)}HEALTH_ENV",
+        f"if cmp -s {path}.new {path}; then rm -f {path}.new; echo unchanged; exit 0; fi",
+        f"mv {path}.new {path}",
+        # A manager has no watcher, a GPU node no reconciler; try-restart leaves a stopped one stopped.
+        f"for unit in {' '.join(HEALTH_UNITS)}; do",
+        '  if systemctl cat "$unit" >/dev/null 2>&1; then systemctl try-restart "$unit"; fi',
+        "done",
+        "echo changed",
+    )
+
+
+def authorize_keys(user: str, keys: list[str]) -> str:
+    """On the node, as root: make `keys` the only keys that may log in as `user`.
+
+    The program owns the whole authorized_keys file. That is what lets it rotate its own
+    key: first add the new key (sshAuthorizedKeys), then switch to it and drop the old one.
+    """
+    if not LINUX_USER_RE.fullmatch(user or ""):
+        raise ValueError(f"{user!r} is not a Linux user name")
+    keys = [k.strip() for k in keys]
+    if not keys:
+        raise ValueError("at least one public key must stay authorized, or nobody can log in again")
+    for k in keys:
+        problem = public_key_problem(k)
+        if problem:
+            raise ValueError(f"{k[:40]!r}...: {problem}")
+    body = "".join(f"{k}\n" for k in dict.fromkeys(keys))
+    return script(
+        f"home=$(getent passwd {user} | cut -d: -f6)",
+        f'[ -n "$home" ] || {{ echo "gpu-swarm: there is no user {user} on this node" >&2; exit 1; }}',
+        f'install -d -m 0700 -o {user} -g "$(id -gn {user})" "$home/.ssh"',
+        "tmp=$home/.ssh/authorized_keys.gpu-swarm",
+        f"cat >\"$tmp\" <<'KEYS'\n{body}KEYS",
+        f'chown {user}:"$(id -gn {user})" "$tmp" && chmod 0600 "$tmp"',
+        'mv -f "$tmp" "$home/.ssh/authorized_keys"',
+        f'echo "{len(dict.fromkeys(keys))} key(s) may log in as {user}"',
+    )
