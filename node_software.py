@@ -68,8 +68,9 @@ _ENV_VALUE_RE = re.compile(r"([A-Za-z0-9._:/,+=-]+( [A-Za-z0-9._:/,+=-]+)*)?")
 _IGNORED = re.compile(r"(^|/)(__pycache__|\.[^/]*)(/|$)|(\.pyc|~)$")
 
 
-def software_files(source: Path = SOURCE_DIR) -> list[tuple[str, bytes]]:
+def software_files(source: Path | None = None) -> list[tuple[str, bytes]]:
     """(path relative to node/, content) of every file that belongs to the software, sorted."""
+    source = source or SOURCE_DIR
     files = []
     for path in source.rglob("*"):
         rel = path.relative_to(source).as_posix()
@@ -78,7 +79,7 @@ def software_files(source: Path = SOURCE_DIR) -> list[tuple[str, bytes]]:
     return sorted(files, key=lambda item: item[0].encode())
 
 
-def software_hash(source: Path = SOURCE_DIR) -> str:
+def software_hash(source: Path | None = None) -> str:
     """The node software's content: `sha256sum` of the `sha256sum` listing of every file, by path.
 
     It depends on file content only: not on timestamps, permissions, the operating system or
@@ -88,14 +89,18 @@ def software_hash(source: Path = SOURCE_DIR) -> str:
     return hashlib.sha256(listing.encode()).hexdigest()
 
 
-@lru_cache(maxsize=4)
-def bundle(source: Path = SOURCE_DIR) -> bytes:
+def bundle(source: Path | None = None) -> bytes:
     """node/ as one tar, the same bytes on every operator's machine.
 
     Plain tar, not gzip: zlib's output differs between builds and platforms (zlib-ng, the
     header's OS byte), and a new byte would be a new release that rolls every node. Owner,
-    times and modes are fixed here, so only content and paths count. About 120 KB.
+    times and modes are fixed here, so only content and paths count. About 140 KB.
     """
+    return _bundle(source or SOURCE_DIR, software_hash(source))
+
+
+@lru_cache(maxsize=4)
+def _bundle(source: Path, content: str) -> bytes:  # cached per content: the program asks once per pool
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for rel, data in software_files(source):
@@ -106,7 +111,7 @@ def bundle(source: Path = SOURCE_DIR) -> bytes:
     return out.getvalue()
 
 
-def bundle_sha256(source: Path = SOURCE_DIR) -> str:
+def bundle_sha256(source: Path | None = None) -> str:
     return hashlib.sha256(bundle(source)).hexdigest()
 
 

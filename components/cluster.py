@@ -213,7 +213,8 @@ class Cluster(pulumi.ComponentResource):
     def _boot(self, node: Node) -> NodeBoot:
         kind = self._kinds[node.pool]
         return NodeBoot(f"{self._name}-boot-{node.pool}-{node.index}", NodeBootArgs(
-            node=self._connection(node, BOOT), instance_id=node.instance.id, env=kind.env,
+            node=self._connection(node, BOOT), node_live=self._connection(node), instance_id=node.instance.id,
+            env=kind.env,
             expected_gpus=kind.expected_gpus, access_script=self._access, health_env=self._s.health.node_env(),
         ), opts=self._child)
 

@@ -21,6 +21,7 @@ from components.remote import as_root
 @dataclass
 class NodeBootArgs:
     node: pulumi.Input[command.remote.ConnectionArgs]  # to the node, patient: it may still be booting
+    node_live: pulumi.Input[command.remote.ConnectionArgs]  # the same, once it answered
     instance_id: pulumi.Input[str]
     env: dict[str, str]  # the node's node.env, to know what it advertises
     expected_gpus: int
@@ -43,10 +44,10 @@ class NodeBoot(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         after_boot = pulumi.ResourceOptions(parent=self, depends_on=[self.booted])
-        command.remote.Command(f"{name}-access", connection=args.node, create=args.access_script, triggers=fresh,
+        command.remote.Command(f"{name}-access", connection=args.node_live, create=args.access_script, triggers=fresh,
                                opts=after_boot)
         # The health services read it when they start; a later change restarts them and nothing else.
-        command.remote.Command(f"{name}-health", connection=args.node,
+        command.remote.Command(f"{name}-health", connection=args.node_live,
                                create=as_root(node_commands.health_settings(args.health_env)), triggers=fresh,
                                opts=after_boot)
         self.timings = self.booted.stdout.apply(parse_timings)

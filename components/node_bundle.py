@@ -44,7 +44,7 @@ class NodeBundle(pulumi.ComponentResource):
         key = node_software.bundle_key(self.sha256)
 
         # force_destroy: it holds only bundles the program can upload again.
-        bucket = aws.s3.Bucket(f"{name}", force_destroy=True, tags={**args.tags, "Name": name}, opts=child)
+        bucket = aws.s3.Bucket(f"{name}-bucket", force_destroy=True, tags={**args.tags, "Name": name}, opts=child)
         private = aws.s3.BucketPublicAccessBlock(
             f"{name}-private", bucket=bucket.id, block_public_acls=True, block_public_policy=True,
             ignore_public_acls=True, restrict_public_buckets=True, opts=child)

@@ -1,4 +1,4 @@
-"""sudo .venv/bin/python -m localswarm: a real GPU swarm of namespaces on this machine, changed as `pulumi up` changes one."""
+""".venv/bin/python -m localswarm, as root: a real GPU swarm of namespaces on this machine, changed as `pulumi up` changes one."""
 from __future__ import annotations
 
 import argparse
@@ -70,6 +70,18 @@ def _parser() -> argparse.ArgumentParser:
     command("roll", "roll new node software through every node, one node per pool at a time")
     stacks = command("stacks", "deploy exactly these compose files; stacks not listed are removed")
     stacks.add_argument("files", nargs="*", metavar="[NAME=]FILE")
+    program = command("program", "run the Pulumi program itself (`pulumi up` under mocks) against local machines "
+                                 "that boot its user data with cloud-init; again: a second `pulumi up`")
+    program.add_argument("action", choices=("up", "status"))
+    program.add_argument("--stack", default="dev", help="Pulumi.<stack>.yaml to use (default %(default)s)")
+    program.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                         help="override a config key, as `pulumi config set` would; VALUE is JSON for lists and "
+                              "objects (repeatable)")
+    program.add_argument("--parallel", type=int, default=6, metavar="N",
+                         help="resource operations at once, as `pulumi up --parallel` (default %(default)s)")
+    program.add_argument("--bump-node-software", action="store_true",
+                         help="as if node/ had changed: a new bundle that rolls through the nodes")
+    program.add_argument("--converge-timeout", type=float, default=300, metavar="S")
     return p
 
 
@@ -95,6 +107,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nengines ready {t['nodes_ready_s']} s, swarm formed {t['swarm_ready_s']} s, "
               f"stacks converged {t['stack_converged_s']} s")
         print(NEXT_STEPS)
+    elif args.command == "program" and args.action == "up":
+        print(f"\nthe program ran {result['commands_executed']} command(s) "
+              f"({result['unchanged_commands']} unchanged) in {result['timings']['up_s']} s")
+        for node, steps in (result["outputs"].get("bootstrapTimings") or {}).items():
+            print(f"  {node}: " + ", ".join(f"{step} {t.get('seconds')} s ({t.get('status')})"
+                                           for step, t in steps.items()))
     elif args.command == "roll":
         print(f"\nmost nodes of a pool drained at once: {result['peak_drained_per_pool']}")
     elif args.command == "node" and args.action in ("stop", "start"):
@@ -133,7 +151,24 @@ def _run(args, say):
         return changes.roll(progress=say)
     if args.command == "stacks":
         return changes.set_stacks(args.files, progress=say)
+    if args.command == "program":
+        from localswarm import program
+        if args.action == "status":
+            return program.status(progress=say)
+        return program.up(stack=args.stack, overrides=_overrides(args.set), parallel=args.parallel,
+                          bump_software=args.bump_node_software, converge_timeout=args.converge_timeout,
+                          progress=say)
     raise AssertionError(args.command)
+
+
+def _overrides(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise RehearsalError(f"--set {pair!r}: expected KEY=VALUE, e.g. --set managerCount=3")
+        out[key] = value
+    return out
 
 
 def _health_summary(action: str, result: dict) -> str:

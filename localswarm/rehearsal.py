@@ -179,6 +179,9 @@ def wait_converged(nodes: list[Node], engine, kind: str, timeout: float, shared_
 
 
 def status(*, progress: Progress = print) -> dict:
+    from localswarm import program
+    if not load_state() and program.load_state():
+        return program.status(progress=progress)
     state = require_state()
     return placement.collect(nodes_of(state), find_engine(), state["kind"], state.get("shared_kind", ""))
 
@@ -204,6 +207,8 @@ def down(*, progress: Progress = print) -> dict:
     nodes = nodes_of(state) if state.get("nodes") else []
     known = {n.name for n in nodes}
     nodes += [Node(p.name, 0, "worker") for p in sorted(RUN_ROOT.glob("node-*")) if p.name not in known]
+    from localswarm import program  # its machines, S3 stand-in and state (`program up`)
+    machines_removed = program.down(progress=lambda _: None)["removed_machines"]
     for node in nodes:
         health.stop(node)
     health.stop_imds()
@@ -218,6 +223,6 @@ def down(*, progress: Progress = print) -> dict:
     network.teardown_network()
     for root in (STATE_ROOT, RUN_ROOT):
         shutil.rmtree(root, ignore_errors=True)
-    report = {"removed_nodes": [n.name for n in nodes], "unmounted": len(mounts)}
-    progress(f"rehearsal removed ({len(nodes)} node(s), {len(mounts)} mount(s))")
+    report = {"removed_nodes": [n.name for n in nodes] + machines_removed, "unmounted": len(mounts)}
+    progress(f"rehearsal removed ({len(nodes) + len(machines_removed)} node(s), {len(mounts)} mount(s))")
     return report

@@ -80,7 +80,7 @@ def resolve_network(r: Reader, cfg: dict, instance_types: list[str]) -> Network 
         if len(zones) != len(cfg["subnet_ids"]):
             return None
         return _existing_vpc_routes(r, Network(availability_zones=tuple(zones), vpc_id=cfg["vpc_id"],
-                                               subnet_ids=tuple(cfg["subnet_ids"])))
+                                               subnet_ids=tuple(cfg["subnet_ids"])), cfg.get("s3_endpoint_id"))
 
     try:
         region_zones = aws_lookups.available_zones()
@@ -122,12 +122,12 @@ def resolve_network(r: Reader, cfg: dict, instance_types: list[str]) -> Network 
     return Network(availability_zones=tuple(zones), vpc_cidr=cfg["vpc_cidr"], subnet_cidrs=cidrs)
 
 
-def _existing_vpc_routes(r: Reader, network: Network) -> Network | None:
-    """The route tables of an existing VPC's subnets, and the S3 gateway endpoint that will serve them.
+def _existing_vpc_routes(r: Reader, network: Network, endpoint_id: str | None) -> Network | None:
+    """The route tables of an existing VPC's subnets, and the S3 gateway endpoint that serves them.
 
     Nodes download the node software from S3 through a gateway endpoint (the bucket admits
-    nothing else). A VPC may hold one gateway endpoint per service on a route table: reuse
-    the VPC's own when it serves every subnet, else make one.
+    nothing else). A route table takes one gateway endpoint per service: with the VPC's own
+    (s3GatewayEndpointId), it must serve every subnet's table; without, the program makes one.
     """
     import pulumi_aws as aws
 
@@ -137,23 +137,28 @@ def _existing_vpc_routes(r: Reader, network: Network) -> Network | None:
             tables.append(aws_lookups.route_table_of(subnet_id, network.vpc_id))
         except LookupError as exc:
             r.error("subnetIds", f"{subnet_id}: no route table found for it ({exc}); subnets must be routed")
-    try:
-        endpoint = aws_lookups.s3_gateway_endpoint(network.vpc_id, aws.config.region)
-    except LookupError as exc:
-        r.error("vpcId", f"{network.vpc_id}: could not list its S3 gateway endpoints ({exc})")
-        return None
     tables = list(dict.fromkeys(tables))
     if not tables:
         return None
-    if endpoint:
-        missing = [t for t in tables if t not in endpoint[1]]
-        if missing:
-            r.error("vpcId", f"{network.vpc_id} has the S3 gateway endpoint {endpoint[0]}, which does not serve "
-                             f"the route table(s) {', '.join(missing)} of {key('subnetIds')}, so nodes there could "
-                             f"not download the node software. Add them: aws ec2 modify-vpc-endpoint "
-                             f"--vpc-endpoint-id {endpoint[0]} --add-route-table-ids {' '.join(missing)}")
+    if endpoint_id:
+        try:
+            vpc, service, kind, served = aws_lookups.vpc_endpoint(endpoint_id)
+        except LookupError as exc:
+            r.error("s3GatewayEndpointId", f"{endpoint_id}: AWS does not describe it ({exc}); check the id and the region")
             return None
-    return dataclasses.replace(network, route_table_ids=tuple(tables), s3_endpoint_id=endpoint[0] if endpoint else None)
+        wanted = f"com.amazonaws.{aws.config.region}.s3"
+        if (vpc, service, kind) != (network.vpc_id, wanted, "Gateway"):
+            r.error("s3GatewayEndpointId", f"{endpoint_id} is a {kind} endpoint for {service} in {vpc}; expected the "
+                                           f"Gateway endpoint for {wanted} in {network.vpc_id}")
+            return None
+        missing = [t for t in tables if t not in served]
+        if missing:
+            r.error("s3GatewayEndpointId", f"{endpoint_id} does not serve the route table(s) {', '.join(missing)} of "
+                                           f"{key('subnetIds')}, so nodes there could not download the node software. "
+                                           f"Add them: aws ec2 modify-vpc-endpoint --vpc-endpoint-id {endpoint_id} "
+                                           f"--add-route-table-ids {' '.join(missing)}")
+            return None
+    return dataclasses.replace(network, route_table_ids=tuple(tables), s3_endpoint_id=endpoint_id or None)
 
 
 def _zones_offering_all(offered: dict[str, frozenset[str]], types: list[str]) -> list[str]:

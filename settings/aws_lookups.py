@@ -1,9 +1,9 @@
-"""Read-only AWS lookups that settings.py checks the stack configuration against.
+"""Read-only AWS lookups that settings/ checks the stack configuration against.
 
 They are synchronous invokes, so every check runs, and fails, before the first
 resource is registered: a bad value stops `pulumi preview` with nothing created.
-Each lookup raises LookupError carrying AWS's own words; settings.py adds the
-config key and the fix.
+Each lookup raises LookupError carrying AWS's own words; settings/aws_checks.py adds
+the config key and the fix.
 """
 from __future__ import annotations
 
@@ -129,32 +129,29 @@ def describe_subnet(subnet_id: str) -> SubnetFacts:
     return SubnetFacts(id=subnet_id, vpc_id=result.vpc_id, availability_zone=result.availability_zone)
 
 
-def _not_found(exc: Exception) -> bool:
-    # The provider's data sources say "no matching EC2 ... found" when nothing matches.
-    return "no matching" in str(exc).lower()
-
-
 def route_table_of(subnet_id: str, vpc_id: str) -> str:
-    """The route table a subnet uses: its own association, else the VPC's main table."""
+    """The route table a subnet uses: its own association, else the VPC's main table.
+
+    Plural lookups: a failing invoke fails the whole program, even when its error is caught,
+    and "no table of its own" is no error here.
+    """
     try:
-        return aws.ec2.get_route_table(subnet_id=subnet_id).route_table_id
-    except Exception as exc:
-        if not _not_found(exc):
-            raise _aws_error(exc) from None
-    try:
-        return aws.ec2.get_route_table(vpc_id=vpc_id, filters=[{"name": "association.main", "values": ["true"]}]
-                                       ).route_table_id
+        own = aws.ec2.get_route_tables(vpc_id=vpc_id, filters=[{"name": "association.subnet-id",
+                                                                "values": [subnet_id]}]).ids
+        if own:
+            return own[0]
+        main = aws.ec2.get_route_tables(vpc_id=vpc_id, filters=[{"name": "association.main", "values": ["true"]}]).ids
     except Exception as exc:
         raise _aws_error(exc) from None
+    if not main:
+        raise LookupError(f"{vpc_id} has no main route table")
+    return main[0]
 
 
-def s3_gateway_endpoint(vpc_id: str, region: str) -> tuple[str, tuple[str, ...]] | None:
-    """The VPC's S3 gateway endpoint, as (id, its route tables), or None when it has none."""
+def vpc_endpoint(endpoint_id: str) -> tuple[str, str, str, tuple[str, ...]]:
+    """(VPC, service name, type, route tables) of an existing VPC endpoint."""
     try:
-        result = aws.ec2.get_vpc_endpoint(vpc_id=vpc_id, service_name=f"com.amazonaws.{region}.s3",
-                                          vpc_endpoint_type="Gateway", state="available")
+        result = aws.ec2.get_vpc_endpoint(id=endpoint_id)
     except Exception as exc:
-        if _not_found(exc):
-            return None
         raise _aws_error(exc) from None
-    return result.id, tuple(result.route_table_ids or ())
+    return result.vpc_id, result.service_name, result.vpc_endpoint_type, tuple(result.route_table_ids or ())

@@ -24,9 +24,10 @@ SUBNET_SLOTS = 16  # the VPC is cut into 16 equal subnets, one slot per AZ lette
 
 
 _POOL_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
-_STACK_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")  # what swarm/commands.py accepts
+_STACK_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")  # what swarm/script.py's swarm_name accepts
 _INSTANCE_TYPE_RE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$")
 _AMI_RE = re.compile(r"^ami-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
+_ENDPOINT_RE = re.compile(r"vpce-([0-9a-f]{8}|[0-9a-f]{17})")
 _VPC_RE = re.compile(r"^vpc-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
 _SUBNET_RE = re.compile(r"^subnet-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
 _PRICE_RE = re.compile(r"^\d+(\.\d+)?$")
@@ -274,8 +275,14 @@ def read_network(r: Reader) -> dict:
         if out["zones"]:
             r.error("availabilityZones",
                     f"applies only to a VPC this program creates; with {key('vpcId')} the subnets decide")
-        out.update(vpc_id=vpc_id, subnet_ids=list(dict.fromkeys(str(s) for s in subnet_ids or [])))
+        endpoint = r.raw("s3GatewayEndpointId")
+        if endpoint is not None and not _ENDPOINT_RE.fullmatch(endpoint):
+            r.error("s3GatewayEndpointId", f"{endpoint!r} is not a VPC endpoint id; expected vpce- and 8 or 17 hex digits")
+        out.update(vpc_id=vpc_id, subnet_ids=list(dict.fromkeys(str(s) for s in subnet_ids or [])),
+                   s3_endpoint_id=endpoint)
         return out
+    if r.raw("s3GatewayEndpointId") is not None:
+        r.error("s3GatewayEndpointId", f"applies only with {key('vpcId')}: the VPC this program creates gets its own")
     if subnet_ids:
         r.error("subnetIds", f"needs {key('vpcId')}, the VPC the subnets belong to; "
                              "set it, or remove subnetIds to create a VPC")

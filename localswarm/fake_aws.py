@@ -1,0 +1,157 @@
+"""AWS as the Pulumi mocks see it: the answers of the data sources the program asks, and what AWS fills in.
+
+One catalogue for the unit tests (tests/conftest.py) and the rehearsal's `program up`
+(localswarm/program.py). A lookup that AWS would refuse raises, with the provider's words,
+as a failing invoke does; nothing here is reached over a network.
+"""
+from __future__ import annotations
+
+import hashlib
+
+from settings import aws_lookups
+
+REGION = "us-east-1"
+ZONES = ("us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1f")
+
+# instance type -> (architecture, [(manufacturer, model, count)])
+INSTANCE_TYPES = {
+    "t3.medium": ("x86_64", []),
+    "t3.large": ("x86_64", []),
+    "m7i.large": ("x86_64", []),
+    "m7i.xlarge": ("x86_64", []),
+    "m7g.large": ("arm64", []),
+    "g4dn.xlarge": ("x86_64", [("NVIDIA", "T4", 1)]),
+    "g4dn.12xlarge": ("x86_64", [("NVIDIA", "T4", 4)]),
+    "g5.xlarge": ("x86_64", [("NVIDIA", "A10G", 1)]),
+    "g6.xlarge": ("x86_64", [("NVIDIA", "L4", 1)]),
+    "g6e.12xlarge": ("x86_64", [("NVIDIA", "L40S", 4)]),
+    "p4d.24xlarge": ("x86_64", [("NVIDIA", "A100", 8)]),
+    "p5.48xlarge": ("x86_64", [("NVIDIA", "H100", 8)]),
+    "g5g.xlarge": ("arm64", [("NVIDIA", "T4g", 1)]),
+    "g4ad.xlarge": ("x86_64", [("AMD", "Radeon Pro V520", 1)]),
+}
+GPU_MEMORY_MIB = {"T4": 15360, "A10G": 23028, "L4": 23034, "L40S": 46068, "A100": 40960, "H100": 81559, "T4g": 15360}
+# Where a type is offered, when not in every zone.
+OFFERED_IN = {"p5.48xlarge": {"us-east-1a", "us-east-1c"}, "p4d.24xlarge": {"us-east-1b"}}
+UBUNTU_AMI = "ami-0a1b2c3d4e5f60718"
+DEEP_LEARNING_AMI = "ami-0d1e2a3b4c5d6e7f8"
+CUSTOM_AMI = "ami-0123456789abcdef0"
+CUSTOM_AMI_NEXT = "ami-0123456789abcdef1"
+ARM_AMI = "ami-0fedcba9876543210"
+AMIS = {UBUNTU_AMI: ("x86_64", 8), DEEP_LEARNING_AMI: ("x86_64", 75), CUSTOM_AMI: ("x86_64", 30),
+        CUSTOM_AMI_NEXT: ("x86_64", 30), ARM_AMI: ("arm64", 8)}
+VPC = "vpc-0abc1234def567890"
+OTHER_VPC = "vpc-0fff0000fff000011"
+VPC_CIDRS = {VPC: ("10.0.0.0/16", "10.1.0.0/16"), OTHER_VPC: ("10.200.0.0/16",)}
+SUBNETS = {
+    "subnet-0aaaaaaaaaaaaaaaa": (VPC, "us-east-1a"),
+    "subnet-0cccccccccccccccc": (VPC, "us-east-1c"),
+    "subnet-0bbbbbbbbbbbbbbbb": (VPC, "us-east-1b"),
+    "subnet-0eeeeeeeeeeeeeeee": (OTHER_VPC, "us-east-1e"),
+}
+# Subnets with a route table of their own; the others use their VPC's main table.
+SUBNET_ROUTE_TABLES = {"subnet-0aaaaaaaaaaaaaaaa": "rtb-0aaaaaaaaaaaaaaaa"}
+MAIN_ROUTE_TABLES = {VPC: "rtb-0main000000000001", OTHER_VPC: "rtb-0main000000000002"}
+# The S3 gateway endpoints VPCs already have: (id, route tables).
+S3_ENDPOINTS = {VPC: ("vpce-0abc0000000000001", ("rtb-0aaaaaaaaaaaaaaaa",))}
+
+
+def _instance_type(a: dict) -> dict:
+    if a["instanceType"] not in INSTANCE_TYPES:
+        raise Exception("InvalidInstanceType: The following supplied instance types do not exist")
+    arch, gpus = INSTANCE_TYPES[a["instanceType"]]
+    return {"instanceType": a["instanceType"], "supportedArchitectures": [arch],
+            "gpuses": [{"manufacturer": m, "name": n, "count": c, "memorySize": GPU_MEMORY_MIB.get(n, 24576)}
+                       for m, n, c in gpus]}
+
+
+def _offerings(a: dict) -> dict:
+    wanted = a["filters"][0]["values"]
+    pairs = [(t, z) for t in wanted if t in INSTANCE_TYPES for z in sorted(OFFERED_IN.get(t, ZONES))]
+    return {"instanceTypes": [t for t, _ in pairs], "locations": [z for _, z in pairs],
+            "locationTypes": ["availability-zone"] * len(pairs)}
+
+
+def _ssm(a: dict) -> dict:
+    ami = {aws_lookups.UBUNTU_AMI_PARAMETER: UBUNTU_AMI, aws_lookups.DEEP_LEARNING_AMI_PARAMETER: DEEP_LEARNING_AMI}
+    if a["name"] not in ami:
+        raise Exception(f"ParameterNotFound: {a['name']}")
+    return {"name": a["name"], "type": "String", "value": ami[a["name"]], "insecureValue": ami[a["name"]]}
+
+
+def _ami(a: dict) -> dict:
+    ami = a["filters"][0]["values"][0]
+    if ami not in AMIS:
+        raise Exception("Your query returned no results. Please change your search criteria and try again.")
+    arch, size = AMIS[ami]
+    return {"id": ami, "architecture": arch, "rootDeviceName": "/dev/sda1",
+            "blockDeviceMappings": [{"deviceName": "/dev/sda1", "ebs": {"volume_size": str(size)}}]}
+
+
+def _vpc(a: dict) -> dict:
+    if a["id"] not in VPC_CIDRS:
+        raise Exception(f"no matching EC2 VPC found: {a['id']}")
+    return {"id": a["id"], "cidrBlock": VPC_CIDRS[a["id"]][0],
+            "cidrBlockAssociations": [{"cidrBlock": c, "associationId": f"a-{i}", "state": "associated"}
+                                      for i, c in enumerate(VPC_CIDRS[a["id"]])]}
+
+
+def _subnet(a: dict) -> dict:
+    if a["id"] not in SUBNETS:
+        raise Exception(f"no matching EC2 Subnet found: {a['id']}")
+    vpc, zone = SUBNETS[a["id"]]
+    return {"id": a["id"], "vpcId": vpc, "availabilityZone": zone}
+
+
+def _route_tables(a: dict) -> dict:
+    filters = {f["name"]: f["values"] for f in a.get("filters") or []}
+    if "association.subnet-id" in filters:
+        ids = [SUBNET_ROUTE_TABLES[s] for s in filters["association.subnet-id"] if s in SUBNET_ROUTE_TABLES]
+    elif filters.get("association.main") == ["true"]:
+        ids = [MAIN_ROUTE_TABLES[a["vpcId"]]] if a.get("vpcId") in MAIN_ROUTE_TABLES else []
+    else:
+        ids = sorted({*SUBNET_ROUTE_TABLES.values(), *MAIN_ROUTE_TABLES.values()})
+    return {"id": a.get("vpcId") or "us-east-1", "ids": ids}
+
+
+def _vpc_endpoint(a: dict) -> dict:
+    found = next(((vpc, e) for vpc, e in S3_ENDPOINTS.items() if e[0] == a.get("id")), None)
+    if not found:
+        raise Exception("no matching EC2 VPC Endpoint found")
+    vpc, (endpoint, tables) = found
+    return {"id": endpoint, "vpcId": vpc, "serviceName": f"com.amazonaws.{REGION}.s3", "vpcEndpointType": "Gateway",
+            "routeTableIds": list(tables), "state": "available"}
+
+
+ANSWERS = {
+    "aws:ec2/getInstanceType:getInstanceType": _instance_type,
+    "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings": _offerings,
+    "aws:index/getAvailabilityZones:getAvailabilityZones": lambda a: {
+        "names": list(ZONES), "zoneIds": [f"use1-az{i}" for i in range(len(ZONES))]},
+    "aws:ssm/getParameter:getParameter": _ssm,
+    "aws:ec2/getAmi:getAmi": _ami,
+    "aws:ec2/getVpc:getVpc": _vpc,
+    "aws:ec2/getSubnet:getSubnet": _subnet,
+    "aws:ec2/getRouteTables:getRouteTables": _route_tables,
+    "aws:ec2/getVpcEndpoint:getVpcEndpoint": _vpc_endpoint,
+}
+
+
+def answer(token: str, args: dict) -> dict:
+    """What the data source `token` returns for `args`; raises as the provider does."""
+    if token not in ANSWERS:
+        raise Exception(f"no fake AWS answer for {token}")
+    return ANSWERS[token](args)
+
+
+def gpus_of(instance_type: str) -> list[tuple[str, int]]:
+    """(model, memory MiB) of each NVIDIA GPU an instance of this type has."""
+    return [(model, GPU_MEMORY_MIB.get(model, 24576)) for maker, model, count in INSTANCE_TYPES[instance_type][1]
+            if maker == "NVIDIA" for _ in range(count)]
+
+
+def bucket_state(name: str, region: str = REGION) -> tuple[str, dict]:
+    """An auto-named bucket, as the provider names it: the resource name and a random suffix."""
+    bucket = f"{name}-{hashlib.sha1(name.encode()).hexdigest()[:7]}"
+    return bucket, {"bucket": bucket, "arn": f"arn:aws:s3:::{bucket}",
+                    "bucketRegionalDomainName": f"{bucket}.s3.{region}.amazonaws.com"}

@@ -1,0 +1,231 @@
+"""The Pulumi engine and AWS, played locally for `program up`: Pulumi's mocks, backed by real machines and real SSH.
+
+Pulumi's Python SDK calls Mocks.new_resource for each resource in the program's dependency
+order, from a thread pool (its size is `pulumi up --parallel`): a resource that depends on
+another is registered only once the other's call has returned. So this class can *do* what
+the engine and the providers do, in that order:
+- an aws.ec2.Instance becomes a machine (localswarm/machines.py) that boots its user data;
+- a command.remote.Command runs its script over SSH (localswarm/ssh.py);
+- the node software's bundle goes to the S3 stand-in (localswarm/object_store.py);
+- a tls.PrivateKey is a real key, so the machines take the program's key.
+Like the engine, it remembers what the last run made (the state file) and compares: an
+unchanged command does not run again, a changed one runs again (an update), a changed
+trigger replaces it; an instance whose replacing inputs changed (minus ignore_changes) is a
+new machine; what the program no longer has is deleted after the run (a machine terminated).
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from pulumi.runtime import mocks as pulumi_mocks
+
+from components.provider_facts import replaced_by
+from localswarm import fake_aws, machines, object_store, ssh
+from localswarm.network import BRIDGE_ADDR
+
+INSTANCE = "aws:ec2/instance:Instance"
+COMMAND = "command:remote:Command"
+
+
+@dataclass
+class Action:
+    """What the run did to one resource, for the report."""
+
+    name: str
+    typ: str
+    action: str  # create, replace, update, same, delete
+    seconds: float = 0.0
+    host: str = ""
+
+
+@dataclass
+class LocalCloud(pulumi_mocks.Mocks):
+    previous: dict  # name -> {"type", "id", "inputs", "outputs"} from the last run
+    region: str
+    say: Callable[[str], None]
+    clock: Callable[[], float]
+    current: dict = field(default_factory=dict)
+    actions: list[Action] = field(default_factory=list)
+    machines_by_instance: dict = field(default_factory=dict)  # instance id -> machine record
+    next_index: int = 1
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    options: threading.local = field(default_factory=threading.local)  # the registering request's options
+
+    # ------------------------------------------------------------------ the engine's part
+
+    def call(self, args: pulumi_mocks.MockCallArgs):
+        return fake_aws.answer(args.token, args.args)
+
+    def new_resource(self, args: pulumi_mocks.MockResourceArgs):
+        inputs = _plain(args.inputs)
+        before = self.previous.get(args.name)
+        if before and before["type"] != args.typ:
+            before = None
+        if before:
+            # ignore_changes: the engine keeps the old value of those inputs, as if unchanged.
+            for key in getattr(self.options, "ignore_changes", ()):
+                if key in before["inputs"]:
+                    inputs[key] = before["inputs"][key]
+                else:
+                    inputs.pop(key, None)
+        handler = {INSTANCE: self._instance, COMMAND: self._command,
+                   "aws:s3/bucketObjectv2:BucketObjectv2": self._object, "aws:s3/bucket:Bucket": self._bucket,
+                   "aws:ec2/keyPair:KeyPair": self._key_pair,
+                   "tls:index/privateKey:PrivateKey": self._private_key}.get(args.typ, self._other)
+        rid, outputs = handler(args.name, inputs, before)
+        with self.lock:
+            self.current[args.name] = {"type": args.typ, "id": rid, "inputs": inputs, "outputs": outputs}
+        return rid, outputs
+
+    def _change(self, typ: str, before: dict | None, inputs: dict) -> str:
+        """create, same, update or replace: what the engine would do, from the inputs and the options."""
+        if before is None:
+            return "create"
+        if before["inputs"] == inputs:
+            return "same"
+        old, new = before["inputs"], inputs
+        forcing = set(getattr(self.options, "replace_on_changes", ()))
+        try:
+            if replaced_by(typ, old, new) or any(old.get(k) != new.get(k) for k in forcing):
+                return "replace"
+        except ValueError:
+            return "replace"  # a type with no recorded facts: assume the worst
+        return "update"
+
+    def _record(self, name: str, typ: str, action: str, seconds: float = 0.0, host: str = "") -> None:
+        with self.lock:
+            self.actions.append(Action(name, typ, action, seconds, host))
+
+    # ------------------------------------------------------------------ resources
+
+    def _command(self, name: str, inputs: dict, before: dict | None):
+        change = self._change(COMMAND, before, inputs)
+        if change == "same":
+            self._record(name, COMMAND, "same")
+            return before["id"], before["outputs"]
+        conn = inputs["connection"]
+        secret = inputs.get("logging") == "none"
+        self.say(f"{name}: running on {conn['host']}" + (f" (through {conn['proxy']['host']})"
+                                                         if conn.get("proxy") else ""))
+        try:
+            result = ssh.run(conn, inputs["create"], stdin=inputs.get("stdin"))
+        except ssh.CommandFailed as e:
+            self._record(name, COMMAND, f"{change}-failed", host=conn["host"])
+            raise Exception(f"{name}: {e}") from None
+        self._record(name, COMMAND, change, result.seconds, conn["host"])
+        shown = "" if secret or not result.stdout else f": {result.stdout.splitlines()[-1][:100]}"
+        self.say(f"{name}: done in {result.seconds:.1f} s{shown}")
+        return (before["id"] if before and change == "update" else f"{name}-{uuid.uuid4().hex[:8]}",
+                {**inputs, "stdout": result.stdout, "stderr": result.stderr})
+
+    def _instance(self, name: str, inputs: dict, before: dict | None):
+        change = self._change(INSTANCE, before, inputs)
+        if change in ("same", "update"):
+            # An in-place change (a resize, new tags) changes nothing a machine can show.
+            self._record(name, INSTANCE, change)
+            return before["id"], {**before["outputs"], **inputs}
+        if change == "replace":
+            self._terminate(before)
+        with self.lock:
+            index, self.next_index = self.next_index, self.next_index + 1
+        instance_id = f"i-{hashlib.sha1(f'{name}/{index}/{time.time()}'.encode()).hexdigest()[:17]}"
+        hostname = inputs["tags"]["Name"]
+        gpus = [{"uuid": f"GPU-{uuid.uuid4()}", "name": f"NVIDIA {model}", "memory_mib": memory}
+                for model, memory in fake_aws.gpus_of(inputs["instanceType"])]
+        public_key = self._public_key(inputs["keyName"])
+        machine = machines.launch(
+            f"lsw-{index}", index, user_data=inputs["userData"],
+            meta_data={"instance-id": instance_id, "local-hostname": hostname, "public-keys": [public_key]},
+            gpus=gpus, hosts={host: BRIDGE_ADDR for host in self._bucket_hosts()})
+        with self.lock:
+            self.machines_by_instance[instance_id] = {"machine": machine.name, "index": index, "hostname": hostname,
+                                                      "role": inputs["tags"].get("gpu-swarm:role", "worker")}
+        self._record(name, INSTANCE, change, host=machine.address)
+        self.say(f"{name}: machine {machine.name} ({hostname}, {len(gpus)} GPU) booting at {machine.address}")
+        return instance_id, {**inputs, "privateIp": machine.address, "publicIp": machine.address,
+                             "instanceState": "running"}
+
+    def _terminate(self, resource: dict) -> None:
+        record = self.machines_by_instance.pop(resource["id"], None)
+        if record:
+            machines.terminate(machines.Machine(record["machine"], record["index"]))
+            self.say(f"machine {record['machine']} ({record['hostname']}) terminated")
+
+    def _public_key(self, key_name: str) -> str:
+        with self.lock:
+            pairs = [r for r in self.current.values() if r["type"] == "aws:ec2/keyPair:KeyPair"]
+        for pair in pairs:
+            if pair["outputs"].get("keyName") == key_name:
+                return pair["outputs"]["publicKey"].strip()
+        raise Exception(f"InvalidKeyPair.NotFound: The key pair '{key_name}' does not exist")
+
+    def _bucket_hosts(self) -> list[str]:
+        with self.lock:
+            return [r["outputs"]["bucketRegionalDomainName"] for r in self.current.values()
+                    if r["type"] == "aws:s3/bucket:Bucket"]
+
+    def _bucket(self, name: str, inputs: dict, before: dict | None):
+        if before:
+            return before["id"], {**before["outputs"], **inputs}
+        bucket, extra = fake_aws.bucket_state(name, self.region)
+        return bucket, {**inputs, **extra}
+
+    def _object(self, name: str, inputs: dict, before: dict | None):
+        bucket = self._bucket_name(inputs["bucket"])
+        object_store.put(bucket, inputs["key"], base64.b64decode(inputs["contentBase64"]))
+        self._record(name, "aws:s3/bucketObjectv2:BucketObjectv2", "same" if before else "create")
+        return f"{bucket}/{inputs['key']}", {**inputs, "bucket": bucket}
+
+    def _bucket_name(self, ref: str) -> str:
+        with self.lock:
+            for r in self.current.values():
+                if r["type"] == "aws:s3/bucket:Bucket" and ref in (r["id"], r["outputs"].get("bucket")):
+                    return r["outputs"]["bucket"]
+        return ref
+
+    def _private_key(self, name: str, inputs: dict, before: dict | None):
+        if before and before["inputs"] == inputs:
+            return before["id"], before["outputs"]
+        with tempfile.TemporaryDirectory() as tmp:
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpu-swarm", "-f", f"{tmp}/k"],
+                           check=True, capture_output=True)
+            private, public = Path(f"{tmp}/k").read_text(), Path(f"{tmp}/k.pub").read_text()
+        return f"{name}-{uuid.uuid4().hex[:8]}", {**inputs, "privateKeyOpenssh": private, "publicKeyOpenssh": public}
+
+    def _key_pair(self, name: str, inputs: dict, before: dict | None):
+        if before and before["inputs"] == inputs:
+            return before["id"], before["outputs"]
+        key_name = f"{name}-{uuid.uuid4().hex[:7]}"  # auto-named, as the provider names it
+        return key_name, {**inputs, "keyName": key_name}
+
+    def _other(self, name: str, inputs: dict, before: dict | None):
+        return (before["id"] if before else f"{name}-{uuid.uuid4().hex[:8]}"), dict(inputs)
+
+    # ------------------------------------------------------------------ after the program
+
+    def delete_the_rest(self) -> list[str]:
+        """What the program no longer has goes, after everything else, as the engine deletes last."""
+        gone = [name for name in self.previous if name not in self.current]
+        for name in gone:
+            resource = self.previous[name]
+            if resource["type"] == INSTANCE:
+                self._terminate(resource)
+            elif resource["type"] == "aws:s3/bucketObjectv2:BucketObjectv2":
+                object_store.delete(resource["outputs"]["bucket"], resource["inputs"]["key"])
+            self._record(name, resource["type"], "delete")
+        return gone
+
+
+def _plain(value):
+    """Inputs as JSON would keep them (the state file), so that two runs compare equal."""
+    return json.loads(json.dumps(value, default=str))

@@ -1,0 +1,263 @@
+"""`localswarm program up`: `pulumi up` of the program itself (__main__.py), against machines on this host.
+
+The program runs in-process under Pulumi's mocks, as the tests run it, but the mocks do the
+work (localswarm/local_cloud.py): every instance is a machine that boots the program's own
+user data through real cloud-init, and every command of the program runs its own script on
+its node over real SSH, in the program's dependency order, as many at a time as
+`--parallel` allows. A second `program up` is a second `pulumi up`: only what changed runs.
+Nothing here forms the swarm: the program's commands do.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import runpy
+import shutil
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pulumi
+import yaml
+from pulumi.runtime import mocks as pulumi_mocks
+
+import node_software
+from localswarm import machines, network, node_image, object_store, placement, registry
+from localswarm.host import CLI, REPO, RehearsalError, check_host, find_engine, run
+from localswarm.local_cloud import COMMAND, LocalCloud
+from localswarm.nodes import REGISTRY, STATE_ROOT
+from localswarm.stack_config import stack_config
+
+STATE_FILE = STATE_ROOT / "program.json"  # the rehearsal's Pulumi state: root only, secrets in clear
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ViewNode:
+    """A machine as localswarm/placement.py reads it: its swarm hostname, role, address and Docker socket."""
+
+    name: str
+    index: int
+    role: str
+    address: str
+    sock: str
+
+
+class _Monitor(pulumi_mocks.MockMonitor):
+    """Hands LocalCloud each registration's options, which MockResourceArgs leaves out."""
+
+    def __init__(self, cloud: LocalCloud):
+        super().__init__(cloud)
+        self.cloud = cloud
+
+    def RegisterResource(self, request):
+        self.cloud.options.ignore_changes = list(request.ignoreChanges)
+        self.cloud.options.replace_on_changes = list(request.replaceOnChanges)
+        return super().RegisterResource(request)
+
+
+def load_state() -> dict:
+    try:
+        return json.loads(STATE_FILE.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_state(state: dict) -> None:
+    STATE_ROOT.mkdir(parents=True, exist_ok=True)
+    tmp = STATE_FILE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1) + "\n")
+    tmp.chmod(0o600)
+    tmp.replace(STATE_FILE)
+
+
+def up(*, stack: str = "dev", overrides: dict | None = None, parallel: int = 6, bump_software: bool = False,
+       converge_timeout: float = 300, progress: Progress = print) -> dict:
+    """Run the program as `pulumi up` would; returns the report (as `up --json` prints it, and more)."""
+    started = time.monotonic()
+    say = lambda msg: progress(f"[{time.monotonic() - started:6.1f}s] {msg}")  # noqa: E731
+    if parallel < 1:
+        raise RehearsalError("--parallel must be 1 or more")
+    config = _config(stack, overrides or {})
+    check_host()
+    state = load_state()
+    if state and state.get("stack") != stack:
+        raise RehearsalError(f"the rehearsal holds stack {state.get('stack')!r}; run `{CLI} down` first")
+    from localswarm.state import load_state as load_rehearsal
+    if load_rehearsal():
+        raise RehearsalError(f"a `localswarm up` rehearsal is up; run `{CLI} down` first")
+    node_image.ensure_image(say)
+    _infrastructure(config, say)
+
+    source = _bumped_software(state.get("bumps", 0) + 1) if bump_software else None
+    cloud = LocalCloud(previous=state.get("resources", {}), region=config["aws:region"], say=say,
+                       clock=time.monotonic, machines_by_instance=dict(state.get("machines", {})),
+                       next_index=state.get("next_index", 1))
+    error = None
+    try:
+        exports = _run_program(cloud, config, stack, parallel, source)
+    except Exception as e:  # the program's own error, or a command's, as `pulumi up` prints it
+        error, exports = str(e), {}
+    finally:
+        if source:
+            node_software.SOURCE_DIR = REPO / "node"
+            shutil.rmtree(source.parent, ignore_errors=True)
+    if error is None:
+        cloud.delete_the_rest()
+    # Like Pulumi's state after a failed update: what was made stays known, what failed is retried.
+    _save_state({"stack": stack, "kind": config.get("gpu-swarm:gpuKind") or "NVIDIA-GPU",
+                 "shared_kind": config.get("gpu-swarm:sharedGpuKind") or "", "resources": {**(cloud.previous if error else {}), **cloud.current},
+                 "machines": cloud.machines_by_instance, "next_index": cloud.next_index,
+                 "bumps": state.get("bumps", 0) + (1 if bump_software and error is None else 0)})
+    ran = [a for a in cloud.actions if a.typ == COMMAND and a.action in ("create", "replace", "update")]
+    if error:
+        raise RehearsalError(f"pulumi up failed: {error}\nWhat it made is still there: fix the cause and run "
+                             f"`{CLI} program up` again (it goes on where it stopped), or `{CLI} down`.")
+    say(f"the program ran {len(ran)} command(s); waiting for the stacks")
+    kind = config.get("gpu-swarm:gpuKind") or "NVIDIA-GPU"
+    shared_kind = config.get("gpu-swarm:sharedGpuKind") or f"{kind}-SHARED"
+    view = _wait_converged(view_nodes(cloud), converge_timeout, kind, shared_kind)
+    _add_inventory(view, exports.get("inventory") or [])
+    say("stacks converged")
+    return {
+        **view,
+        "stack": stack,
+        "commands_executed": len(ran),
+        "commands": [{"name": a.name, "action": a.action, "host": a.host, "seconds": a.seconds} for a in ran],
+        "unchanged_commands": sum(a.typ == COMMAND and a.action == "same" for a in cloud.actions),
+        "resources": {action: sum(a.action == action for a in cloud.actions)
+                      for action in ("create", "replace", "update", "same", "delete")},
+        "outputs": {k: v for k, v in exports.items() if k != "privateKey"},
+        "timings": {"up_s": round(time.monotonic() - started, 1)},
+    }
+
+
+def _config(stack: str, overrides: dict) -> dict:
+    try:
+        config = stack_config(stack, **overrides)
+    except FileNotFoundError as e:
+        raise RehearsalError(str(e)) from None
+    # The program's own key when none is configured: the rehearsal holds its state like Pulumi's.
+    return config
+
+
+def _infrastructure(config: dict, say: Progress) -> None:
+    """The bridge, the registry (a Docker Hub mirror holding the stand-in under the stacks' image names)
+    and the S3 stand-in: what the machines reach, and nothing else."""
+    if run(["ip", "link", "show", network.BRIDGE], check=False).returncode != 0:
+        network.create_bridge()
+    try:
+        urllib.request.urlopen(f"http://{REGISTRY}/v2/", timeout=2).close()
+    except OSError:
+        registry.start_registry()
+    object_store.start()
+    images = sorted(_stack_images(config))
+    registry.push_standin_as(images)
+    say(f"local registry serves the stand-in as {', '.join(images) or 'nothing'}; S3 stand-in on the bridge")
+
+
+def _stack_images(config: dict) -> set[str]:
+    images = set()
+    for stack in json.loads(config.get("gpu-swarm:stacks") or "[]"):
+        doc = yaml.safe_load((REPO / stack["file"]).read_text()) or {}
+        images |= {svc["image"] for svc in (doc.get("services") or {}).values() if svc.get("image")}
+    return images
+
+
+def _bumped_software(n: int) -> Path:
+    """A copy of node/ with one changed byte in versions.env: what a developer's edit of node/ is."""
+    folder = Path(tempfile.mkdtemp(prefix="lsw-node-")) / "node"
+    shutil.copytree(REPO / "node", folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    with open(folder / "versions.env", "a") as f:
+        f.write(f"# rehearsal: node software bump {n}\n")
+    node_software.SOURCE_DIR = folder
+    return folder
+
+
+def _run_program(cloud: LocalCloud, config: dict, stack: str, parallel: int, source: Path | None) -> dict:
+    exports: dict = {}
+    pulumi.runtime.settings.ROOT.set(None)
+    pulumi_mocks.set_mocks(cloud, project="gpu-swarm", stack=stack, preview=False, monitor=_Monitor(cloud))
+    pulumi.runtime.set_all_config(config, [])
+    loop = asyncio.new_event_loop()
+    # The SDK registers resources from the loop's default executor: its size is the engine's --parallel.
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="pulumi"))
+    asyncio.set_event_loop(loop)
+
+    async def collect(outputs: dict) -> None:
+        for name, value in outputs.items():
+            exports[name] = await pulumi.Output.from_input(value).future()
+
+    @pulumi.runtime.test
+    def program():
+        cwd = os.getcwd()
+        os.chdir(REPO)  # Pulumi runs the program in the project directory
+        try:
+            runpy.run_path(str(REPO / "__main__.py"), run_name="__main__")
+        finally:
+            os.chdir(cwd)
+        outputs = pulumi.runtime.settings.get_root_resource().outputs
+        return pulumi.Output.from_input(asyncio.ensure_future(collect(outputs)))
+
+    try:
+        program()
+    finally:
+        loop.close()
+        asyncio.set_event_loop(None)
+    return exports
+
+
+def view_nodes(cloud_or_state) -> list[ViewNode]:
+    records = (cloud_or_state.machines_by_instance if isinstance(cloud_or_state, LocalCloud)
+               else cloud_or_state.get("machines", {})).values()
+    return [ViewNode(r["hostname"], r["index"], r["role"], network.node_addr(r["index"]),
+                     machines.docker_socket(machines.Machine(r["machine"], r["index"])))
+            for r in sorted(records, key=lambda r: r["index"])]
+
+
+def _wait_converged(nodes: list[ViewNode], timeout: float, kind: str, shared_kind: str) -> dict:
+    engine = find_engine()
+    deadline = time.monotonic() + timeout
+    while True:
+        if placement.looks_converged(nodes, engine) or time.monotonic() > deadline:
+            view = placement.collect(nodes, engine, kind, shared_kind)
+            if placement.converged(view):
+                return view
+            if time.monotonic() > deadline:
+                raise RehearsalError(f"the stacks did not converge in {timeout:.0f} s:\n" + placement.render_table(view))
+        time.sleep(0.5)
+
+
+def _add_inventory(view: dict, inventory: list[dict]) -> None:
+    """Each node's post-join GPU check and release, as the program's inventory output has them."""
+    by_name = {entry["name"]: entry for entry in inventory}
+    for node in view["nodes"]:
+        entry = by_name.get(node["name"], {})
+        node["gpus_verified"] = entry.get("gpusVerified")
+        node["release"] = entry.get("release")
+        node["pool"] = entry.get("pool")
+
+
+def status(*, progress: Progress = print) -> dict:
+    state = load_state()
+    if not state:
+        raise RehearsalError(f"no program rehearsal is up; start one with `{CLI} program up`")
+    kind = state.get("kind", "NVIDIA-GPU")
+    return placement.collect(view_nodes(state), find_engine(), kind, state.get("shared_kind") or f"{kind}-SHARED")
+
+
+def down(*, progress: Progress = print) -> dict:
+    """Every machine terminated, the S3 stand-in stopped, the state gone: as `pulumi destroy` plus a clean host."""
+    state = load_state()
+    for record in state.get("machines", {}).values():
+        machines.terminate(machines.Machine(record["machine"], record["index"]))
+    machines.teardown_all()
+    object_store.stop()
+    STATE_FILE.unlink(missing_ok=True)
+    progress(f"program rehearsal removed ({len(state.get('machines', {}))} machine(s))")
+    return {"removed_machines": sorted(r["hostname"] for r in state.get("machines", {}).values())}

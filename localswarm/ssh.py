@@ -1,0 +1,101 @@
+"""pulumi-command's remote.Command, as its provider runs one, over OpenSSH: dial, run, fail the same way.
+
+What the provider does (pulumi-command 1.x, provider/pkg/provider/remote): it dials the
+host, through the proxy (jump host) when the connection has one, and retries failed dials
+up to dialErrorLimit times, each bounded by perDialTimeout; without hostKey it accepts any
+host key. It runs `create` in one session, with stdin when given, and the command's exit
+status decides: a failure is "Process exited with status N: running ...", followed by the
+command's output. stdout and stderr lose one trailing newline.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# What OpenSSH prints when it never reached a shell on the host: these are dial errors,
+# which the provider retries (sshd not up yet, a key not yet installed by cloud-init).
+_DIAL_ERRORS = ("connection refused", "connection timed out", "no route to host", "timed out",
+                "connection closed", "connection reset", "kex_exchange_identification", "permission denied",
+                "network is unreachable", "broken pipe", "could not resolve")
+
+
+class CommandFailed(Exception):
+    """The command ran and exited non-zero, or the host could not be dialled: the provider's error."""
+
+
+@dataclass(frozen=True)
+class Result:
+    stdout: str
+    stderr: str
+    dials: int  # how many dials it took
+    seconds: float
+
+
+def _options(key: Path, timeout: float, known_hosts: Path | None) -> list[str]:
+    checking = ["-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}"] if known_hosts else \
+        ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+    return ["-i", str(key), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
+            "-o", f"ConnectTimeout={int(timeout)}", "-o", "ServerAliveInterval=15", *checking]
+
+
+def _known_hosts(folder: Path, name: str, host: str, key: str | None) -> Path | None:
+    if not key:
+        return None  # the provider: "If not provided, the host key will be ignored."
+    path = folder / f"known_hosts.{name}"
+    path.write_text(f"{host} {key.strip()}\n")
+    return path
+
+
+def argv(connection: dict, script: str, folder: Path) -> list[str]:
+    """The ssh command line for one session; the private keys go to files in `folder` (0600)."""
+    key = folder / "id"
+    if not key.exists():
+        key.write_text(connection["privateKey"].strip() + "\n")
+        key.chmod(0o600)
+    timeout = float(connection.get("perDialTimeout") or 15)
+    target = f"{connection.get('user') or 'root'}@{connection['host']}"
+    known = _known_hosts(folder, connection["host"], connection["host"], connection.get("hostKey"))
+    cmd = ["ssh", *_options(key, timeout, known), "-p", str(int(connection.get("port") or 22))]
+    proxy = connection.get("proxy")
+    if proxy:
+        proxy_key = folder / "proxy_id"
+        if not proxy_key.exists():
+            proxy_key.write_text((proxy.get("privateKey") or connection["privateKey"]).strip() + "\n")
+            proxy_key.chmod(0o600)
+        jump_known = _known_hosts(folder, f"proxy-{proxy['host']}", proxy["host"], proxy.get("hostKey"))
+        jump = ["ssh", *_options(proxy_key, timeout, jump_known), "-p", str(int(proxy.get("port") or 22)),
+                "-W", "%h:%p", f"{proxy.get('user') or 'root'}@{proxy['host']}"]
+        cmd += ["-o", f"ProxyCommand={shlex.join(jump)}"]
+    return [*cmd, target, script]
+
+
+def run(connection: dict, script: str, *, stdin: str | None = None, timeout_s: float = 3600,
+        sleep=time.sleep) -> Result:
+    """Run `script` as remote.Command's create does; raise CommandFailed as the provider would."""
+    limit = int(connection.get("dialErrorLimit") or 10)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="lsw-ssh-") as tmp:
+        command = argv(connection, script, Path(tmp))
+        dials, delay = 0, 0.5
+        while True:
+            dials += 1
+            proc = subprocess.run(command, input=stdin or "", capture_output=True, text=True, timeout=timeout_s,
+                                  env={**os.environ, "SSH_AUTH_SOCK": ""})
+            dial_error = proc.returncode == 255 and any(e in proc.stderr.lower() for e in _DIAL_ERRORS)
+            if not dial_error:
+                break
+            if limit >= 0 and dials > limit:
+                raise CommandFailed(f"dial {connection['host']}: failed {dials} times: {proc.stderr.strip()}")
+            sleep(delay)
+            delay = min(delay * 1.5, 5.0)
+    if proc.returncode != 0:
+        first = script.strip().splitlines()[0] if script.strip() else ""
+        raise CommandFailed(f"Process exited with status {proc.returncode}: running {first[:80]!r}...:\n"
+                            f"{proc.stdout}{proc.stderr}")
+    return Result(proc.stdout.removesuffix("\n"), proc.stderr.removesuffix("\n"), dials,
+                  round(time.monotonic() - started, 2))
