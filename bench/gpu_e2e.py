@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """gpu-swarm end to end on real NVIDIA GPUs: the project's own agent, runtime guard, swarm scripts and stacks.
 
-    sudo python3 bench/gpu_e2e.py [--slots-per-gpu 4] [--out DIR]
+    python3 bench/gpu_e2e.py [--slots-per-gpu 4] [--out DIR]       # as root (sudo, if you are not)
 
 Needs root, two or more NVIDIA GPUs, Docker Engine >= 25.0.3 (dockerd, docker) and
 nvidia-container-toolkit >= 1.19 (nvidia-ctk, nvidia-container-runtime, its hooks) on PATH,
@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from swarm import formation, rollout, stacks  # noqa: E402  (pure Python: no Pulumi needed here)
 from swarm.gpu_check import CHECK_IMAGE, GpuCheck  # noqa: E402
+from swarm.labels import DRAINED_BY_LABEL, GPU_REPLICAS_LABEL, GPU_SHARING_LABEL, POOL_LABEL  # noqa: E402
 
 import yaml  # noqa: E402
 
@@ -192,12 +193,12 @@ def admit(out: Path, what: str, node: str, gpus: int, software: str, **sharing) 
     after it still say something."""
     try:
         admitted = rollout.admitted(script(rollout.admit_node(
-            node, {"gpu-swarm.pool": "e2e"}, expected_gpus=gpus, kind=KIND, software=software, check=GpuCheck(),
+            node, {POOL_LABEL: "e2e"}, expected_gpus=gpus, kind=KIND, software=software, check=GpuCheck(),
             **sharing)))
     except RuntimeError as e:
         (out / f"gpu-check-{what}.txt").write_text(str(e))
         check(f"post-join GPU check ({what} GPUs)", False, str(e)[:300])
-        docker("node", "update", "--availability", "active", "--label-rm", "gpu-swarm.drained-by", node,
+        docker("node", "update", "--availability", "active", "--label-rm", DRAINED_BY_LABEL, node,
                check_rc=False)
         return
     (out / f"gpu-check-{what}.json").write_text(json.dumps(admitted[1], indent=2))
@@ -282,7 +283,7 @@ def shared_gpus(out: Path, host: list[str], node: str, slots: int, engine: subpr
     report = agent(out, slots)
     check("the agent advertises slots only", all(r.startswith(f"{SHARED_KIND}=") for r in report["resources"])
           and len(report["resources"]) == len(host) * slots, f"{len(report['resources'])} slots, "
-          f"labels {report['labels'].get('gpu.sharing')} x{report['labels'].get('gpu.replicas')}")
+          f"labels {report['labels'].get(GPU_SHARING_LABEL)} x{report['labels'].get(GPU_REPLICAS_LABEL)}")
     stop_engine(engine)  # dockerd reads its resources only at start, as the agent's unit knows
     engine = start_engine(out)
     admit(out, "shared", node, len(host), release()[::-1], slots_per_gpu=slots, shared_kind=SHARED_KIND)

@@ -42,8 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from localswarm import api  # noqa: E402
 from localswarm.nodes import RUN_ROOT  # noqa: E402
-
-CONDITION = "gpu-swarm.condition"
+from swarm.labels import CONDITION_LABEL as CONDITION  # noqa: E402
 REPLICAS = 3
 POLL_S = 0.05
 

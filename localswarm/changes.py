@@ -18,6 +18,7 @@ from localswarm.stacks import prepare_stack
 from localswarm.state import (SHARED_POOL, agent_args, desired, find_node, first_boot, new_node, next_index,
                               require_state, save_state)
 from swarm import rollout
+from swarm.labels import POOL_LABEL
 
 
 
@@ -126,12 +127,12 @@ def roll(*, progress: Progress = print) -> dict:
 
     def watch() -> None:  # what the swarm itself says: drained nodes per pool
         while not done.is_set():
-            out = nodes_mod.docker(first, engine, "node", "ls", "-q", "--filter", "node.label=gpu-swarm.pool",
+            out = nodes_mod.docker(first, engine, "node", "ls", "-q", "--filter", f"node.label={POOL_LABEL}",
                                    check=False).stdout.split()
             counts: dict[str, int] = {}
             for info in placement_nodes(first, engine, out):
                 if info["Spec"].get("Availability") == "drain":
-                    pool = (info["Spec"].get("Labels") or {}).get("gpu-swarm.pool", "?")
+                    pool = (info["Spec"].get("Labels") or {}).get(POOL_LABEL, "?")
                     counts[pool] = counts.get(pool, 0) + 1
             for pool, n in counts.items():
                 peak[pool] = max(peak.get(pool, 0), n)

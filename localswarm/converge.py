@@ -18,6 +18,7 @@ from localswarm.host import Engine, parallel
 from localswarm.nodes import Node, run_script
 from swarm import formation, reconcile, rollout, stacks as stack_scripts
 from swarm.gpu_check import GpuCheck
+from swarm.labels import POOL_GPU_COUNT_LABEL, POOL_LABEL
 
 OVERLAY_POOL = "10.200.0.0/16"  # the program's default; off the rehearsal's 192.168.213.0/24
 
@@ -37,9 +38,9 @@ class Desired:
 
 
 def pool_labels(node: Node, gpus: int) -> dict[str, str]:
-    labels = {"gpu-swarm.pool": node.pool}
+    labels = {POOL_LABEL: node.pool}
     if node.role == "worker":
-        labels["gpu-swarm.gpu-count"] = str(gpus)
+        labels[POOL_GPU_COUNT_LABEL] = str(gpus)
     return labels
 
 

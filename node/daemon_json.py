@@ -17,8 +17,6 @@ import tempfile
 
 from gpu_detect import BadInput, json_type
 
-DEFAULT_DAEMON_JSON = "/etc/docker/daemon.json"
-
 
 @contextlib.contextmanager
 def locked(path: str, lock_dir: str = "/run/lock"):

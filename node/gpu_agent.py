@@ -23,19 +23,18 @@ import shutil
 import subprocess
 import sys
 
-from daemon_json import DEFAULT_DAEMON_JSON, locked, read_daemon_json, set_labels, write_atomic
+from contract import (DOCKER_DAEMON_JSON, GPU_LABEL_PREFIX, GPU_REPLICAS_LABEL, GPU_SHARING_LABEL, GUARD_PATH, KIND_ENV,
+                      RUNTIME_ENV_PATH, SHARED_KIND_ENV, SLOTS_PER_GPU_ENV, TOOLKIT_CONFIG)
+from daemon_json import locked, read_daemon_json, set_labels, write_atomic
 from gpu_detect import BadInput, DetectionFailed, detect_gpus, gpu_labels, load_inventory
 from gpu_resources import (DEFAULT_KIND, MAX_SLOTS_PER_GPU, default_shared_kind, resource_entries, resource_env_name,
                            slot_entries, validate_kind)
 
-DEFAULT_TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 DEFAULT_RUNTIME_PATH = "nvidia-container-runtime"
 # The runtime guard (gpu-swarm-runtime + gpu_guard.py, beside this file on a node): the
 # default runtime, in front of nvidia-container-runtime. Swarm services cannot pick a
 # runtime, so the default is what every task gets.
 GUARD_RUNTIME = "gpu-swarm"
-DEFAULT_GUARD = "/opt/gpu-swarm/software/gpu-swarm-runtime"
-DEFAULT_RUNTIME_CONFIG = "/etc/gpu-swarm/runtime.env"
 COMPUTE_MODE_DEFAULT = 0  # NVML_COMPUTEMODE_DEFAULT: several processes may share the GPU
 # nvidia-container-toolkit 1.18.0-1.18.2 default to jit-cdi mode, which ignores
 # swarm-resource so every task sees every GPU (toolkit#1599, fixed in 1.19.0).
@@ -60,7 +59,7 @@ def merge_daemon_config(config: dict, resources: list[str], labels: dict, guard:
     else:
         new.pop("node-generic-resources", None)
     if "labels" in new or labels:
-        new["labels"] = set_labels(new.get("labels", []), "gpu.", labels)
+        new["labels"] = set_labels(new.get("labels", []), GPU_LABEL_PREFIX, labels)
     if resources and guard:
         runtimes = new.setdefault("runtimes", {})
         # nvidia stays registered for `docker run --runtime=nvidia`; tasks get the guard.
@@ -112,9 +111,9 @@ def advertised(kind: str, shared_kind: str, slots: int, gpus: list[dict], warnin
         else:
             warnings.append(f"GPU {gpu['uuid']} is in compute mode {mode}, not Default, so tasks cannot share it; "
                             "it advertises nothing. Run nvidia-smi -i <index> -c DEFAULT, or turn sharing off")
-    labels = {"gpu.sharing": "time-slicing", "gpu.replicas": str(slots)}
+    labels = {GPU_SHARING_LABEL: "time-slicing", GPU_REPLICAS_LABEL: str(slots)}
     if len(shareable) < len(gpus):
-        labels["gpu.sharing"] = "refused-compute-mode"
+        labels[GPU_SHARING_LABEL] = "refused-compute-mode"
     return slot_entries(shared_kind, shareable, slots), labels
 
 
@@ -280,23 +279,23 @@ def parse_args(argv) -> argparse.Namespace:
                     "nvidia-container-toolkit config. Exit 0 ok, 1 I/O error, 2 bad input "
                     "(nothing written), 3 NVML/nvidia-smi failing.",
         epilog="The report's \"changed\" is true when a file was written (with --dry-run: would be).")
-    parser.add_argument("--daemon-json", default=DEFAULT_DAEMON_JSON, metavar="PATH",
-                        help=f"Docker daemon config to merge into (default {DEFAULT_DAEMON_JSON})")
-    parser.add_argument("--toolkit-config", default=DEFAULT_TOOLKIT_CONFIG, metavar="PATH",
-                        help=f"nvidia-container-toolkit config (default {DEFAULT_TOOLKIT_CONFIG})")
+    parser.add_argument("--daemon-json", default=DOCKER_DAEMON_JSON, metavar="PATH",
+                        help=f"Docker daemon config to merge into (default {DOCKER_DAEMON_JSON})")
+    parser.add_argument("--toolkit-config", default=TOOLKIT_CONFIG, metavar="PATH",
+                        help=f"nvidia-container-toolkit config (default {TOOLKIT_CONFIG})")
     # Defaults also come from the node's settings (node.env), which the unit loads.
     env = os.environ.get
-    parser.add_argument("--kind", default=env("GPU_SWARM_KIND") or DEFAULT_KIND, metavar="NAME",
+    parser.add_argument("--kind", default=env(KIND_ENV) or DEFAULT_KIND, metavar="NAME",
                         help=f"generic-resource kind services reserve (default {DEFAULT_KIND})")
-    parser.add_argument("--slots-per-gpu", type=int, default=int(env("GPU_SWARM_SLOTS_PER_GPU") or 0), metavar="K",
+    parser.add_argument("--slots-per-gpu", type=int, default=int(env(SLOTS_PER_GPU_ENV) or 0), metavar="K",
                         help="share each GPU between K tasks: advertise K slots per GPU under --shared-kind "
                              "(default 0: whole GPUs)")
-    parser.add_argument("--shared-kind", default=env("GPU_SWARM_SHARED_KIND") or "", metavar="NAME",
+    parser.add_argument("--shared-kind", default=env(SHARED_KIND_ENV) or "", metavar="NAME",
                         help="kind of the slots of shared GPUs (default <kind>-SHARED)")
-    parser.add_argument("--guard", default=DEFAULT_GUARD, metavar="PATH",
-                        help=f"the runtime guard made the default runtime (default {DEFAULT_GUARD})")
-    parser.add_argument("--runtime-config", default=DEFAULT_RUNTIME_CONFIG, metavar="PATH",
-                        help=f"where the guard's settings go (default {DEFAULT_RUNTIME_CONFIG})")
+    parser.add_argument("--guard", default=GUARD_PATH, metavar="PATH",
+                        help=f"the runtime guard made the default runtime (default {GUARD_PATH})")
+    parser.add_argument("--runtime-config", default=RUNTIME_ENV_PATH, metavar="PATH",
+                        help=f"where the guard's settings go (default {RUNTIME_ENV_PATH})")
     parser.add_argument("--runtime-delegate", default=shutil.which("nvidia-container-runtime") or
                         f"/usr/bin/{DEFAULT_RUNTIME_PATH}", metavar="PATH",
                         help="the runtime the guard hands containers to (default nvidia-container-runtime)")

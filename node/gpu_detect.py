@@ -11,6 +11,8 @@ import json
 import shutil
 import subprocess
 
+from contract import (GPU_COMPUTE_LABEL, GPU_COUNT_LABEL, GPU_CUDA_LABEL, GPU_DRIVER_LABEL, GPU_LABEL_PREFIX,
+                      GPU_MEMORY_LABEL, GPU_PRODUCT_LABEL)
 from gpu_resources import validate_uuid
 
 
@@ -75,7 +77,7 @@ def load_inventory(path: str) -> tuple[list[dict], dict]:
             gpus[-1]["compute_mode"] = entry["compute_mode"]
         for key in ("driver", "cuda", "compute"):
             if isinstance(entry.get(key), str) and entry[key]:
-                extra.setdefault(f"gpu.{key}", entry[key])
+                extra.setdefault(f"{GPU_LABEL_PREFIX}{key}", entry[key])
     _check_unique(gpus, path, BadInput)
     return gpus, extra
 
@@ -108,15 +110,15 @@ def detect_with_nvml(warnings: list[str]) -> tuple[list[dict], dict]:
             if len(gpus) == before:
                 warnings.append(f"GPU {index} is in MIG mode but has no MIG devices; it advertises nothing "
                                 "until MIG instances are created (or MIG mode is turned off)")
-        extra = {"gpu.driver": _optional(pynvml, pynvml.nvmlSystemGetDriverVersion)}
+        extra = {GPU_DRIVER_LABEL: _optional(pynvml, pynvml.nvmlSystemGetDriverVersion)}
         cuda = (_optional(pynvml, getattr(pynvml, "nvmlSystemGetCudaDriverVersion_v2", None))
                 or _optional(pynvml, pynvml.nvmlSystemGetCudaDriverVersion))
         if cuda:  # NVML encodes 13.0 as 13000
-            extra["gpu.cuda"] = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}"
+            extra[GPU_CUDA_LABEL] = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}"
         if gpus:
             capability = _optional(pynvml, pynvml.nvmlDeviceGetCudaComputeCapability, handles[gpus[0]["index"]])
             if capability:
-                extra["gpu.compute"] = f"{capability[0]}.{capability[1]}"
+                extra[GPU_COMPUTE_LABEL] = f"{capability[0]}.{capability[1]}"
         for gpu in gpus:
             validate_uuid(gpu["uuid"])
         _check_unique(gpus, "NVML", DetectionFailed)
@@ -214,10 +216,10 @@ def gpu_labels(gpus: list[dict], extra: dict, warnings: list[str]) -> dict:
     if not gpus:
         return {}
     if len({(g["name"], g["memory_mib"]) for g in gpus}) > 1:
-        warnings.append("this node's GPUs differ; gpu.product and gpu.memory describe the first one")
-    labels = {"gpu.count": str(len(gpus)), "gpu.product": gpus[0]["name"].strip().replace(" ", "-"),
-              "gpu.memory": str(gpus[0]["memory_mib"])}
-    for key in ("gpu.driver", "gpu.cuda", "gpu.compute"):
+        warnings.append(f"this node's GPUs differ; {GPU_PRODUCT_LABEL} and {GPU_MEMORY_LABEL} describe the first one")
+    labels = {GPU_COUNT_LABEL: str(len(gpus)), GPU_PRODUCT_LABEL: gpus[0]["name"].strip().replace(" ", "-"),
+              GPU_MEMORY_LABEL: str(gpus[0]["memory_mib"])}
+    for key in (GPU_DRIVER_LABEL, GPU_CUDA_LABEL, GPU_COMPUTE_LABEL):
         if extra.get(key):
             labels[key] = extra[key]
     return labels

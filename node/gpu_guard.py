@@ -214,7 +214,7 @@ def main(argv: list[str]) -> int:
         return 1
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         report_error(args, f"gpu-swarm guard: cannot check this container ({type(e).__name__}: {e}); it was not "
-                           "started. See /etc/gpu-swarm/runtime.env and the GPU agent's log")
+                           f"started. See {config} and the GPU agent's log")
         return 1
     if settings.get("LOG"):
         with open(settings["LOG"], "a", encoding="utf-8") as log:

@@ -25,15 +25,15 @@ import time
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)  # the agent's modules ship beside this file (tests load it by path)
-from daemon_json import DEFAULT_DAEMON_JSON, locked, read_daemon_json, write_atomic  # noqa: E402
+from contract import (CONDITION_GPU_LABEL, CONDITION_LABEL, CONDITION_REASON_LABEL, CONDITION_SINCE_LABEL,  # noqa: E402
+                      DOCKER_DAEMON_JSON, DOCKERD_PIDFILE, HEALTH_CRITICAL_XIDS_ENV, HEALTH_IGNORE_XIDS_ENV,
+                      HEALTH_INTERVAL_ENV, HEALTH_RECOVERY_ENV, HEALTH_STATE_PATH, KIND_ENV, SHARED_KIND_ENV, SPOT_ENV)
+from daemon_json import locked, read_daemon_json, write_atomic  # noqa: E402
 from gpu_detect import BadInput, DetectionFailed  # noqa: E402
 from gpu_resources import DEFAULT_KIND, default_shared_kind, validate_kind  # noqa: E402
-from health_rules import (LABEL, OK, Tracker, condition_labels, ignored_xids, merge_labels, node_condition,  # noqa: E402
+from health_rules import (OK, Tracker, condition_labels, ignored_xids, merge_labels, node_condition,  # noqa: E402
                           watched_uuids)
 from health_sources import DEFAULT_IMDS, Nvml, Simulation, Spot  # noqa: E402
-
-DEFAULT_PIDFILE = "/var/run/docker.pid"
-DEFAULT_STATE = "/var/lib/gpu-swarm/health-state.json"
 
 
 # --- output and the loop ------------------------------------------------------------------
@@ -72,19 +72,19 @@ def publish(args, tracker: Tracker, uuids: list[str], spot: tuple[str, str], now
         states = tracker.states(uuids, now)
         condition, reason, gpu = node_condition(states, spot)
         old = dict(label.split("=", 1) for label in config.get("labels", [])
-                   if label.startswith(LABEL) and "=" in label)
-        since = old.get(f"{LABEL}.since", "")
+                   if label.startswith(CONDITION_LABEL) and "=" in label)
+        since = old.get(CONDITION_SINCE_LABEL, "")
         labels = condition_labels(condition, reason, gpu,
-                                  since if old.get(LABEL) == condition and since.isdigit() else now)
-        report = {"condition": condition, "reason": labels[f"{LABEL}.reason"], "gpu": labels[f"{LABEL}.gpu"],
-                  "since": int(labels[f"{LABEL}.since"]), "changed": labels != old, "labels": labels,
+                                  since if old.get(CONDITION_LABEL) == condition and since.isdigit() else now)
+        report = {"condition": condition, "reason": labels[CONDITION_REASON_LABEL], "gpu": labels[CONDITION_GPU_LABEL],
+                  "since": int(labels[CONDITION_SINCE_LABEL]), "changed": labels != old, "labels": labels,
                   "gpus": {uuid: {"condition": c, "reason": r} for uuid, (c, r) in states.items()},
                   "spot": {"condition": spot[0], "reason": spot[1]} if args.spot else None, "dockerd": "not told"}
         if report["changed"]:  # compared as labels, so a restart in the same condition writes nothing
             write_atomic(args.daemon_json, (json.dumps(merge_labels(config, labels), indent=2) + "\n").encode())
     if report["changed"]:
         report["dockerd"] = send_sighup(args.dockerd_pidfile)
-        log(f"condition {condition} (was {old.get(LABEL, 'unset')}): {report['reason']} gpu={report['gpu']}; "
+        log(f"condition {condition} (was {old.get(CONDITION_LABEL, 'unset')}): {report['reason']} gpu={report['gpu']}; "
             f"{report['dockerd']}")
     if tracker.state() != tracker.saved:
         write_atomic(args.state_file, (tracker.state() + "\n").encode())
@@ -153,31 +153,31 @@ def _xids(text: str) -> frozenset[int]:
 
 
 def parse_args(argv, env=os.environ) -> argparse.Namespace:
-    spot_env = env.get("GPU_SWARM_SPOT", "").strip().lower()
+    spot_env = env.get(SPOT_ENV, "").strip().lower()
     parser = argparse.ArgumentParser(
         description="Watch this node's GPUs; publish one condition (healthy, degraded, unhealthy, reclaim) as "
-                    "gpu-swarm.condition* engine labels. Exit 0 ok, 1 I/O error, 2 bad input, 3 NVML failing. "
+                    f"{CONDITION_LABEL}* engine labels. Exit 0 ok, 1 I/O error, 2 bad input, 3 NVML failing. "
                     "A $NAME in the help is the environment variable that sets the default.")
     add = parser.add_argument
-    add("--daemon-json", default=DEFAULT_DAEMON_JSON, metavar="PATH",
-        help=f"read the GPUs from and write the labels to (default {DEFAULT_DAEMON_JSON})")
-    add("--kind", default=env.get("GPU_SWARM_KIND") or DEFAULT_KIND, help=f"GPU kind ($GPU_SWARM_KIND, {DEFAULT_KIND})")
-    add("--shared-kind", default=env.get("GPU_SWARM_SHARED_KIND") or None,
-        help="also watch the GPUs whose slots (GPU-x-sN) this kind advertises ($GPU_SWARM_SHARED_KIND, <kind>-SHARED)")
-    add("--interval", type=_seconds, default=env.get("HEALTH_INTERVAL_SECONDS") or "10",
-        help="seconds between checks ($HEALTH_INTERVAL_SECONDS, 10)")
-    add("--recovery-seconds", type=_seconds, default=env.get("HEALTH_RECOVERY_SECONDS") or "300",
-        help="an event's state clears once checks have passed this long ($HEALTH_RECOVERY_SECONDS, 300)")
-    add("--ignore-xids", type=_xids, default=env.get("HEALTH_IGNORE_XIDS", ""),
-        help="XIDs to ignore besides 13,31,43,45,68,109 ($HEALTH_IGNORE_XIDS)")
-    add("--critical-xids", type=_xids, default=env.get("HEALTH_CRITICAL_XIDS", ""),
-        help="XIDs never to ignore ($HEALTH_CRITICAL_XIDS)")
+    add("--daemon-json", default=DOCKER_DAEMON_JSON, metavar="PATH",
+        help=f"read the GPUs from and write the labels to (default {DOCKER_DAEMON_JSON})")
+    add("--kind", default=env.get(KIND_ENV) or DEFAULT_KIND, help=f"GPU kind (${KIND_ENV}, {DEFAULT_KIND})")
+    add("--shared-kind", default=env.get(SHARED_KIND_ENV) or None,
+        help=f"also watch the GPUs whose slots (GPU-x-sN) this kind advertises (${SHARED_KIND_ENV}, <kind>-SHARED)")
+    add("--interval", type=_seconds, default=env.get(HEALTH_INTERVAL_ENV) or "10",
+        help=f"seconds between checks (${HEALTH_INTERVAL_ENV}, 10)")
+    add("--recovery-seconds", type=_seconds, default=env.get(HEALTH_RECOVERY_ENV) or "300",
+        help=f"an event's state clears once checks have passed this long (${HEALTH_RECOVERY_ENV}, 300)")
+    add("--ignore-xids", type=_xids, default=env.get(HEALTH_IGNORE_XIDS_ENV, ""),
+        help=f"XIDs to ignore besides 13,31,43,45,68,109 (${HEALTH_IGNORE_XIDS_ENV})")
+    add("--critical-xids", type=_xids, default=env.get(HEALTH_CRITICAL_XIDS_ENV, ""),
+        help=f"XIDs never to ignore (${HEALTH_CRITICAL_XIDS_ENV})")
     add("--spot", action=argparse.BooleanOptionalAction, default=spot_env in ("1", "true", "yes"),
-        help="watch IMDS for spot interruption and rebalance notices ($GPU_SWARM_SPOT=true)")
+        help=f"watch IMDS for spot interruption and rebalance notices (${SPOT_ENV}=true)")
     add("--imds", default=DEFAULT_IMDS, metavar="URL", help=f"instance metadata service (default {DEFAULT_IMDS})")
-    add("--dockerd-pidfile", default=DEFAULT_PIDFILE, metavar="PATH", help=f"(default {DEFAULT_PIDFILE})")
-    add("--state-file", default=DEFAULT_STATE, metavar="PATH",
-        help=f"where events are remembered across restarts (default {DEFAULT_STATE})")
+    add("--dockerd-pidfile", default=DOCKERD_PIDFILE, metavar="PATH", help=f"(default {DOCKERD_PIDFILE})")
+    add("--state-file", default=HEALTH_STATE_PATH, metavar="PATH",
+        help=f"where events are remembered across restarts (default {HEALTH_STATE_PATH})")
     add("--inventory", metavar="FILE", help="simulated GPUs (the agent's inventory format); NVML is not touched")
     add("--faults", metavar="FILE", help='with --inventory, re-read each interval: {"<uuid>": {"xid": 79} | {"ecc": '
                                          '"double"|"single"} | {"missing": true} | {"pending_retirement": true}}')
@@ -185,7 +185,7 @@ def parse_args(argv, env=os.environ) -> argparse.Namespace:
     add("--json", action="store_true", help="print each report as one JSON line (and log to stderr)")
     args = parser.parse_args(argv)
     if spot_env not in ("", "1", "true", "yes", "0", "false", "no"):
-        parser.error(f"GPU_SWARM_SPOT={spot_env!r}: expected true or false")
+        parser.error(f"{SPOT_ENV}={spot_env!r}: expected true or false")
     if args.faults and not args.inventory:
         parser.error("--faults needs --inventory (simulated GPUs)")
     if args.interval <= 0:

@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import re
 
+from contract import CONDITION_GPU_LABEL, CONDITION_LABEL, CONDITION_REASON_LABEL, CONDITION_SINCE_LABEL
 from daemon_json import set_labels
 from gpu_resources import SLOT_RE
 
 RANK = {"healthy": 0, "degraded": 1, "unhealthy": 2, "reclaim": 3}  # conditions, best to worst
 OK = ("healthy", "ok")
-LABEL = "gpu-swarm.condition"  # every engine label whose key starts with this is ours
 # XIDs that an application causes (illegal address, MMU fault, ...): the Kubernetes device
 # plugin ignores the same ones by default; draining a node for a user's bug helps nobody.
 DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
@@ -68,13 +68,14 @@ def watched_uuids(config: dict, kind: str, shared_kind: str | None = None) -> li
 def condition_labels(condition: str, reason: str, gpu: str, since: float) -> dict[str, str]:
     """Our labels; the reason keeps only [A-Za-z0-9._:/-] (others become _), at most 120 chars."""
     reason = _REASON_BAD.sub("_", reason.strip())[:120] or "-"
-    return {LABEL: condition, f"{LABEL}.reason": reason, f"{LABEL}.gpu": gpu or "-", f"{LABEL}.since": str(int(since))}
+    return {CONDITION_LABEL: condition, CONDITION_REASON_LABEL: reason, CONDITION_GPU_LABEL: gpu or "-",
+            CONDITION_SINCE_LABEL: str(int(since))}
 
 
 def merge_labels(config: dict, labels: dict[str, str]) -> dict:
-    """config with our labels set; every other key and label kept, in order."""
+    """config with our labels (all that start with CONDITION_LABEL) set; every other key and label kept, in order."""
     new = json.loads(json.dumps(config))  # a deep copy that keeps key order
-    new["labels"] = set_labels(new.get("labels", []), LABEL, labels)
+    new["labels"] = set_labels(new.get("labels", []), CONDITION_LABEL, labels)
     return new
 
 

@@ -18,7 +18,7 @@ gpu-swarm.condition (written by node/gpu_health.py on the node) and:
   GPUs, and draining them all would stop every task. It says so, every round, in its log.
   Spot reclaims are not limited: those nodes go away whatever happens.
 Swarm cannot withdraw one GPU from a running node, so the node is the unit.
-Stdlib only: it runs under the system python3 and talks to the docker CLI.
+Stdlib and its sibling contract.py only: it runs under the system python3 and talks to the docker CLI.
 
 Exit codes: 0 done; 1 (--once only) the engine could not be asked, or an update failed;
 2 bad input.
@@ -34,12 +34,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-CONDITION = "gpu-swarm.condition"  # engine labels, from the node's watcher
-DRAINED_BY = "gpu-swarm.drained-by"  # node labels, shared with rollout and gpu-check
-HEALTH = "gpu-swarm.health"
-LAST = "gpu-swarm.health.last"
-MAINTENANCE = "gpu-swarm.maintenance"  # a software change is under way (swarm/rollout.py)
-OURS = "health"
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)  # the contract ships beside this file (tests load it by path)
+from contract import (CONDITION_LABEL, CONDITION_REASON_LABEL, DRAINED_BY_HEALTH, DRAINED_BY_LABEL,  # noqa: E402
+                      HEALTH_LABEL, HEALTH_LAST_LABEL, HEALTH_MAX_DRAINED_PERCENT_ENV, MAINTENANCE_LABEL)
+
 DRAIN_ON = ("unhealthy", "reclaim")
 # None: no condition reported. An unknown value is not evidence either way: nothing happens.
 REACTIVATE_ON = ("healthy", "degraded", None)
@@ -72,27 +72,28 @@ def plan(nodes: list[dict], leader: bool, now: int, max_drained_percent: int) ->
         return [], []
     back = [_reactivation(n, now) for n in nodes]
     actions = [a for a in back if a]
-    watched = sum(1 for n in nodes if _engine(n).get(CONDITION) is not None)
+    watched = sum(1 for n in nodes if _engine(n).get(CONDITION_LABEL) is not None)
     still_out = sum(1 for n, a in zip(nodes, back) if not a and _spec(n).get("Availability") == "drain"
-                    and (_spec(n).get("Labels") or {}).get(DRAINED_BY) == OURS
-                    and not (_spec(n).get("Labels") or {}).get(HEALTH, "").startswith("reclaim:"))
+                    and (_spec(n).get("Labels") or {}).get(DRAINED_BY_LABEL) == DRAINED_BY_HEALTH
+                    and not (_spec(n).get("Labels") or {}).get(HEALTH_LABEL, "").startswith("reclaim:"))
     budget = max(1, watched * max_drained_percent // 100) - still_out
     held = []
     for node in nodes:
         engine = _engine(node)
-        condition = engine.get(CONDITION)
+        condition = engine.get(CONDITION_LABEL)
         if condition not in DRAIN_ON or _spec(node).get("Availability") != "active":
             continue
         name, node_id = _name(node), node["ID"]
-        why = f"{condition}:{sanitize(engine.get(CONDITION + '.reason', '-'))}"
+        why = f"{condition}:{sanitize(engine.get(CONDITION_REASON_LABEL, '-'))}"
         if condition != "reclaim":
             if budget <= 0:
                 held.append(f"node {name} ({node_id[:12]}) reports {why} but stays active: {max_drained_percent}% "
-                            "of the watched nodes are drained for faults already (HEALTH_MAX_DRAINED_PERCENT)")
+                            f"of the watched nodes are drained for faults already ({HEALTH_MAX_DRAINED_PERCENT_ENV})")
                 continue
             budget -= 1
-        args = ("--availability", "drain", "--label-add", f"{DRAINED_BY}={OURS}", "--label-add", f"{HEALTH}={why}",
-                "--label-add", f"{LAST}=drained:{now}:{why}", node_id)
+        args = ("--availability", "drain", "--label-add", f"{DRAINED_BY_LABEL}={DRAINED_BY_HEALTH}",
+                "--label-add", f"{HEALTH_LABEL}={why}", "--label-add", f"{HEALTH_LAST_LABEL}=drained:{now}:{why}",
+                node_id)
         actions.append(Action(node_id, name, "drain", why, args))
     order = {n["ID"]: i for i, n in enumerate(nodes)}
     return sorted(actions, key=lambda a: order[a.node_id]), held
@@ -100,17 +101,17 @@ def plan(nodes: list[dict], leader: bool, now: int, max_drained_percent: int) ->
 
 def _reactivation(node: dict, now: int) -> Action | None:
     labels, engine = _spec(node).get("Labels") or {}, _engine(node)
-    condition = engine.get(CONDITION)
+    condition = engine.get(CONDITION_LABEL)
     # Only from drain: a node someone paused (or set active) since is theirs now. Not while
     # its software is being changed: the rollout gives it back when it is done.
-    if labels.get(DRAINED_BY) != OURS or _spec(node).get("Availability") != "drain" \
-            or condition not in REACTIVATE_ON or MAINTENANCE in labels:
+    if labels.get(DRAINED_BY_LABEL) != DRAINED_BY_HEALTH or _spec(node).get("Availability") != "drain" \
+            or condition not in REACTIVATE_ON or MAINTENANCE_LABEL in labels:
         return None
-    why = f"{condition}:{sanitize(engine.get(CONDITION + '.reason', '-'))}" if condition else "no_condition"
+    why = f"{condition}:{sanitize(engine.get(CONDITION_REASON_LABEL, '-'))}" if condition else "no_condition"
     # --label-rm of a label that is not there fails the whole update.
-    drop = ("--label-rm", HEALTH) if HEALTH in labels else ()
-    args = ("--availability", "active", "--label-rm", DRAINED_BY, *drop,
-            "--label-add", f"{LAST}=reactivated:{now}:{why}", node["ID"])
+    drop = ("--label-rm", HEALTH_LABEL) if HEALTH_LABEL in labels else ()
+    args = ("--availability", "active", "--label-rm", DRAINED_BY_LABEL, *drop,
+            "--label-add", f"{HEALTH_LAST_LABEL}=reactivated:{now}:{why}", node["ID"])
     return Action(node["ID"], _name(node), "reactivate", why, args)
 
 
@@ -206,13 +207,14 @@ def _percent(text: str) -> int:
 
 def parse_args(argv, env=os.environ) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description="On the swarm leader, drain nodes whose gpu-swarm.condition engine label is unhealthy or "
+        description=f"On the swarm leader, drain nodes whose {CONDITION_LABEL} engine label is unhealthy or "
                     "reclaim, and make the ones it drained active again once healthy. Exit 0 ok, 1 (--once) "
                     "engine errors, 2 bad input.")
     parser.add_argument("--interval", type=_interval, default=2.0, help="seconds between rounds (default 2)")
     parser.add_argument("--max-drained-percent", type=_percent,
-                        default=env.get("HEALTH_MAX_DRAINED_PERCENT") or "50",
-                        help="most of the watched nodes drained for faults at once ($HEALTH_MAX_DRAINED_PERCENT, 50)")
+                        default=env.get(HEALTH_MAX_DRAINED_PERCENT_ENV) or "50",
+                        help="most of the watched nodes drained for faults at once "
+                             f"(${HEALTH_MAX_DRAINED_PERCENT_ENV}, 50)")
     parser.add_argument("--docker", default="docker", metavar="PATH", help="the docker CLI (default docker)")
     parser.add_argument("--once", action="store_true", help="one round, print its report, exit")
     parser.add_argument("--json", action="store_true", help="print reports as JSON lines (log lines go to stderr)")

@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import pulumi
 
+from swarm.node_contract import (HEALTH_CRITICAL_XIDS_ENV, HEALTH_IGNORE_XIDS_ENV, HEALTH_INTERVAL_ENV,
+                                 HEALTH_MAX_DRAINED_PERCENT_ENV, HEALTH_RECOVERY_ENV)
 from swarm.stack_files import StackInfo
 
 PROJECT = "gpu-swarm"
@@ -77,13 +79,13 @@ class Health:
     inventory_each_up: bool = True  # read each node's condition at every `pulumi up`
 
     def node_env(self) -> dict[str, str]:
-        """/etc/gpu-swarm/health.env, which the watcher and the reconciler read."""
+        """health.env (HEALTH_ENV_PATH on the node), which the watcher and the reconciler read."""
         return {
-            "HEALTH_IGNORE_XIDS": ",".join(map(str, self.ignore_xids)),
-            "HEALTH_CRITICAL_XIDS": ",".join(map(str, self.critical_xids)),
-            "HEALTH_INTERVAL_SECONDS": str(self.check_interval_s),
-            "HEALTH_RECOVERY_SECONDS": str(self.recovery_s),
-            "HEALTH_MAX_DRAINED_PERCENT": str(self.max_drained_percent),
+            HEALTH_IGNORE_XIDS_ENV: ",".join(map(str, self.ignore_xids)),
+            HEALTH_CRITICAL_XIDS_ENV: ",".join(map(str, self.critical_xids)),
+            HEALTH_INTERVAL_ENV: str(self.check_interval_s),
+            HEALTH_RECOVERY_ENV: str(self.recovery_s),
+            HEALTH_MAX_DRAINED_PERCENT_ENV: str(self.max_drained_percent),
         }
 
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from swarm.gpu_kind import validate_kind
-from swarm.labels import DRAINED_BY_LABEL, VERIFIED_LABEL
+from swarm.labels import CHECK_SERVICE_LABEL, DRAINED_BY_GPU_CHECK, DRAINED_BY_LABEL, VERIFIED_LABEL
+from swarm.node_contract import CHECK_IMAGE
 from swarm.script import node_id, quote
 
-# Built on every GPU node by node/build-check-image.sh (busybox and the C library that the
-# nvidia-smi the runtime mounts in needs). The .invalid domain never resolves, so a node
-# can never pull someone else's image under this name: it always runs its own.
-CHECK_IMAGE = "gpu-swarm.invalid/check:1"
+# CHECK_IMAGE is built on every GPU node by node/build-check-image.sh (busybox and the C
+# library that the nvidia-smi the runtime mounts in needs). The .invalid domain never
+# resolves, so a node can never pull someone else's image under this name: it always runs its own.
 
 # What each job prints: its GPUs as nvidia-smi sees them, and its GPU device nodes.
 PROBE = ("if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi -L 2>&1 || true; fi; "
@@ -45,7 +45,7 @@ def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuChe
     reserve = 1 if check.shared_kind else count
     jobs = f"gpu-swarm-check-{node[:12]}"
     common = (f"--detach --mode replicated-job --restart-condition none --no-resolve-image "
-              f"--constraint node.id=={node} --label gpu-swarm.check={node}")
+              f"--constraint node.id=={node} --label {CHECK_SERVICE_LABEL}={node}")
     probe = quote(PROBE)
     expect = "the slot's GPU" if check.shared_kind else f"all {count} GPUs the node advertises"
     return [
@@ -95,7 +95,8 @@ def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuChe
         f'    echo "gpu-swarm: node {node}: its GPUs are busy, so only the unreserved half of the GPU check ran; '
         'it passed. The next pulumi up checks again" >&2',
         "  else",
-        f"    docker node update --availability drain --label-add {DRAINED_BY_LABEL}=gpu-check {node} >/dev/null",
+        f"    docker node update --availability drain --label-add {DRAINED_BY_LABEL}={DRAINED_BY_GPU_CHECK} {node} "
+        ">/dev/null",
         f'    echo "gpu-swarm: node {node} failed its GPU check, so it was drained: a task reserving {expect} '
         'must see exactly those, and a task reserving none must see none. Evidence:" >&2',
         '    printf \'%s\\n\' "$check" >&2',

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 
-from swarm.labels import CONDITION_LABEL, DRAINED_BY_LABEL, HEALTH_LABEL, HEALTH_LAST_LABEL
+from swarm.labels import (CONDITION_GPU_LABEL, CONDITION_LABEL, CONDITION_REASON_LABEL, CONDITION_SINCE_LABEL,
+                          DRAINED_BY_LABEL, HEALTH_LABEL, HEALTH_LAST_LABEL)
 from swarm.rollout import manager_ready
 from swarm.script import node_id, quote, script
 
@@ -21,9 +22,9 @@ _FIELDS = {
     "state": ".Status.State",
     "availability": ".Spec.Availability",
     "condition": _ENGINE.format(CONDITION_LABEL),
-    "reason": _ENGINE.format(CONDITION_LABEL + ".reason"),
-    "gpu": _ENGINE.format(CONDITION_LABEL + ".gpu"),
-    "since": _ENGINE.format(CONDITION_LABEL + ".since"),
+    "reason": _ENGINE.format(CONDITION_REASON_LABEL),
+    "gpu": _ENGINE.format(CONDITION_GPU_LABEL),
+    "since": _ENGINE.format(CONDITION_SINCE_LABEL),
     "drainedBy": _NODE.format(DRAINED_BY_LABEL),
     "health": _NODE.format(HEALTH_LABEL),
     "healthLast": _NODE.format(HEALTH_LAST_LABEL),

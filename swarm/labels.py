@@ -1,17 +1,13 @@
-"""The node labels the program owns, in one place: who reads and writes which is in its comment."""
+"""Every label name, from its one definition in node/contract.py (which says who writes and who reads each)."""
 from __future__ import annotations
 
-POOL_LABEL = "gpu-swarm.pool"  # the node's pool; cluster.py sets it with the other pool labels
-SOFTWARE_LABEL = "gpu-swarm.software"  # the release (node software + settings) the node runs; admit sets it
-MAINTENANCE_LABEL = "gpu-swarm.maintenance"  # the pool's lease during a software change: "<since>:<release>"
-DRAINED_BY_LABEL = "gpu-swarm.drained-by"  # who drained it: rollout, gpu-check, health; none: an operator
-VERIFIED_LABEL = "gpu-swarm.gpus-verified"  # the release whose GPUs the post-join check last proved
-# Health (node/gpu_health.py on each GPU node, node/swarm_reconciler.py on the managers,
-# which keep their own copies of these names: they are stdlib-only programs on the node).
-CONDITION_LABEL = "gpu-swarm.condition"  # an ENGINE label: healthy, degraded, unhealthy or reclaim;
-# with .reason, .gpu and .since beside it. The node's watcher writes them.
-HEALTH_LABEL = "gpu-swarm.health"  # "<condition>:<reason>" while the reconciler holds the node drained
-HEALTH_LAST_LABEL = "gpu-swarm.health.last"  # the reconciler's last action: "drained|reactivated:<time>:<why>"
+from swarm.node_contract import (  # noqa: F401 (re-exported)
+    CHECK_SERVICE_LABEL, CONDITION_GPU_LABEL, CONDITION_LABEL, CONDITION_REASON_LABEL, CONDITION_SINCE_LABEL,
+    DRAINED_BY_GPU_CHECK, DRAINED_BY_HEALTH, DRAINED_BY_LABEL, DRAINED_BY_ROLLOUT, GPU_COMPUTE_LABEL, GPU_COUNT_LABEL,
+    GPU_CUDA_LABEL, GPU_DRIVER_LABEL, GPU_LABEL_PREFIX, GPU_MEMORY_LABEL, GPU_PRODUCT_LABEL, GPU_REPLICAS_LABEL,
+    GPU_SHARING_LABEL, HEALTH_LABEL, HEALTH_LAST_LABEL, LABEL_PREFIX, MAINTENANCE_LABEL, POOL_GPU_COUNT_LABEL,
+    POOL_GPU_MODEL_LABEL, POOL_INSTANCE_TYPE_LABEL, POOL_LABEL, POOL_SLOTS_PER_GPU_LABEL, POOL_SPOT_LABEL,
+    SOFTWARE_LABEL, STACK_LABEL, VERIFIED_LABEL)
 
 
 def node_label_function() -> str:

@@ -8,9 +8,10 @@ touches a stack someone deployed by hand.
 """
 from __future__ import annotations
 
+from swarm.labels import STACK_LABEL
 from swarm.script import quote, script, sha256_hex, swarm_name, wait_until
 
-STACK_MARKER_PREFIX = "gpu-swarm.stack."
+STACK_MARKER_PREFIX = f"{STACK_LABEL}."  # the marker of stack s is the config STACK_LABEL.s, labelled STACK_LABEL=s
 
 
 def marker(name: str) -> str:
@@ -27,7 +28,8 @@ def deploy_stack(name: str, content_sha256: str) -> str:
         # task that waits for a free GPU would hold `pulumi up` for ever.
         f"docker stack deploy --detach=true --with-registry-auth --prune -c - {stack}",
         f"docker config inspect {quote(marker(name))} >/dev/null 2>&1 ||",
-        f"  printf '%s' {stack} | docker config create --label gpu-swarm.stack={stack} {quote(marker(name))} - >/dev/null",
+        f"  printf '%s' {stack} | docker config create --label {STACK_LABEL}={stack} {quote(marker(name))} - "
+        ">/dev/null",
     )
 
 

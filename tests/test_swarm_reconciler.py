@@ -367,26 +367,32 @@ def test_unit_passes_systemd_analyze_verify():
     assert done.returncode == 0 and UNIT.name not in done.stderr, done.stderr
 
 
-def test_module_is_stdlib_only():
+def test_module_is_stdlib_and_its_sibling_contract_only():
+    """It runs under the system python3, with node/ beside it: the contract, and nothing installed."""
     code = ("import sys, importlib.util; before = set(sys.modules); "
             f"s = importlib.util.spec_from_file_location('r', {str(RECONCILER)!r}); "
             "m = importlib.util.module_from_spec(s); sys.modules['r'] = m; s.loader.exec_module(m); "
             "print(sorted(n for n in set(sys.modules) - before if n.split('.')[0] not in sys.stdlib_module_names "
             "and n != 'r'))")
     done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "[]"
+    assert done.stdout.strip() == "['contract']"
 
 
-def test_label_names_match_the_programs_own():
+def test_it_reads_and_writes_the_labels_the_program_and_the_watcher_use():
     from swarm import labels
-    assert (reconciler.CONDITION, reconciler.DRAINED_BY, reconciler.HEALTH, reconciler.LAST, reconciler.MAINTENANCE) == (
-        labels.CONDITION_LABEL, labels.DRAINED_BY_LABEL, labels.HEALTH_LABEL, labels.HEALTH_LAST_LABEL,
-        labels.MAINTENANCE_LABEL)
-    assert rules_label() == labels.CONDITION_LABEL
-
-
-def rules_label():
     spec_ = importlib.util.spec_from_file_location("health_rules_for_labels", ROOT / "node" / "health_rules.py")
-    module = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(module)
-    return module.LABEL
+    rules = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(rules)  # node/ is on sys.path: the reconciler put it there
+    written = rules.condition_labels("unhealthy", "xid_79", GPU, NOW)
+    assert set(written) == {labels.CONDITION_LABEL, labels.CONDITION_REASON_LABEL, labels.CONDITION_GPU_LABEL,
+                            labels.CONDITION_SINCE_LABEL}
+    engine_node = node(1)
+    engine_node["Description"]["Engine"]["Labels"].update(written)
+    drain = reconciler.decide([engine_node], leader=True, now=NOW)[0]
+    assert drain.action == "drain" and drain.args[:4] == (
+        "--availability", "drain", "--label-add", f"{labels.DRAINED_BY_LABEL}={labels.DRAINED_BY_HEALTH}")
+    assert f"{labels.HEALTH_LABEL}=unhealthy:xid_79" in drain.args
+    assert any(a.startswith(f"{labels.HEALTH_LAST_LABEL}=drained:") for a in drain.args)
+    held = node(2, availability="drain", condition="healthy",
+                labels={labels.DRAINED_BY_LABEL: labels.DRAINED_BY_HEALTH, labels.MAINTENANCE_LABEL: "1:abc"})
+    assert reconciler.decide([held], leader=True, now=NOW) == []

@@ -1,0 +1,150 @@
+"""The contract between the program and the nodes: every label, environment key and node path, once.
+
+Like NVIDIA k8s-device-plugin's constants, each name is defined here and imported everywhere:
+node programs import it as a sibling (it lands on every node with them), the program loads
+it by path (swarm/node_contract.py). Each comment says who writes the thing and who reads it.
+Shell cannot import Python: node/common.sh, the units and gpu-swarm-runtime spell the same
+values, and tests/test_node_contract.py keeps them equal. The runtime guard (gpu_guard.py)
+imports nothing of ours, as it runs at every container start and must fail closed; it reads
+its settings from the path it is given. Stdlib only, and no imports at all.
+"""
+
+# ---------------------------------------------------------------- node labels (docker node update)
+# On the swarm's node objects: only managers can set them, so a node cannot vouch for itself.
+LABEL_PREFIX = "gpu-swarm."  # every label below starts with it; the program owns them all
+# The pool labels: components/cluster.py sets them when a node is admitted (swarm/rollout.py
+# admit_node); placement constraints read them (node.labels.gpu-swarm.pool == training).
+POOL_LABEL = "gpu-swarm.pool"  # the node's pool; swarm/reconcile.py finds the program's nodes by it
+POOL_INSTANCE_TYPE_LABEL = "gpu-swarm.instance-type"  # the pool's EC2 instance type
+POOL_GPU_MODEL_LABEL = "gpu-swarm.gpu-model"  # the pool's GPU model, as settings/ names it (H100)
+POOL_GPU_COUNT_LABEL = "gpu-swarm.gpu-count"  # GPUs per node of the pool
+POOL_SPOT_LABEL = "gpu-swarm.spot"  # "true" or "false"
+POOL_SLOTS_PER_GPU_LABEL = "gpu-swarm.slots-per-gpu"  # tasks per shared GPU; 0: whole GPUs
+# The node's state, between the program's scripts and the reconciler on the managers.
+SOFTWARE_LABEL = "gpu-swarm.software"  # the release the node runs: rollout admit_node writes, cordon_node reads
+MAINTENANCE_LABEL = "gpu-swarm.maintenance"  # "<since>:<release>": rollout's cordon_node writes it while the
+# node's software changes, admit_node removes it; swarm_reconciler.py gives no such node back
+DRAINED_BY_LABEL = "gpu-swarm.drained-by"  # who drained the node, one of the three below; none: an operator.
+# Each drainer makes active only nodes it drained itself; swarm/health.py reports it.
+DRAINED_BY_ROLLOUT = "rollout"  # swarm/rollout.py cordon_node; admit_node undoes it
+DRAINED_BY_GPU_CHECK = "gpu-check"  # swarm/gpu_check.py, when the node failed the check; admit_node undoes it
+DRAINED_BY_HEALTH = "health"  # node/swarm_reconciler.py, on a fault; it undoes it itself once healthy
+VERIFIED_LABEL = "gpu-swarm.gpus-verified"  # the release whose GPUs swarm/gpu_check.py last proved; it reads it
+HEALTH_LABEL = "gpu-swarm.health"  # "<condition>:<reason>": swarm_reconciler.py writes while it holds the
+# node drained; swarm/health.py and the rehearsal's status read it
+HEALTH_LAST_LABEL = "gpu-swarm.health.last"  # "drained|reactivated:<time>:<why>": the reconciler's last action
+
+# ---------------------------------------------------------------- engine labels (daemon.json "labels")
+# Set by the node about itself; dockerd reloads them on SIGHUP, and every manager sees them.
+CONDITION_LABEL = "gpu-swarm.condition"  # healthy, degraded, unhealthy or reclaim: node/gpu_health.py writes
+# it and the three below (it owns every label that starts with it); swarm_reconciler.py drains on it,
+# swarm/health.py and the rehearsal's status read them all
+CONDITION_REASON_LABEL = f"{CONDITION_LABEL}.reason"  # why, in [A-Za-z0-9._:/-]: xid_79_on_GPU-...
+CONDITION_GPU_LABEL = f"{CONDITION_LABEL}.gpu"  # the GPU that set the condition; "-" for none
+CONDITION_SINCE_LABEL = f"{CONDITION_LABEL}.since"  # unix time the condition began
+# What the node's GPUs are, named as gpu-feature-discovery names them: node/gpu_agent.py
+# (gpu_detect.py) writes them at every boot and owns every label that starts with "gpu.";
+# placement constraints read them (engine.labels.gpu.product == NVIDIA-H100-80GB-HBM3).
+GPU_LABEL_PREFIX = "gpu."  # the agent's labels
+GPU_COUNT_LABEL = "gpu.count"  # GPUs NVML sees
+GPU_PRODUCT_LABEL = "gpu.product"  # the first GPU's name, spaces as dashes
+GPU_MEMORY_LABEL = "gpu.memory"  # the first GPU's memory, MiB
+GPU_DRIVER_LABEL = "gpu.driver"  # the driver version, when NVML says
+GPU_CUDA_LABEL = "gpu.cuda"  # the CUDA version the driver supports, when NVML says
+GPU_COMPUTE_LABEL = "gpu.compute"  # the first GPU's compute capability, when NVML says
+GPU_SHARING_LABEL = "gpu.sharing"  # time-slicing, or refused-compute-mode; only on a pool that shares GPUs
+GPU_REPLICAS_LABEL = "gpu.replicas"  # slots per GPU; only on a pool that shares GPUs
+
+# ---------------------------------------------------------------- labels on other swarm objects
+# The program's own; no node program reads them, but every gpu-swarm label lives here.
+CHECK_SERVICE_LABEL = "gpu-swarm.check"  # on swarm/gpu_check.py's one-off services: the node it checks
+STACK_LABEL = "gpu-swarm.stack"  # swarm/stacks.py marks each stack it deploys with a config named
+# "<STACK_LABEL>.<stack>" and labelled with it; swarm/reconcile.py removes the stacks whose marker it no longer wants
+CHECK_IMAGE = "gpu-swarm.invalid/check:1"  # node/build-check-image.sh builds it on each GPU node (never
+# pulled: the registry does not exist); swarm/gpu_check.py runs it
+
+# ---------------------------------------------------------------- node.env: the node's settings
+# The program (node_software.node_env) writes them to NODE_ENV_PATH; every step sources it
+# (common.sh) and the units load it. A change rolls the node.
+IMAGE_ENV = "GPU_SWARM_IMAGE"  # ubuntu, deep-learning or custom: install-nvidia-driver.sh reads
+KIND_ENV = "GPU_SWARM_KIND"  # the GPU resource kind: the agent's and the watcher's units read
+KERNEL_MODULES_ENV = "NVIDIA_KERNEL_MODULES"  # open or proprietary (GPU nodes): install-nvidia-driver.sh reads
+SLOTS_PER_GPU_ENV = "GPU_SWARM_SLOTS_PER_GPU"  # tasks per shared GPU (pools that share): the agent reads
+SHARED_KIND_ENV = "GPU_SWARM_SHARED_KIND"  # the shared slots' kind (with the above): the agent and the watcher read
+SPOT_ENV = "GPU_SWARM_SPOT"  # "true" on spot nodes: the watcher then watches for reclaim notices
+AGENT_ARGS_ENV = "GPU_SWARM_AGENT_ARGS"  # extra agent flags: an operator's unit drop-in sets it; the agent's unit reads
+
+# ---------------------------------------------------------------- health.env: the health settings
+# The program (settings.Health.node_env) writes them to HEALTH_ENV_PATH and restarts the two
+# health units; a change drains nothing.
+HEALTH_IGNORE_XIDS_ENV = "HEALTH_IGNORE_XIDS"  # XIDs to ignore besides the defaults: the watcher reads
+HEALTH_CRITICAL_XIDS_ENV = "HEALTH_CRITICAL_XIDS"  # XIDs never to ignore: the watcher reads
+HEALTH_INTERVAL_ENV = "HEALTH_INTERVAL_SECONDS"  # seconds between checks: the watcher reads
+HEALTH_RECOVERY_ENV = "HEALTH_RECOVERY_SECONDS"  # passing checks that clear an event: the watcher reads
+HEALTH_MAX_DRAINED_PERCENT_ENV = "HEALTH_MAX_DRAINED_PERCENT"  # drained for faults at once: the reconciler reads
+
+# ---------------------------------------------------------------- release.env: what the installer installs
+# The program writes them to RELEASE_ENV_PATH (cloud-init at first boot, an upgrade later);
+# the installer (INSTALLER_PATH) reads them.
+BUNDLE_URL_ENV = "GPU_SWARM_BUNDLE_URL"  # where the node software bundle is
+BUNDLE_SHA256_ENV = "GPU_SWARM_BUNDLE_SHA256"  # its sha256, checked before anything of it runs
+STEPS_ENV = "GPU_SWARM_STEPS"  # the bootstrap steps, in order: node/<step>.sh
+RELEASE_ENV = "GPU_SWARM_RELEASE"  # the release id, written to APPLIED once it is applied
+
+# ---------------------------------------------------------------- node paths
+NODE_DIR = "/opt/gpu-swarm"  # everything gpu-swarm installs
+SOFTWARE_DIR = f"{NODE_DIR}/software"  # node/, as the installer installs it; the units run from it
+NODE_VERSIONS_ENV = f"{SOFTWARE_DIR}/versions.env"  # node/versions.env: common.sh sources it
+AGENT_PATH = f"{SOFTWARE_DIR}/gpu_agent.py"  # gpu-swarm-agent.service runs it
+WATCHER_PATH = f"{SOFTWARE_DIR}/gpu_health.py"  # gpu-swarm-health.service runs it
+RECONCILER_PATH = f"{SOFTWARE_DIR}/swarm_reconciler.py"  # gpu-swarm-reconciler.service runs it
+GUARD_PATH = f"{SOFTWARE_DIR}/gpu-swarm-runtime"  # the agent makes it dockerd's default runtime (daemon.json)
+AGENT_VENV = f"{NODE_DIR}/venv"  # install-gpu-agent.sh creates it (pynvml); the agent's and watcher's units run it
+CONFIG_DIR = "/etc/gpu-swarm"  # the node's settings
+NODE_ENV_PATH = f"{CONFIG_DIR}/node.env"  # the program writes (see node.env above); steps and units read
+HEALTH_ENV_PATH = f"{CONFIG_DIR}/health.env"  # the program writes (see health.env above); the health units read
+RELEASE_ENV_PATH = f"{CONFIG_DIR}/release.env"  # the program writes (see release.env above); the installer reads
+RUNTIME_ENV_PATH = f"{CONFIG_DIR}/runtime.env"  # the agent writes the guard's settings; gpu-swarm-runtime and
+# gpu_guard.py read it (daemon.json passes its path to the runtime)
+INSTALLER_PATH = "/usr/local/sbin/gpu-swarm-install"  # the program writes it; cloud-init and upgrades run it
+UNATTENDED_CONFIG = "/etc/apt/apt.conf.d/51gpu-swarm-unattended"  # the program writes; unattended-upgrades reads
+LOG_DIR = "/var/log/gpu-swarm"  # the installer and the steps log here
+BOOTSTRAP_LOG = f"{LOG_DIR}/bootstrap.log"  # the installer and every step append; the program tails it on failure
+STATE_DIR = "/var/lib/gpu-swarm"  # what the node remembers across boots
+BOOTSTRAP_TIMINGS = f"{STATE_DIR}/bootstrap-timings.json"  # bootstrap.sh writes each step's time; the program prints it
+INSTALL_TIMINGS = f"{STATE_DIR}/install-timings.json"  # the installer writes its own step's time; the program prints it
+# Exactly one of these two exists once an install has ended (bootstrap.sh writes them, the
+# program reads them). Neither: still running, or it never ran.
+BOOTSTRAP_DONE = f"{STATE_DIR}/bootstrap-done"  # the install finished
+BOOTSTRAP_FAILED = f"{STATE_DIR}/bootstrap-failed"  # it failed; holds the failed step's name
+APPLIED = f"{STATE_DIR}/applied"  # the release last applied: the installer writes, the program compares
+HEALTH_STATE_PATH = f"{STATE_DIR}/health-state.json"  # the watcher's events across its restarts; only it reads
+AGENT_REPORT_PATH = "/run/gpu-swarm/report.json"  # the agent's unit writes its JSON report, and reads it to
+# decide whether docker must restart
+# Other programs' files that ours write or read:
+DOCKER_DAEMON_JSON = "/etc/docker/daemon.json"  # the agent (resources, gpu.* labels, runtimes) and the watcher
+# (condition labels) write their keys; dockerd reads; the program counts the advertised resources
+DOCKER_SOCKET = "/var/run/docker.sock"  # dockerd listens; swarm/script.py's join posts to it when DOCKER_HOST is unset
+DOCKERD_PIDFILE = "/var/run/docker.pid"  # dockerd writes; the watcher reads, to SIGHUP it after a label change
+TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"  # the agent sets swarm-resource; the toolkit reads
+CLOUD_INIT_LOG = "/var/log/cloud-init-output.log"  # cloud-init writes the first boot's output; the program tails it
+CLOUD_INIT_STATUS = "/var/lib/cloud/data/status.json"  # cloud-init writes; the program waits for the first boot on it
+
+# ---------------------------------------------------------------- units
+AGENT_UNIT = "gpu-swarm-agent.service"  # install-gpu-agent.sh installs it; runs before docker at every boot
+HEALTH_UNIT = "gpu-swarm-health.service"  # install-health-watcher.sh installs it on GPU nodes
+RECONCILER_UNIT = "gpu-swarm-reconciler.service"  # install-reconciler.sh installs it on managers
+INSTALL_UNIT = "gpu-swarm-install"  # the transient unit the program runs the installer in
+
+# ---------------------------------------------------------------- the shell's own names for these paths
+# node/common.sh defaults each variable to the path (tests point them into a scratch folder);
+# tests/test_node_contract.py checks that the defaults are these paths.
+SCRIPT_PATH_VARS = {
+    "GPU_SWARM_LOG": BOOTSTRAP_LOG,
+    "GPU_SWARM_STATE": STATE_DIR,
+    "GPU_SWARM_VERSIONS": NODE_VERSIONS_ENV,
+    "GPU_SWARM_NODE_ENV": NODE_ENV_PATH,
+    "GPU_SWARM_VENV": AGENT_VENV,
+    "DOCKER_DAEMON_JSON": DOCKER_DAEMON_JSON,
+}
+CHECK_IMAGE_VAR = "GPU_SWARM_CHECK_IMAGE"  # build-check-image.sh: the image to build (default CHECK_IMAGE)
