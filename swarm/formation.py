@@ -9,8 +9,8 @@ from __future__ import annotations
 import ipaddress
 import json
 
-from swarm.script import (CLUSTER_OF_THIS_NODE, ENGINE_STATE, SWARM_PORT, cluster_id, ip_address, quote,
-                          script)
+from swarm.script import (CLUSTER_OF_THIS_NODE, ENGINE_STATE, JOIN_WITH_TOKEN, SWARM_JOIN, SWARM_PORT, cluster_id,
+                          ip_address, quote, script)
 
 ROLES = ("manager", "worker")
 
@@ -72,7 +72,7 @@ def init_swarm(advertise_addr: str, *, peers: list[str] = (), address_pool: str 
             "joined=''",
             "while read -r peer token; do",
             '  if [ -z "$peer" ] || [ -z "$token" ]; then continue; fi',
-            f'  if docker swarm join --token "$token" --advertise-addr {addr} "$peer:{SWARM_PORT}" </dev/null >/dev/null; then',
+            f'  if {JOIN_WITH_TOKEN} {addr} "$peer:{SWARM_PORT}" >/dev/null; then',
             '    joined=$peer; echo "joined the swarm of manager $peer" >&2; break',
             "  fi",
             "done",
@@ -91,6 +91,7 @@ def init_swarm(advertise_addr: str, *, peers: list[str] = (), address_pool: str 
             "fi",
         ]
     return script(
+        *([SWARM_JOIN] if others else []),
         "created=false",
         ENGINE_STATE,
         'if [ "$state" = active ]; then',
@@ -139,6 +140,7 @@ def join_swarm(*, role: str, managers: list[str], advertise_addr: str, expected_
         "IFS= read -r token || true",
         '[ -n "$token" ] || { echo "gpu-swarm: no join token on stdin" >&2; exit 1; }',
         CLUSTER_OF_THIS_NODE,
+        SWARM_JOIN,
         ENGINE_STATE,
         'if [ "$state" = active ]; then',
         "  current=$(cluster_of_this_node)",
@@ -154,7 +156,7 @@ def join_swarm(*, role: str, managers: list[str], advertise_addr: str, expected_
         "  joined=''",
         f"  targets={quote(targets)}",
         "  for target in $targets; do",
-        f'    if docker swarm join --token "$token" --advertise-addr {addr} "$target" >/dev/null; then joined=$target; break; fi',
+        f'    if {JOIN_WITH_TOKEN} {addr} "$target" >/dev/null; then joined=$target; break; fi',
         "  done",
         f'  [ -n "$joined" ] || {{ echo "gpu-swarm: no manager took the join ({targets})" >&2; exit 1; }}',
         "fi",

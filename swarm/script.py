@@ -11,6 +11,8 @@ import ipaddress
 import re
 import shlex
 
+from swarm.node_contract import DOCKER_SOCKET
+
 SWARM_PORT = 2377
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -85,6 +87,51 @@ CLUSTER_OF_THIS_NODE = (
     "    sed -n 's/.*O *= *\\([a-z0-9]*\\).*/\\1/p'\n"
     "}"
 )
+
+
+# `docker swarm join --token T` puts the join token in the CLI's argv, where `ps` and
+# /proc/<pid>/cmdline show it to every user of the node. swarm_join makes the CLI's own
+# request instead (POST /swarm/join to the Engine API, ListenAddr the CLI's default) with the
+# token read from stdin, and fails as the CLI does: exit 1 and "Error response from daemon:
+# <its message>", or "Cannot connect to the Docker daemon at ...". It talks to DOCKER_HOST's
+# unix socket when that is set (the rehearsal's engines), else to dockerd's own.
+_JOIN_REQUEST = f"""import http.client, json, socket, sys
+addr, remote, path = sys.argv[1:4]
+token = sys.stdin.readline().strip()
+class Engine(http.client.HTTPConnection):
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+body = json.dumps({{"ListenAddr": "0.0.0.0:{SWARM_PORT}", "AdvertiseAddr": addr, "RemoteAddrs": [remote],
+                   "JoinToken": token}})
+try:
+    engine = Engine("localhost")
+    engine.request("POST", "/swarm/join", body, {{"Content-Type": "application/json"}})
+    answer = engine.getresponse()
+    text = answer.read().decode("utf-8", "replace")
+except (OSError, http.client.HTTPException):
+    sys.exit(f"Cannot connect to the Docker daemon at unix://{{path}}. Is the docker daemon running?")
+if answer.status != 200:
+    try:
+        text = json.loads(text)["message"]
+    except (ValueError, KeyError, TypeError):
+        pass
+    sys.exit(f"Error response from daemon: {{text.strip()}}")
+"""
+SWARM_JOIN = (
+    "# docker swarm join, with the token on stdin rather than on its command line, where ps shows it.\n"
+    "swarm_join() {  # ADVERTISE_ADDR MANAGER:PORT\n"
+    f"  local sock={DOCKER_SOCKET}\n"
+    "  case ${DOCKER_HOST:-} in\n"
+    "    '') ;;\n"
+    "    unix://*) sock=${DOCKER_HOST#unix://} ;;\n"
+    '    *) echo "gpu-swarm: DOCKER_HOST=$DOCKER_HOST is not a unix socket, which the join needs" >&2; return 1 ;;\n'
+    "  esac\n"
+    f'  python3 -I -c {shlex.quote(_JOIN_REQUEST)} "$1" "$2" "$sock"\n'
+    "}"
+)
+# The line that joins: the token from $token, on a pipe.
+JOIN_WITH_TOKEN = "printf '%s\\n' \"$token\" | swarm_join"
 
 
 # For scripts that talk to a manager: while a manager's engine restarts (its software rolls)

@@ -6,14 +6,21 @@ a node stranded in a dead swarm) run here. The rehearsal runs the same scripts f
 """
 from __future__ import annotations
 
+import http.server
 import json
+import shutil
 import socket
+import socketserver
 import subprocess
+import sys
+import tempfile
+import threading
 from pathlib import Path
 
 import pytest
 
 from swarm import formation, reconcile, rollout, stacks
+from swarm.script import JOIN_WITH_TOKEN, script
 from tests.tools import require_tool
 
 NODE_ID = "abcdefghijklmnopqrstuvwxy"
@@ -32,7 +39,7 @@ def all_scripts() -> dict[str, str]:
         "join": formation.join_swarm(role="worker", managers=["10.0.0.5"], advertise_addr="10.0.1.7",
                                      expected_cluster=CLUSTER),
         "leave": formation.leave_swarm(),
-        "cordon": rollout.cordon_node("10.0.1.7", pool="h100", software=SOFTWARE),
+        "cordon": rollout.cordon_node(NODE_ID, pool="h100", software=SOFTWARE),
         "admit": rollout.admit_node(NODE_ID, {"gpu-swarm.pool": "h100"}, expected_gpus=8, kind=KIND,
                                     software=SOFTWARE),
         "reconcile": reconcile.reconcile(nodes=[NODE_ID], stacks=["smoke"]),
@@ -53,8 +60,8 @@ def all_scripts() -> dict[str, str]:
                                   expected_cluster=CLUSTER), "at least one manager"),
     (lambda: formation.join_swarm(role="worker", managers=["manager"], advertise_addr="10.0.0.2",
                                   expected_cluster=CLUSTER), "expected an IP address"),
-    (lambda: rollout.cordon_node("10.0.0.1", pool="H100 pool", software=SOFTWARE), "pool name"),
-    (lambda: rollout.cordon_node("10.0.0.1", pool="h100", software="latest"), "sha256 hex digest"),
+    (lambda: rollout.cordon_node(NODE_ID, pool="H100 pool", software=SOFTWARE), "pool name"),
+    (lambda: rollout.cordon_node(NODE_ID, pool="h100", software="latest"), "sha256 hex digest"),
     (lambda: rollout.admit_node("node-1", {}, expected_gpus=0, kind=KIND, software=SOFTWARE),
      "25-character swarm node ID"),
     (lambda: rollout.admit_node(NODE_ID, {"bad key": "x"}, expected_gpus=0, kind=KIND, software=SOFTWARE),
@@ -117,7 +124,8 @@ def test_advertised_gpus_reads_node_inspect_json():
 
 FAKE_DOCKER = r"""#!/usr/bin/env bash
 # A node's engine, reduced to the swarm state the scripts ask about. Files in $FAKE:
-# state, control, cluster, node, and `down` when the engine does not answer.
+# state, control, cluster, node, and `down` when the engine does not answer. Joins do not
+# come here: they go to the Engine API (FakeEngine), as swarm_join sends them.
 echo "docker $*" >>"$FAKE/calls"
 [ ! -e "$FAKE/down" ] || exit 1
 get() { cat "$FAKE/$1" 2>/dev/null || echo "${2:-}"; }
@@ -133,10 +141,7 @@ case "$1 $2" in
     esac ;;
   "swarm init") echo active >"$FAKE/state"; echo true >"$FAKE/control"; echo "$FAKE_NEW_CLUSTER" >"$FAKE/cluster"
                 echo newnode >"$FAKE/node" ;;
-  "swarm join")
-    [ -z "${FAKE_JOIN_FAILS:-}" ] || { echo "join refused" >&2; exit 1; }
-    echo active >"$FAKE/state"; echo "$FAKE_JOIN_CLUSTER" >"$FAKE/cluster"; echo joinednode >"$FAKE/node"
-    case " $* " in *SWMTKN-1-manager*) echo true >"$FAKE/control" ;; *) echo false >"$FAKE/control" ;; esac ;;
+  "swarm join") echo "a token on the command line: use the Engine API" >&2; exit 1 ;;
   "swarm leave") echo inactive >"$FAKE/state"; echo false >"$FAKE/control"; rm -f "$FAKE/cluster" ;;
   "swarm join-token") echo "SWMTKN-1-$4-token" ;;
 esac
@@ -145,6 +150,52 @@ esac
 FAKE_OPENSSL = r"""#!/usr/bin/env bash
 echo "subject=O = $(cat "$FAKE/cluster" 2>/dev/null), OU = swarm-worker, CN = x"
 """
+# Every other program the scripts (and the fakes) run: the real one, behind a wrapper that
+# records its command line. PATH holds only these and the fakes, so nothing runs unrecorded.
+REAL_TOOLS = {"bash": shutil.which("bash"), "cat": shutil.which("cat"), "rm": shutil.which("rm"),
+              "sed": shutil.which("sed"), "timeout": shutil.which("timeout"), "python3": sys.executable}
+RECORD_ARGV = """#!/bin/sh
+printf '%s\\n' "$0 $*" >>"$FAKE/argv"
+exec {real} "$@"
+"""
+ALREADY_IN_A_SWARM = ('This node is already part of a swarm. Use "docker swarm leave" to leave this swarm and '
+                      'join another one.')
+
+
+class EngineApi(http.server.BaseHTTPRequestHandler):
+    """POST /swarm/join as dockerd answers it: 200 and no body, or an error status and {"message"}."""
+
+    def do_POST(self) -> None:
+        node = self.server.node
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        node.record(f"POST {self.path}")
+        node.requests.append({"path": self.path, "type": self.headers.get("Content-Type"), "body": json.loads(body)})
+        request = node.requests[-1]["body"]
+        if self.path != "/swarm/join":
+            return self.answer(404, "page not found")
+        if node.join_refusal:
+            return self.answer(503, node.join_refusal)
+        if node.get("state") == "active":
+            return self.answer(503, ALREADY_IN_A_SWARM)
+        node.set(state="active", cluster=node.join_cluster, node="joinednode",
+                 control="true" if "manager" in request["JoinToken"] else "false")
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def answer(self, status: int, message: str) -> None:
+        data = json.dumps({"message": message}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def address_string(self) -> str:
+        return "unix"
+
+    def log_message(self, *args) -> None:
+        pass
 
 
 class FakeNode:
@@ -153,9 +204,24 @@ class FakeNode:
         self.bin = root / "bin"
         self.dir.mkdir()
         self.bin.mkdir()
-        for name, body in (("docker", FAKE_DOCKER), ("openssl", FAKE_OPENSSL)):
+        for name, body in (("docker", FAKE_DOCKER), ("openssl", FAKE_OPENSSL),
+                           *((name, RECORD_ARGV.format(real=real)) for name, real in REAL_TOOLS.items())):
             (self.bin / name).write_text(body)
             (self.bin / name).chmod(0o755)
+        self.requests: list[dict] = []
+        self.join_refusal = ""  # the engine's message when it refuses every join
+        self.join_cluster = CLUSTER
+        # A short path: a unix socket's name has room for about 100 bytes.
+        self.sock_dir = tempfile.mkdtemp(prefix="engine-")
+        self.sock = f"{self.sock_dir}/docker.sock"
+        self.engine = socketserver.ThreadingUnixStreamServer(self.sock, EngineApi)
+        self.engine.node = self
+        threading.Thread(target=self.engine.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+
+    def close(self) -> None:
+        self.engine.shutdown()
+        self.engine.server_close()
+        shutil.rmtree(self.sock_dir, ignore_errors=True)
 
     def set(self, **files: str) -> None:
         for name, value in files.items():
@@ -165,20 +231,33 @@ class FakeNode:
         path = self.dir / name
         return path.read_text().strip() if path.exists() else ""
 
+    def record(self, line: str) -> None:
+        with open(self.dir / "calls", "a") as f:
+            f.write(line + "\n")
+
     def calls(self) -> list[str]:
         path = self.dir / "calls"
         return path.read_text().splitlines() if path.exists() else []
 
+    def joins(self) -> list[dict]:
+        return [r["body"] for r in self.requests if r["path"] == "/swarm/join"]
+
+    def argv(self) -> str:
+        """Every command line that ran, the script's own bash among them."""
+        path = self.dir / "argv"
+        return path.read_text() if path.exists() else ""
+
     def run(self, text: str, stdin: str = "", **env: str) -> subprocess.CompletedProcess:
-        import os
-        full = {**os.environ, "PATH": f"{self.bin}:{os.environ['PATH']}", "FAKE": str(self.dir),
-                "FAKE_NEW_CLUSTER": "newclusteraaaaaaaaaaaaaaa", "FAKE_JOIN_CLUSTER": CLUSTER, **env}
+        full = {"PATH": str(self.bin), "FAKE": str(self.dir), "DOCKER_HOST": f"unix://{self.sock}",
+                "FAKE_NEW_CLUSTER": "newclusteraaaaaaaaaaaaaaa", **env}
         return subprocess.run(["bash", "-c", text], input=stdin, capture_output=True, text=True, env=full, timeout=30)
 
 
 @pytest.fixture
-def fake(tmp_path) -> FakeNode:
-    return FakeNode(tmp_path)
+def fake(tmp_path):
+    node = FakeNode(tmp_path)
+    yield node
+    node.close()
 
 
 def free_loopback() -> str:
@@ -204,7 +283,7 @@ def test_init_on_a_manager_already_in_the_swarm_changes_nothing(fake):
     result = fake.run(formation.init_swarm("10.0.0.5", peers=["10.0.0.6"]), stdin="10.0.0.6 SWMTKN-1-manager-x\n")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["created"] is False
-    assert not [c for c in fake.calls() if "swarm init" in c or "swarm join " in c]
+    assert not [c for c in fake.calls() if "swarm init" in c or "swarm/join" in c]
 
 
 def test_a_new_first_manager_joins_the_swarm_its_peers_run(fake):
@@ -213,8 +292,10 @@ def test_a_new_first_manager_joins_the_swarm_its_peers_run(fake):
     result = fake.run(formation.init_swarm("10.0.0.5", peers=["10.0.0.6", "10.0.0.7"]), stdin=peers)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"cluster_id": CLUSTER, "node_id": "joinednode", "created": False}
-    joins = [c for c in fake.calls() if c.startswith("docker swarm join --token")]
-    assert joins == ["docker swarm join --token SWMTKN-1-manager-secret --advertise-addr 10.0.0.5 10.0.0.6:2377"]
+    # What `docker swarm join --token T --advertise-addr 10.0.0.5 10.0.0.6:2377` would have asked.
+    assert fake.requests == [{"path": "/swarm/join", "type": "application/json", "body": {
+        "ListenAddr": "0.0.0.0:2377", "AdvertiseAddr": "10.0.0.5", "RemoteAddrs": ["10.0.0.6:2377"],
+        "JoinToken": "SWMTKN-1-manager-secret"}}]
     assert not [c for c in fake.calls() if "swarm init" in c]
 
 
@@ -243,7 +324,7 @@ def test_a_worker_in_the_expected_swarm_stays(fake):
     result = fake.run(script, stdin="SWMTKN-1-worker-x\n")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == NODE_ID
-    assert not [c for c in fake.calls() if "swarm join " in c or "swarm leave" in c]
+    assert not [c for c in fake.calls() if "swarm/join" in c or "swarm leave" in c]
 
 
 def test_a_worker_left_in_a_dead_swarm_leaves_it_and_joins_the_current_one(fake):
@@ -255,17 +336,93 @@ def test_a_worker_left_in_a_dead_swarm_leaves_it_and_joins_the_current_one(fake)
     assert f"in swarm {OTHER_CLUSTER}, not {CLUSTER}; leaving it" in result.stderr
     calls = fake.calls()
     assert "docker swarm leave --force" in calls
-    assert calls.index("docker swarm leave --force") < next(i for i, c in enumerate(calls) if "swarm join " in c)
+    assert calls.index("docker swarm leave --force") < calls.index("POST /swarm/join")
     assert result.stdout.strip() == "joinednode"
+    assert fake.joins() == [{"ListenAddr": "0.0.0.0:2377", "AdvertiseAddr": "10.0.1.7",
+                             "RemoteAddrs": ["10.0.0.5:2377"], "JoinToken": "SWMTKN-1-worker-x"}]
 
 
 def test_a_join_tries_every_manager_and_fails_clearly_when_none_takes_it(fake):
     script = formation.join_swarm(role="worker", managers=["10.0.0.5", "10.0.0.6"], advertise_addr="10.0.1.7",
                                   expected_cluster=CLUSTER)
-    result = fake.run(script, stdin="SWMTKN-1-worker-x\n", FAKE_JOIN_FAILS="1")
+    fake.join_refusal = "rpc error: code = Unavailable desc = connection error"
+    result = fake.run(script, stdin="SWMTKN-1-worker-x\n")
     assert result.returncode == 1
     assert "no manager took the join (10.0.0.5:2377 10.0.0.6:2377)" in result.stderr
-    assert len([c for c in fake.calls() if "swarm join " in c]) == 2
+    assert [r["RemoteAddrs"] for r in fake.joins()] == [["10.0.0.5:2377"], ["10.0.0.6:2377"]]
+    # Each refusal is shown as the docker CLI shows it.
+    refused = "Error response from daemon: rpc error: code = Unavailable desc = connection error\n"
+    assert result.stderr.count(refused) == 2
+
+
+def join_script(*managers: str) -> str:
+    return formation.join_swarm(role="worker", managers=list(managers or ["10.0.0.5"]), advertise_addr="10.0.1.7",
+                                expected_cluster=CLUSTER)
+
+
+@pytest.mark.parametrize("scenario", ["init joins a peer", "a fresh worker", "a worker in a dead swarm",
+                                      "every manager refuses", "the engine is gone"])
+def test_the_token_is_on_no_command_line(fake, scenario):
+    """Not in ps, not in /proc/<pid>/cmdline: every program the scripts run is recorded, and none
+    was given the token, which still reached the engine."""
+    token = "SWMTKN-1-3pu6hszjas19xyp7ghgosyx9k8atbfcr8p2is99znpy26u2lkl-1awxwuwd3z9j1z3puu7rcgdbx"
+    text, stdin = join_script(), token + "\n"
+    if scenario == "init joins a peer":
+        text, stdin = formation.init_swarm("10.0.0.5", peers=["10.0.0.6"]), f"10.0.0.6 {token}\n"
+    elif scenario == "a worker in a dead swarm":
+        fake.set(state="active", control="false", cluster=OTHER_CLUSTER, node="stale")
+    elif scenario == "every manager refuses":
+        text, fake.join_refusal = join_script("10.0.0.5", "10.0.0.6"), "invalid join token"
+    elif scenario == "the engine is gone":
+        fake.close()
+    result = fake.run(text, stdin=stdin)
+    assert result.returncode == (0 if scenario in ("init joins a peer", "a fresh worker", "a worker in a dead swarm")
+                                 else 1), result.stderr
+    argv = fake.argv()
+    assert "swarm_join" in argv and "python3 -I -c" in argv  # the recording saw the join's programs
+    assert token not in argv and token not in result.stderr and token not in result.stdout
+    assert all(join["JoinToken"] == token for join in fake.joins())
+    assert len(fake.joins()) == {"every manager refuses": 2, "the engine is gone": 0}.get(scenario, 1)
+
+
+def test_a_node_that_joined_meanwhile_is_refused_as_the_cli_refuses_it(fake):
+    """Between the state check and the join, another join won: the engine says so, and so does the script."""
+    fake.set(state="active")  # the engine's own state; docker info still says inactive below
+    text = join_script().replace("state=$(docker info", "state=inactive; : $(docker info", 1)
+    result = fake.run(text, stdin="SWMTKN-1-worker-x\n")
+    assert result.returncode == 1
+    assert f"Error response from daemon: {ALREADY_IN_A_SWARM}\n" in result.stderr
+    assert "no manager took the join (10.0.0.5:2377)" in result.stderr
+
+
+def test_a_join_with_no_engine_says_so_as_the_cli_does(fake):
+    fake.close()
+    result = fake.run(join_script(), stdin="SWMTKN-1-worker-x\n")
+    assert result.returncode == 1
+    assert f"Cannot connect to the Docker daemon at unix://{fake.sock}. Is the docker daemon running?" in result.stderr
+
+
+@pytest.mark.parametrize("docker_host, sock", [(None, "/var/run/docker.sock"), ("unix:///run/n1/docker.sock",
+                                                                                   "/run/n1/docker.sock")])
+def test_the_join_asks_the_engine_that_docker_would(tmp_path, docker_host, sock):
+    """dockerd's socket, or DOCKER_HOST's (the rehearsal's engines); asked of a python3 that only records."""
+    from swarm.script import SWARM_JOIN
+    (tmp_path / "python3").write_text('#!/bin/sh\necho "$@" >"$OUT"; cat >"$OUT.stdin"\n')
+    (tmp_path / "python3").chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "OUT": str(tmp_path / "out"),
+           **({"DOCKER_HOST": docker_host} if docker_host else {})}
+    text = script(SWARM_JOIN, "token=SWMTKN-1-x", f"{JOIN_WITH_TOKEN} 10.0.1.7 10.0.0.5:2377")
+    done = subprocess.run(["bash", "-c", text], capture_output=True, text=True, env=env, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out").read_text().split()[-3:] == ["10.0.1.7", "10.0.0.5:2377", sock]
+    assert (tmp_path / "out.stdin").read_text() == "SWMTKN-1-x\n"
+
+
+def test_a_docker_host_that_is_no_unix_socket_is_refused(fake):
+    result = fake.run(join_script(), stdin="SWMTKN-1-worker-x\n", DOCKER_HOST="tcp://10.0.0.9:2376")
+    assert result.returncode == 1
+    assert "DOCKER_HOST=tcp://10.0.0.9:2376 is not a unix socket, which the join needs" in result.stderr
+    assert fake.requests == []
 
 
 def test_a_join_without_a_token_fails_before_touching_the_engine(fake):
