@@ -351,7 +351,7 @@ def test_anywhere_is_accepted_when_asked_for():
     assert load_settings().allowed_ssh_cidrs == ("0.0.0.0/0",)
 
 
-# ---------------------------------------------------------------- Pulumi.yaml declares what settings.py reads
+# ---------------------------------------------------------------- Pulumi.yaml declares what settings/ reads
 
 
 def test_project_file_declares_every_key_with_the_same_default():
