@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """The GPU health watcher (node/gpu_health.py) left running on real GPUs: does it ever cry wolf, and what does it cost?
 
-    sudo python3 bench/health_soak.py start [--interval 10]     # starts it in its own session
-    sudo python3 bench/health_soak.py report --seconds 600      # waits until it has run that long
+    python3 bench/health_soak.py start [--interval 10]     # starts it in its own session
+    python3 bench/health_soak.py report --seconds 600      # waits until it has run that long
+
+Both as root (sudo, if you are not).
 
 `start` runs the watcher in NVML mode on a private copy of a daemon.json that advertises
 every GPU of this machine, with a stand-in process as "dockerd" to receive its SIGHUPs, and

@@ -17,9 +17,19 @@ from node_software import min_versions
 
 REPO = Path(__file__).resolve().parent.parent
 ENGINE_PREFIX = Path(os.environ.get("GPU_SWARM_ENGINE_PREFIX", "/opt/gpu-swarm/docker"))
-SETUP_HINT = "run `sudo ./scripts/setup.sh` (it installs everything the rehearsal needs)"
-# How the rehearsal is run from a checkout, as the README shows it; every hint uses it.
-CLI = "sudo .venv/bin/python -m localswarm"
+
+
+def as_root(command: str, euid: int | None = None) -> str:
+    """`command` as this user must type it: as it is for root (a minimal image has no sudo at all),
+    after sudo for anyone else."""
+    return command if (os.geteuid() if euid is None else euid) == 0 else f"sudo {command}"
+
+
+# How the rehearsal is run from a checkout, as the README shows it: as root.
+COMMAND = ".venv/bin/python -m localswarm"
+# What every hint names: COMMAND, as this user runs it.
+CLI = as_root(COMMAND)
+SETUP_HINT = f"run `{as_root('./scripts/setup.sh')}` (it installs everything the rehearsal needs)"
 
 
 class RehearsalError(RuntimeError):
@@ -92,7 +102,8 @@ def find_engine() -> Engine:
 def check_host() -> None:
     """Root, the tools we call, and the kernel features a swarm of namespaces needs."""
     if os.geteuid() != 0:
-        raise RehearsalError("the rehearsal creates network namespaces and engines: run it as root (sudo)")
+        how = "sudo before the command, or a root shell" if shutil.which("sudo") else "a root shell"
+        raise RehearsalError(f"the rehearsal creates network namespaces and engines: run it as root ({how})")
     for tool in ("ip", "iptables", "nsenter", "unshare", "docker-registry", "busybox"):
         if not shutil.which(tool):
             raise RehearsalError(f"`{tool}` is not installed; {SETUP_HINT}")

@@ -1,6 +1,7 @@
 """The rehearsal's checks that run before anything is created: arguments, root, engine, stacks."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,10 +30,14 @@ def test_bad_arguments_are_refused(kwargs, message):
         rehearsal._check_args(**args)
 
 
-def test_not_root_is_a_clear_error(monkeypatch):
+@pytest.mark.parametrize("sudo, how", [("/usr/bin/sudo", "(sudo before the command, or a root shell)"),
+                                       (None, "(a root shell)")])
+def test_not_root_is_a_clear_error(monkeypatch, sudo, how):
     monkeypatch.setattr(host.os, "geteuid", lambda: 1000)
-    with pytest.raises(RehearsalError, match="run it as root"):
+    monkeypatch.setattr(host.shutil, "which", lambda name: sudo if name == "sudo" else f"/usr/bin/{name}")
+    with pytest.raises(RehearsalError, match="run it as root") as caught:
         host.check_host()
+    assert str(caught.value).endswith(how)
 
 
 def test_missing_engine_names_the_minimum_and_the_fix(monkeypatch, tmp_path):
@@ -91,8 +96,14 @@ def test_a_command_the_stand_in_cannot_run_is_replaced_and_said(tmp_path):
 
 
 def test_hints_name_the_command_as_the_readme_shows_it():
-    assert host.CLI == "sudo .venv/bin/python -m localswarm"
-    assert host.CLI in (REPO / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
+    assert host.COMMAND == ".venv/bin/python -m localswarm" and host.COMMAND in readme
+    assert "scripts/setup.sh" in readme and f"`{host.as_root('./scripts/setup.sh')}`" in host.SETUP_HINT
+    # Root types it as the README shows it (a minimal image has no sudo); anyone else after sudo.
+    assert host.CLI == host.as_root(host.COMMAND)
+    assert host.as_root(host.COMMAND, euid=0) == ".venv/bin/python -m localswarm"
+    assert host.as_root(host.COMMAND, euid=1000) == "sudo .venv/bin/python -m localswarm"
+    assert (host.CLI == host.COMMAND) == (os.geteuid() == 0)
 
 
 def test_cli_reports_errors_without_a_traceback():
