@@ -7,18 +7,17 @@ the tests run the very same text in a scratch folder.
 """
 from __future__ import annotations
 
-from node_software import (APPLIED, BOOTSTRAP_DONE, BOOTSTRAP_FAILED, BOOTSTRAP_LOG, BOOTSTRAP_TIMINGS, HEALTH_ENV_PATH,
+from node_software import (KIND_ENV, SHARED_KIND_ENV, SLOTS_PER_GPU_ENV, APPLIED, BOOTSTRAP_DONE, BOOTSTRAP_FAILED, BOOTSTRAP_LOG, BOOTSTRAP_TIMINGS, HEALTH_ENV_PATH,
                            HEALTH_UNITS, INSTALL_TIMINGS, INSTALLER_PATH, RELEASE_ENV_PATH, STATE_DIR, NodeRelease,
                            env_text)
 from settings.config_checks import LINUX_USER_RE, public_key_problem  # one copy of each rule
 from swarm.gpu_kind import validate_kind
 from swarm.script import quote, script
 
-CLOUD_INIT_LOG = "/var/log/cloud-init-output.log"
-CLOUD_INIT_STATUS = "/var/lib/cloud/data/status.json"
+from swarm.node_contract import CLOUD_INIT_LOG, CLOUD_INIT_STATUS, DOCKER_DAEMON_JSON, INSTALL_UNIT  # noqa: E402
+
 # Written when a failed first boot has been reported: the next `pulumi up` retries the install.
 BOOT_FAILURE_REPORTED = f"{STATE_DIR}/boot-failure-reported"
-INSTALL_UNIT = "gpu-swarm-install"
 
 
 def _paths(root: str) -> dict[str, str]:
@@ -26,7 +25,7 @@ def _paths(root: str) -> dict[str, str]:
         ("state", STATE_DIR), ("log", BOOTSTRAP_LOG), ("done", BOOTSTRAP_DONE), ("failed", BOOTSTRAP_FAILED),
         ("applied", APPLIED), ("timings", BOOTSTRAP_TIMINGS), ("install_timings", INSTALL_TIMINGS),
         ("release_env", RELEASE_ENV_PATH), ("installer", INSTALLER_PATH), ("reported", BOOT_FAILURE_REPORTED),
-        ("cloud_log", CLOUD_INIT_LOG), ("cloud_status", CLOUD_INIT_STATUS), ("daemon", "/etc/docker/daemon.json"))}
+        ("cloud_log", CLOUD_INIT_LOG), ("cloud_status", CLOUD_INIT_STATUS), ("daemon", DOCKER_DAEMON_JSON))}
 
 
 def _common(at: dict[str, str]) -> list[str]:
@@ -80,10 +79,10 @@ def _advertised_gpus(env: dict[str, str], gpus: int, daemon_json: str) -> list[s
     # dockerd reads node-generic-resources only at start, and the agent restarts it after
     # writing them, so daemon.json is what the engine advertises: each GPU whole, or as
     # GPU_SWARM_SLOTS_PER_GPU slots of the shared kind.
-    kind, slots = env.get("GPU_SWARM_KIND", ""), int(env.get("GPU_SWARM_SLOTS_PER_GPU") or 0)
+    kind, slots = env.get(KIND_ENV, ""), int(env.get(SLOTS_PER_GPU_ENV) or 0)
     if not kind or not gpus:
         return []
-    kind = validate_kind(env["GPU_SWARM_SHARED_KIND"] if slots else kind)
+    kind = validate_kind(env[SHARED_KIND_ENV] if slots else kind)
     expected = gpus * (slots or 1)
     return [
         f"n=$({{ grep -o {quote(chr(34) + kind + '=')} {daemon_json} 2>/dev/null || true; }} | wc -l)",

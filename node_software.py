@@ -25,32 +25,16 @@ SOURCE_DIR = REPO / "node"
 CLOUD_INIT_DIR = REPO / "cloud-init"
 VERSIONS_ENV = SOURCE_DIR / "versions.env"
 
-# Paths on the node. node/common.sh and cloud-init/install.sh have the same defaults (tests keep them equal).
-NODE_DIR = "/opt/gpu-swarm"
-SOFTWARE_DIR = f"{NODE_DIR}/software"
-NODE_VERSIONS_ENV = f"{SOFTWARE_DIR}/versions.env"
-AGENT_PATH = f"{SOFTWARE_DIR}/gpu_agent.py"
-AGENT_VENV = f"{NODE_DIR}/venv"
-NODE_ENV_PATH = "/etc/gpu-swarm/node.env"
-# What the installer brings the node to: the bundle's URL and sha256, the steps, the release.
-RELEASE_ENV_PATH = "/etc/gpu-swarm/release.env"
-INSTALLER_PATH = "/usr/local/sbin/gpu-swarm-install"
-# The health settings, apart from node.env: changing them restarts two services and drains
-# no node, where a node.env change rolls the node (drain, upgrade, admit).
-HEALTH_ENV_PATH = "/etc/gpu-swarm/health.env"
-HEALTH_UNITS = ("gpu-swarm-health.service", "gpu-swarm-reconciler.service")
-BOOTSTRAP_LOG = "/var/log/gpu-swarm/bootstrap.log"
-STATE_DIR = "/var/lib/gpu-swarm"
-BOOTSTRAP_TIMINGS = f"{STATE_DIR}/bootstrap-timings.json"
-INSTALL_TIMINGS = f"{STATE_DIR}/install-timings.json"  # the installer's own step: fetching the bundle
-# Exactly one of these exists once an install has ended: done, or failed (holding the
-# failed step's name). Neither: still running, or it never ran.
-BOOTSTRAP_DONE = f"{STATE_DIR}/bootstrap-done"
-BOOTSTRAP_FAILED = f"{STATE_DIR}/bootstrap-failed"
-# The release the node last applied successfully.
-APPLIED = f"{STATE_DIR}/applied"
-UNATTENDED_CONFIG = "/etc/apt/apt.conf.d/51gpu-swarm-unattended"
+# Paths and keys on the node: one contract with node/ (node/contract.py), re-exported here.
+from swarm.node_contract import (  # noqa: E402,F401
+    AGENT_PATH, AGENT_VENV, APPLIED, BOOTSTRAP_DONE, BOOTSTRAP_FAILED, BOOTSTRAP_LOG, BOOTSTRAP_TIMINGS,
+    BUNDLE_SHA256_ENV, BUNDLE_URL_ENV, HEALTH_ENV_PATH, HEALTH_UNIT, IMAGE_ENV, INSTALL_TIMINGS, INSTALLER_PATH,
+    KERNEL_MODULES_ENV, KIND_ENV, NODE_DIR, NODE_ENV_PATH, NODE_VERSIONS_ENV, RECONCILER_UNIT, RELEASE_ENV,
+    RELEASE_ENV_PATH, SHARED_KIND_ENV, SLOTS_PER_GPU_ENV, SOFTWARE_DIR, SPOT_ENV, STATE_DIR, STEPS_ENV,
+    UNATTENDED_CONFIG,
+)
 
+HEALTH_UNITS = (HEALTH_UNIT, RECONCILER_UNIT)
 IMAGES = ("ubuntu", "deep-learning", "custom")
 ROLES = ("manager", "worker")
 # Full-node sizes of these families have NVSwitches, which need nvidia-fabricmanager.
@@ -179,14 +163,14 @@ def node_env(*, gpu: bool, gpu_kind: str, instance_type: str, image: str, slots_
         raise ValueError(f"gpu: expected True or False, found {gpu!r}")
     _instance_family(instance_type)
     # Only what a step or unit reads: a value here that changes rolls the node.
-    env = {"GPU_SWARM_IMAGE": image, "GPU_SWARM_KIND": validate_kind(gpu_kind)}
+    env = {IMAGE_ENV: image, KIND_ENV: validate_kind(gpu_kind)}
     if gpu:
-        env["NVIDIA_KERNEL_MODULES"] = kernel_modules(instance_type)
+        env[KERNEL_MODULES_ENV] = kernel_modules(instance_type)
     if gpu and slots_per_gpu:  # read by the agent: it advertises slots instead of whole GPUs
-        env["GPU_SWARM_SLOTS_PER_GPU"] = str(slots_per_gpu)
-        env["GPU_SWARM_SHARED_KIND"] = validate_kind(shared_kind)
+        env[SLOTS_PER_GPU_ENV] = str(slots_per_gpu)
+        env[SHARED_KIND_ENV] = validate_kind(shared_kind)
     if gpu and spot:  # read by the health watcher: it watches for AWS's reclaim notices
-        env["GPU_SWARM_SPOT"] = "true"
+        env[SPOT_ENV] = "true"
     return env
 
 
@@ -240,8 +224,8 @@ class NodeRelease:
                 raise ValueError(f"bootstrap step {step!r} is not a script in node/")
         if not re.fullmatch(r"https://[A-Za-z0-9.-]+(:\d+)?/[A-Za-z0-9._/-]+", self.bundle_url):
             raise ValueError(f"bundle URL {self.bundle_url!r} is not a plain https URL")
-        release_env = {"GPU_SWARM_BUNDLE_URL": self.bundle_url, "GPU_SWARM_BUNDLE_SHA256": sha256_hex(self.bundle_sha),
-                       "GPU_SWARM_STEPS": " ".join(self.steps), "GPU_SWARM_RELEASE": self.id}
+        release_env = {BUNDLE_URL_ENV: self.bundle_url, BUNDLE_SHA256_ENV: sha256_hex(self.bundle_sha),
+                       STEPS_ENV: " ".join(self.steps), RELEASE_ENV: self.id}
         return [
             NodeFile(UNATTENDED_CONFIG, (CLOUD_INIT_DIR / "unattended-upgrades.conf").read_text()),
             NodeFile(NODE_ENV_PATH, env_text(self.env)),

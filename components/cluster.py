@@ -31,7 +31,8 @@ from node_commands import authorize_keys
 from node_software import NodeRelease
 from settings import GpuPool, Settings
 from swarm.gpu_check import GpuCheck
-from swarm.labels import POOL_LABEL
+from swarm.node_contract import (POOL_GPU_COUNT_LABEL, POOL_GPU_MODEL_LABEL, POOL_INSTANCE_TYPE_LABEL, POOL_LABEL,
+                                 POOL_SLOTS_PER_GPU_LABEL, POOL_SPOT_LABEL)
 
 
 @dataclass
@@ -293,9 +294,9 @@ def _pool_labels(pool: GpuPool) -> dict[str, str]:
     # node.labels.gpu-swarm.pool == training, node.labels.gpu-swarm.gpu-model == H100.
     return {
         POOL_LABEL: pool.name,
-        "gpu-swarm.instance-type": pool.instance_type,
-        "gpu-swarm.gpu-model": pool.gpu_model,
-        "gpu-swarm.gpu-count": str(pool.gpus_per_node),
-        "gpu-swarm.spot": "true" if pool.spot else "false",
-        "gpu-swarm.slots-per-gpu": str(pool.slots_per_gpu),
+        POOL_INSTANCE_TYPE_LABEL: pool.instance_type,
+        POOL_GPU_MODEL_LABEL: pool.gpu_model,
+        POOL_GPU_COUNT_LABEL: str(pool.gpus_per_node),
+        POOL_SPOT_LABEL: "true" if pool.spot else "false",
+        POOL_SLOTS_PER_GPU_LABEL: str(pool.slots_per_gpu),
     }

@@ -12,7 +12,7 @@ from pathlib import Path
 from localswarm import health, network, nodes as nodes_mod, registry
 from localswarm.converge import admit, converge
 from localswarm.host import RehearsalError, find_engine, parallel
-from localswarm.nodes import STATE_ROOT, Node
+from localswarm.nodes import Node
 from localswarm.rehearsal import Progress, stack_name, status
 from localswarm.stacks import prepare_stack
 from localswarm.state import (SHARED_POOL, agent_args, desired, find_node, first_boot, new_node, next_index,
@@ -28,6 +28,8 @@ def converge_again(*, progress: Progress = print) -> dict:
     engine = find_engine()
     result = converge(desired(state), engine, progress)
     state["cluster_id"] = result["cluster_id"]
+    state["gpus_verified"] = {**state.get("gpus_verified", {}),
+                              **{name: (check or {}).get("verified") for name, check in result["checks"].items()}}
     save_state(state)
     return {**result, "view": status()}
 
@@ -102,25 +104,28 @@ def set_stacks(files: list[str], *, progress: Progress = print) -> dict:
 
 
 def roll(*, progress: Progress = print) -> dict:
-    """New node software reaches every node as `pulumi up` rolls it: every node at once, each
-    drained under its pool's lease (so one node per pool is out at a time), "applied", and
-    admitted back. Applying here is what a bootstrap does when it changes daemon.json: the
-    engine restarts. Returns the most nodes of each pool the swarm had drained at once."""
+    """New node software reaches every node as `pulumi up` rolls it: each pool's nodes one after
+    the other (drained, "upgraded", admitted), the pools side by side, as the program's graph
+    chains them (components/node_rollout.py). Upgrading here is what an install does when it
+    changes daemon.json: the engine restarts. Returns the most nodes of each pool the swarm had
+    drained at once."""
     state = require_state()
     engine = find_engine()
     state["rolls"] = state.get("rolls", 0) + 1
     save_state(state)
     want = desired(state)
     first = want.nodes[0]
-    lock = str(STATE_ROOT / "rollout.lock")
 
     def one(node: Node) -> None:
-        nodes_mod.run_script(first, engine, rollout.cordon_node(node.address, pool=node.pool,
-                                                                software=want.release, lock_path=lock))
-        nodes_mod.restart_dockerd(node, engine)
         node_id = nodes_mod.docker(node, engine, "info", "--format", "{{.Swarm.NodeID}}").stdout.strip()
+        nodes_mod.run_script(first, engine, rollout.cordon_node(node_id, pool=node.pool, software=want.release))
+        nodes_mod.restart_dockerd(node, engine)
         admit(want, engine, node, node_id)
         progress(f"{node.name}: software applied and admitted")
+
+    def pool_chain(pool: str) -> None:
+        for node in [n for n in want.nodes if n.pool == pool]:
+            one(node)
 
     peak: dict[str, int] = {}
     done = threading.Event()
@@ -141,8 +146,7 @@ def roll(*, progress: Progress = print) -> dict:
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        parallel(one, [n for n in want.nodes if n is not first])
-        one(first)  # the first manager drains itself too; here it goes last, as its engine runs the scripts
+        parallel(pool_chain, list(dict.fromkeys(n.pool for n in want.nodes)))
     finally:
         done.set()
         watcher.join()

@@ -221,7 +221,7 @@ class LocalCloud(pulumi_mocks.Mocks):
             if resource["type"] == INSTANCE:
                 self._terminate(resource)
             elif resource["type"] == "aws:s3/bucketObjectv2:BucketObjectv2":
-                object_store.delete(resource["outputs"]["bucket"], resource["inputs"]["key"])
+                object_store.object_path(resource["outputs"]["bucket"], resource["inputs"]["key"]).unlink(missing_ok=True)
             self._record(name, resource["type"], "delete")
         return gone
 

@@ -10,11 +10,13 @@ Nothing here forms the swarm: the program's commands do.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import os
 import runpy
 import shutil
 import tempfile
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -27,11 +29,12 @@ import yaml
 from pulumi.runtime import mocks as pulumi_mocks
 
 import node_software
-from localswarm import machines, network, node_image, object_store, placement, registry
+from localswarm import api, machines, network, node_image, object_store, placement, registry
 from localswarm.host import CLI, REPO, RehearsalError, check_host, find_engine, run
 from localswarm.local_cloud import COMMAND, LocalCloud
 from localswarm.nodes import REGISTRY, STATE_ROOT
 from localswarm.stack_config import stack_config
+from swarm.labels import POOL_LABEL
 
 STATE_FILE = STATE_ROOT / "program.json"  # the rehearsal's Pulumi state: root only, secrets in clear
 Progress = Callable[[str], None]
@@ -99,11 +102,14 @@ def up(*, stack: str = "dev", overrides: dict | None = None, parallel: int = 6, 
                        clock=time.monotonic, machines_by_instance=dict(state.get("machines", {})),
                        next_index=state.get("next_index", 1))
     error = None
+    watcher = _DrainWatcher(cloud)
+    watcher.start()
     try:
         exports = _run_program(cloud, config, stack, parallel, source)
     except Exception as e:  # the program's own error, or a command's, as `pulumi up` prints it
         error, exports = str(e), {}
     finally:
+        watcher.stop()
         if source:
             node_software.SOURCE_DIR = REPO / "node"
             shutil.rmtree(source.parent, ignore_errors=True)
@@ -132,9 +138,37 @@ def up(*, stack: str = "dev", overrides: dict | None = None, parallel: int = 6, 
         "unchanged_commands": sum(a.typ == COMMAND and a.action == "same" for a in cloud.actions),
         "resources": {action: sum(a.action == action for a in cloud.actions)
                       for action in ("create", "replace", "update", "same", "delete")},
+        "peak_drained_per_pool": watcher.peak,
         "outputs": {k: v for k, v in exports.items() if k != "privateKey"},
         "timings": {"up_s": round(time.monotonic() - started, 1)},
     }
+
+
+class _DrainWatcher(threading.Thread):
+    """What the swarm itself says while the program runs: the most nodes of each pool drained at once."""
+
+    def __init__(self, cloud: LocalCloud):
+        super().__init__(daemon=True)
+        self.cloud, self.peak, self._done = cloud, {}, threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(0.5):
+            managers = [n for n in view_nodes(self.cloud) if n.role == "manager"]
+            try:
+                infos = api.get(managers[0].sock, "/nodes", timeout=5) if managers else []
+            except (OSError, api.ApiError, http.client.HTTPException, ValueError):
+                continue  # no swarm yet, or its engine restarts
+            counts: dict[str, int] = {}
+            for info in infos:
+                if info["Spec"].get("Availability") == "drain":
+                    pool = (info["Spec"].get("Labels") or {}).get(POOL_LABEL, "?")
+                    counts[pool] = counts.get(pool, 0) + 1
+            for pool, n in counts.items():
+                self.peak[pool] = max(self.peak.get(pool, 0), n)
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
 
 
 def _config(stack: str, overrides: dict) -> dict:
@@ -216,8 +250,13 @@ def view_nodes(cloud_or_state) -> list[ViewNode]:
     records = (cloud_or_state.machines_by_instance if isinstance(cloud_or_state, LocalCloud)
                else cloud_or_state.get("machines", {})).values()
     return [ViewNode(r["hostname"], r["index"], r["role"], network.node_addr(r["index"]),
-                     machines.docker_socket(machines.Machine(r["machine"], r["index"])))
+                     docker_socket(machines.Machine(r["machine"], r["index"])))
             for r in sorted(records, key=lambda r: r["index"])]
+
+
+def docker_socket(machine: machines.Machine) -> str:
+    """The machine's Docker socket, reached from the host through its init's root (/proc/PID/root)."""
+    return f"/proc/{machines.init_pid(machine) or 0}/root/run/docker.sock"
 
 
 def _wait_converged(nodes: list[ViewNode], timeout: float, kind: str, shared_kind: str) -> dict:

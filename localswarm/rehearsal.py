@@ -138,6 +138,7 @@ def _build(state: dict, engine, say, clock: _Clock, converge_timeout: float) -> 
         background = pool.submit(preload)
         formed = form_swarm(desired(state), engine, say, lap=clock.lap, before_admit=wait_for_preload)
     state["cluster_id"] = formed["cluster_id"]
+    state["gpus_verified"] = {name: (check or {}).get("verified") for name, check in formed["checks"].items()}
     save_state(state)
     swarm_ready = clock.now()
     managers = sum(n.role == "manager" for n in nodes)
@@ -145,7 +146,8 @@ def _build(state: dict, engine, say, clock: _Clock, converge_timeout: float) -> 
     deploy_stacks(desired(state), engine)
     stacks_deployed = clock.lap("stack_deploy")
     say(f"stack(s) deployed: {', '.join(state['stacks'])}")
-    view = wait_converged(nodes, engine, state["kind"], converge_timeout, state.get("shared_kind", ""))
+    view = with_checks(wait_converged(nodes, engine, state["kind"], converge_timeout, state.get("shared_kind", "")),
+                       state)
     converged = clock.lap("stack_converge")
     say("stacks converged")
     # As the node software installs them; started last, so that they leave the CPU to the steps above.
@@ -183,7 +185,15 @@ def status(*, progress: Progress = print) -> dict:
     if not load_state() and program.load_state():
         return program.status(progress=progress)
     state = require_state()
-    return placement.collect(nodes_of(state), find_engine(), state["kind"], state.get("shared_kind", ""))
+    return with_checks(placement.collect(nodes_of(state), find_engine(), state["kind"], state.get("shared_kind", "")),
+                       state)
+
+
+def with_checks(view: dict, state: dict) -> dict:
+    """Each node's post-join GPU check (True, False, or None: not checked), as the program's inventory has it."""
+    for node in view["nodes"]:
+        node["gpus_verified"] = state.get("gpus_verified", {}).get(node["name"])
+    return view
 
 
 # ---------------------------------------------------------------- down

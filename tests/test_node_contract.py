@@ -193,9 +193,6 @@ def test_node_programs_import_the_contract_as_a_sibling(name):
 
 # ---------------------------------------------------------------- nobody else spells them
 
-# TODO(lead): remove once node_software.py and components/ import their labels and paths from
-# swarm.node_contract (their owner is changing them now).
-NOT_YET_SWITCHED = ("node_software.py", "components/")
 
 
 def spelled() -> dict[str, str]:
@@ -250,7 +247,7 @@ def test_no_other_python_file_spells_a_contract_label_or_node_path():
     found = []
     for path in files_git_lists(REPO, "*.py"):
         rel = path.relative_to(REPO).as_posix()
-        if path == CONTRACT or rel.startswith(("tests/", "docs/")) or rel.startswith(NOT_YET_SWITCHED):
+        if path == CONTRACT or rel.startswith(("tests/", "docs/")):
             continue
         found += spellings_in(path, values)
     assert not found, "import these from node/contract.py (swarm.node_contract on the program's side):\n" + \

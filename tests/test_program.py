@@ -1,0 +1,142 @@
+"""The program's real path: `localswarm program up` runs __main__.py, and every command it sends runs on a machine.
+
+The machines boot the program's own user data through real cloud-init, from the freshly
+started state an EC2 instance is in; every command runs its own script over real SSH in
+the program's dependency order. The module runs one stack through its life: the first
+`pulumi up`, a second with nothing changed, and a roll of new node software at
+`--parallel 1`, where a roll that waited inside a command for another would deadlock.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+import node_commands
+import node_software
+from components.cloud_config import render_cloud_config
+from components.remote import as_root
+from localswarm import machines, network, object_store, ssh
+from node_software import NodeRelease
+from tests.rehearsal_tools import cli, require_engine, tasks_of
+
+pytestmark = pytest.mark.integration
+
+# The dev stack with two GPU nodes in its pool: a roll has a pool in which to keep one node in.
+POOLS = json.dumps([{"name": "t4", "instanceType": "g4dn.xlarge", "count": 2}])
+UP = ("program", "up", "--stack", "dev", "--set", f"gpuPools={POOLS}", "--json")
+
+
+def program_up(*extra: str) -> dict:
+    proc = cli(*UP, *extra, timeout=1500)
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def first():
+    require_engine()
+    cli("down")
+    report = program_up()
+    yield report
+    cli("down")
+
+
+def test_the_first_up_forms_the_swarm_from_freshly_booted_machines(first):
+    nodes = {n["name"]: n for n in first["nodes"]}
+    assert set(nodes) == {"gpu-swarm-dev-manager-0", "gpu-swarm-dev-t4-0", "gpu-swarm-dev-t4-1"}
+    assert all(n["state"] == "ready" and n["availability"] == "active" for n in nodes.values())
+    assert nodes["gpu-swarm-dev-manager-0"]["role"] == "manager"
+    for name in ("gpu-swarm-dev-t4-0", "gpu-swarm-dev-t4-1"):
+        assert len(nodes[name]["gpus"]) == 1 and nodes[name]["gpus_verified"] is True, nodes[name]
+    # The program ran every one of its commands, and only its commands formed the swarm.
+    ran = {c["name"] for c in first["commands"]}
+    assert "gpu-swarm-swarm-init" in ran and "gpu-swarm-stack-gpu-smoke-deploy" in ran
+    assert first["commands_executed"] == len(ran) and first["unchanged_commands"] == 0
+    for node in ("managers-0", "t4-0", "t4-1"):
+        for step in ("boot-{}-wait", "member-{}-join", "rollout-{}-cordon", "rollout-{}-upgrade", "rollout-{}-admit"):
+            assert f"gpu-swarm-{step.format(node)}" in ran
+
+
+def test_the_stack_runs_on_the_gpus_the_program_advertised(first):
+    tasks = tasks_of(first, "gpu-smoke_gpu")
+    running = [t for t in tasks if t["state"] == "running"]
+    assert len(running) == 2 and {t["node"] for t in running} == {"gpu-swarm-dev-t4-0", "gpu-swarm-dev-t4-1"}
+    assert all(len(t["gpus"]) == 1 and t["gpus_from"] == "container" for t in running)
+
+
+def test_every_node_booted_its_user_data_with_cloud_init_and_reports_its_steps(first):
+    timings = first["outputs"]["bootstrapTimings"]
+    assert set(timings) == {"gpu-swarm-dev-manager-0", "gpu-swarm-dev-t4-0", "gpu-swarm-dev-t4-1"}
+    for node, steps in timings.items():
+        assert steps["cloud-init"]["status"] == "done" and steps["fetch-bundle"]["status"] == "done", node
+        # The rehearsal's image has Docker and the (stand-in) driver and toolkit: those steps skip.
+        assert steps["install-docker"]["status"] == "skipped", node
+    gpu = timings["gpu-swarm-dev-t4-0"]
+    assert gpu["install-nvidia-driver"]["status"] == "skipped" and gpu["install-gpu-agent"]["status"] == "done"
+    for m in machines.machines():
+        status = json.loads(machines.run(m, ["cloud-init", "status", "--format", "json"]).stdout)
+        assert status["status"] == "done", m.name
+        installed = machines.run(m, ["cat", f"{node_software.SOFTWARE_DIR}/.bundle"]).stdout.strip()
+        assert installed == first["outputs"]["nodeSoftware"]["bundleSha256"], m.name
+
+
+def test_a_second_up_with_nothing_changed_runs_only_the_health_read(first):
+    again = program_up()
+    assert [c["name"] for c in again["commands"]] == ["gpu-swarm-health-read"]
+    assert again["resources"]["create"] == again["resources"]["replace"] == again["resources"]["delete"] == 0
+    assert {n["name"] for n in again["nodes"]} == {n["name"] for n in first["nodes"]}
+
+
+def test_new_node_software_rolls_in_place_one_node_per_pool_even_one_command_at_a_time(first):
+    before = {m.name for m in machines.machines()}
+    rolled = program_up("--bump-node-software", "--parallel", "1")
+    ran = {c["name"] for c in rolled["commands"]}
+    for node in ("managers-0", "t4-0", "t4-1"):
+        assert {f"gpu-swarm-rollout-{node}-{step}" for step in ("cordon", "upgrade", "admit")} <= ran, node
+    assert not any(name.endswith(("-wait", "-join")) for name in ran)  # no node booted or joined again
+    assert {m.name for m in machines.machines()} == before and rolled["resources"]["replace"] == 0
+    assert rolled["peak_drained_per_pool"].get("t4", 0) <= 1 and rolled["peak_drained_per_pool"]
+    new = rolled["outputs"]["nodeSoftware"]["bundleSha256"]
+    assert new != first["outputs"]["nodeSoftware"]["bundleSha256"]
+    for m in machines.machines():
+        assert machines.run(m, ["cat", f"{node_software.SOFTWARE_DIR}/.bundle"]).stdout.strip() == new, m.name
+    assert all(n["availability"] == "active" for n in rolled["nodes"])
+
+
+# ---------------------------------------------------------------- a boot that fails, loudly
+
+
+def test_a_failed_first_boot_fails_its_wait_with_the_nodes_log_and_the_next_wait_installs(tmp_path, first):
+    """The boot wait, the program's first command on a node, against a machine whose install failed:
+    the bundle is not where its user data says. Then the bundle appears: the next wait installs."""
+    bucket = "gpu-swarm-boot-test"
+    sha = node_software.bundle_sha256()
+    env = node_software.node_env(gpu=True, gpu_kind="NVIDIA-GPU", instance_type="g4dn.xlarge", image="ubuntu")
+    release = NodeRelease(object_store.url(bucket, node_software.bundle_key(sha)), sha, env,
+                          tuple(node_software.bootstrap_steps(gpu=True, instance_type="g4dn.xlarge")))
+    key = tmp_path / "id"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    index = 200
+    m = machines.launch("lsw-boot-test", index, user_data=render_cloud_config(release),
+                        meta_data={"instance-id": "i-boottest", "local-hostname": "boot-test",
+                                   "public-keys": [(tmp_path / "id.pub").read_text().strip()]},
+                        gpus=[{"uuid": "GPU-00000000-0000-0000-0000-0000000000aa", "name": "NVIDIA T4",
+                               "memory_mib": 15360}],
+                        hosts={f"{bucket}.s3.us-east-1.amazonaws.com": network.BRIDGE_ADDR})
+    try:
+        conn = {"host": m.address, "user": "ubuntu", "privateKey": key.read_text(), "dialErrorLimit": 60,
+                "perDialTimeout": 10}
+        wait = as_root(node_commands.wait_for_boot(env=env, expected_gpus=1))
+        with pytest.raises(ssh.CommandFailed) as failed:
+            ssh.run(conn, wait)
+        text = str(failed.value)
+        assert "the first boot failed: step fetch-bundle failed" in text
+        assert "cannot download the node software" in text and "last 40 lines of" in text
+        object_store.put(bucket, node_software.bundle_key(sha), node_software.bundle())
+        result = ssh.run(conn, wait)
+        timings = json.loads(result.stdout.splitlines()[-1])
+        assert timings["fetch-bundle"]["status"] == "done" and timings["install-gpu-agent"]["status"] == "done"
+    finally:
+        machines.terminate(m)
+
