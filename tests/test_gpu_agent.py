@@ -1,6 +1,6 @@
 """Tests for the boot-time GPU agent (node/gpu_agent.py), without a GPU.
 
-NVML is played by tests/fake_pynvml/pynvml.py, nvidia-smi and nvidia-ctk by small
+NVML is played by localswarm/standins/pynvml.py, nvidia-smi and nvidia-ctk by small
 shell scripts on PATH. Each test gets a node root under tmp_path with its own
 daemon.json and toolkit config, run in-process through main(argv) or as a
 subprocess for the command-line contract.
@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENT = ROOT / "node" / "gpu_agent.py"
-FAKE_NVML_DIR = Path(__file__).resolve().parent / "fake_pynvml"
+FAKE_NVML_DIR = ROOT / "localswarm" / "standins"
 UNIT = ROOT / "node" / "gpu-swarm-agent.service"
 HOST_PATH = os.environ.get("PATH", os.defpath)  # node fixtures narrow PATH to their fake tools
 

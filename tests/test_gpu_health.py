@@ -3,7 +3,7 @@
 The decisions are pure functions, called directly. The command line runs in-process
 (main) or as a subprocess, always with every path (daemon.json, state file, dockerd
 pidfile) under tmp_path: a default path would touch this machine's docker. NVML is
-tests/fake_pynvml/pynvml_events.py, IMDS a small http.server on 127.0.0.1.
+localswarm/standins/pynvml.py, IMDS a small http.server on 127.0.0.1.
 """
 import http.server
 import importlib.util
@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 WATCHER = ROOT / "node" / "gpu_health.py"
 UNIT = ROOT / "node" / "gpu-swarm-health.service"
-FAKE_NVML_DIR = Path(__file__).resolve().parent / "fake_pynvml"
+FAKE_NVML_DIR = ROOT / "localswarm" / "standins"
 
 
 def _load(name, path):
@@ -34,7 +34,7 @@ def _load(name, path):
 
 health = _load("gpu_health", WATCHER)
 import health_rules as rules  # noqa: E402  (node/ is on sys.path: the watcher put it there)
-fake_nvml = _load("pynvml_events", FAKE_NVML_DIR / "pynvml_events.py")
+fake_nvml = _load("pynvml_standin", FAKE_NVML_DIR / "pynvml.py")
 
 
 def uuid(n):

@@ -1,0 +1,164 @@
+#!/usr/bin/python3 -I
+"""The `create` step of the rehearsal's nvidia-container-runtime stand-in (see nvidia-container-runtime).
+
+The container's GPUs are chosen as the real toolkit chooses them: the first variable named by
+the top-level `swarm-resource` key of the toolkit config that is set in the container's
+environment, else NVIDIA_VISIBLE_DEVICES. A value is `all`, `void`/`none`/empty (no GPU), or a
+comma-separated list of GPU UUIDs or indexes. For each GPU the container gets what the toolkit
+gives it, minus the driver's libraries: /dev/nvidia<minor> (a bind mount of /dev/null: there is
+no device to open) and, read-only at the driver's path /usr/bin/nvidia-smi, an nvidia-smi that
+lists exactly those GPUs. An unknown GPU stops the container, as the toolkit's does. Then runc
+runs the same call. Stdlib only.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+import hardware  # noqa: E402  (beside this file in /usr/lib/gpu-swarm-rehearsal)
+
+TOOLKIT_CONFIG = os.environ.get("GPU_SWARM_REHEARSAL_TOOLKIT_CONFIG", "/etc/nvidia-container-runtime/config.toml")
+VISIBLE = "NVIDIA_VISIBLE_DEVICES"
+NO_GPU = ("", "void", "none")
+
+
+class DeviceError(Exception):
+    """The container asked for a GPU this machine does not have."""
+
+
+def swarm_resource_names(toml: str) -> list[str]:
+    """The top-level swarm-resource key's names; under a [section] the toolkit ignores it (FACTS)."""
+    for line in toml.splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            break
+        key, sep, value = line.partition("=")
+        if sep and key.strip().strip("\"'") == "swarm-resource":
+            value = value.split("#", 1)[0].strip().strip("\"'")
+            return [name.strip() for name in value.split(",") if name.strip()]
+    return []
+
+
+def requested(env: list[str], names: list[str]) -> str | None:
+    """The device list the toolkit reads: the first swarm-resource variable set, else NVIDIA_VISIBLE_DEVICES."""
+    values = {}
+    for entry in env:
+        key, sep, value = entry.partition("=")
+        if sep:
+            values[key] = value  # the last one wins, as in execve
+    for name in names:
+        if name in values:
+            return values[name]
+    return values.get(VISIBLE)
+
+
+def select(value: str | None, gpus: list[dict]) -> list[dict]:
+    """The GPUs a device list names; `all` is every GPU the driver sees."""
+    value = (value or "").strip()
+    if value in NO_GPU:
+        return []
+    if value == "all":
+        return gpus
+    chosen = []
+    for item in (part.strip() for part in value.split(",") if part.strip()):
+        match = [g for g in gpus if g["uuid"] == item or (item.isdigit() and g["index"] == int(item))]
+        if not match:
+            raise DeviceError(f"nvidia-container-cli: device error: {item}: unknown device")
+        if match[0] not in chosen:
+            chosen.append(match[0])
+    return chosen
+
+
+def inject(spec: dict, bundle: str, gpus: list[dict], driver: str) -> dict:
+    """spec with the GPUs' device nodes and their nvidia-smi mounted in."""
+    if not gpus:
+        return spec
+    smi = os.path.join(bundle, "nvidia-smi")
+    with open(smi, "w", encoding="utf-8") as f:
+        f.write(hardware.smi_script(gpus, driver))
+    os.chmod(smi, 0o755)
+    mounts = spec.setdefault("mounts", [])
+    mounts.append({"destination": "/usr/bin/nvidia-smi", "type": "bind", "source": smi,
+                   "options": ["bind", "ro", "nosuid", "nodev"]})
+    for gpu in gpus:
+        mounts.append({"destination": f"/dev/nvidia{gpu['minor']}", "type": "bind", "source": "/dev/null",
+                       "options": ["bind", "rw", "nosuid", "noexec"]})
+    return spec
+
+
+def bundle_of(args: list[str]) -> str:
+    """The bundle of a runc-style `create`: --bundle/-b after the subcommand, else the current directory."""
+    after = args[args.index("create") + 1:] if "create" in args else args
+    for i, arg in enumerate(after):
+        if arg in ("--bundle", "-b") and i + 1 < len(after):
+            return after[i + 1]
+        if arg.startswith("--bundle="):
+            return arg.split("=", 1)[1]
+    return "."
+
+
+def _global_option(args: list[str], name: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == "create":
+            return None
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def report_error(args: list[str], message: str) -> None:
+    """Where containerd reads a runtime's error (runc's --log file), and on stderr."""
+    print(message, file=sys.stderr)
+    log = _global_option(args, "--log")
+    if not log:
+        return
+    if _global_option(args, "--log-format") == "json":
+        line = json.dumps({"level": "error", "msg": message, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    else:
+        line = f'level=error msg="{message}"'
+    try:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+    except OSError:
+        pass
+
+
+def main(args: list[str]) -> int:
+    try:
+        bundle = bundle_of(args)
+        path = os.path.join(bundle, "config.json")
+        with open(path, encoding="utf-8") as f:
+            spec = json.load(f)
+        try:
+            with open(TOOLKIT_CONFIG, encoding="utf-8") as f:
+                names = swarm_resource_names(f.read())
+        except FileNotFoundError:
+            names = []
+        description = hardware.load()
+        value = requested((spec.get("process") or {}).get("env") or [], names)
+        gpus = select(value, hardware.present(description))
+        if gpus:
+            spec = inject(spec, bundle, gpus, description.get("driver", hardware.DEFAULT_DRIVER))
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(spec, f)
+            os.replace(tmp, path)
+    except DeviceError as e:
+        report_error(args, str(e))
+        return 1
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        report_error(args, f"nvidia-container-runtime (rehearsal stand-in): cannot prepare this container "
+                           f"({type(e).__name__}: {e})")
+        return 1
+    os.environ["PATH"] = os.environ.get("PATH", "/usr/bin:/bin") + ":/usr/sbin:/sbin"
+    os.execvp("runc", ["runc", *args])
+    return 1  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

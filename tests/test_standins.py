@@ -1,0 +1,314 @@
+"""The rehearsal's hardware stand-ins (localswarm/standins), run here without a machine: each reads a
+hardware file under tmp_path (GPU_SWARM_REHEARSAL_HARDWARE) and answers as its real counterpart."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from localswarm import standins
+from localswarm.standins import hardware
+from tests.tools import require_tool
+
+HERE = standins.HERE
+UUIDS = [f"GPU-{n:08x}-aaaa-bbbb-cccc-{n:012x}" for n in range(3)]
+
+
+def gpus(count: int = 2) -> list[dict]:
+    return [{"uuid": UUIDS[n], "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559} for n in range(count)]
+
+
+@pytest.fixture
+def machine(tmp_path, monkeypatch):
+    """A hardware file and a toolkit config under tmp_path, as the stand-ins find them in a machine."""
+    hw = tmp_path / "hardware.json"
+    hw.write_text(json.dumps(hardware.describe(gpus())))
+    toolkit = tmp_path / "config.toml"
+    toolkit.write_text((HERE / "config.toml").read_text())
+    monkeypatch.setenv("GPU_SWARM_REHEARSAL_HARDWARE", str(hw))
+    monkeypatch.setenv("GPU_SWARM_REHEARSAL_TOOLKIT_CONFIG", str(toolkit))
+    monkeypatch.delenv("FAKE_PYNVML", raising=False)
+    return tmp_path
+
+
+def fault(hw: Path, index: int, value: dict | None) -> None:
+    description = json.loads(hw.read_text())
+    description["gpus"][index].pop("fault", None)
+    if value:
+        description["gpus"][index]["fault"] = value
+    hw.write_text(json.dumps(description))
+
+
+def load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# --- the one list -----------------------------------------------------------------------------
+
+def test_every_standin_says_why_and_ships_files_that_exist():
+    assert len({s.name for s in standins.STANDINS}) == len(standins.STANDINS)
+    for standin in standins.STANDINS:
+        assert len(standin.reason) > 40, standin.name
+        for name in standin.files + tuple(source for _, source in standin.etc):
+            assert (HERE / name).is_file(), name
+        assert set(standin.commands) <= set(standin.files)
+    files = standins.image_files()
+    assert "/etc/pip.conf" in files and any(p.endswith(".whl") for p in files)
+    assert set(standins.image_links()) == {"/usr/bin/nvidia-smi", "/usr/bin/nvidia-ctk",
+                                           "/usr/bin/nvidia-container-runtime", "/usr/bin/nv-fabricmanager"}
+
+
+@pytest.mark.parametrize("script", ["nvidia-container-runtime", "nv-fabricmanager"])
+def test_shell_standins_pass_shellcheck(script):
+    shellcheck = require_tool("shellcheck")
+    result = subprocess.run([shellcheck, str(HERE / script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+def test_generated_nvidia_smi_passes_shellcheck(tmp_path):
+    shellcheck = require_tool("shellcheck")
+    (tmp_path / "nvidia-smi").write_text(hardware.smi_script(gpus(), "580.159.04"))
+    result = subprocess.run([shellcheck, "nvidia-smi"], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+# --- nvidia-smi ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shell", ["dash", "busybox sh"])
+def test_nvidia_smi_answers_what_node_scripts_and_the_agent_ask(tmp_path, shell):
+    if not shutil.which(shell.split()[0]):
+        pytest.skip(f"{shell} is not installed")
+    script = tmp_path / "nvidia-smi"
+    script.write_text(hardware.smi_script(gpus(), "580.159.04"))
+
+    def smi(*args):
+        return subprocess.run([*shell.split(), str(script), *args], capture_output=True, text=True)
+
+    assert smi("-L").stdout.splitlines() == [f"GPU {n}: NVIDIA H100 80GB HBM3 (UUID: {UUIDS[n]})" for n in range(2)]
+    assert smi("--query-gpu=driver_version", "--format=csv,noheader").stdout == "580.159.04\n580.159.04\n"
+    # node/gpu_detect.py's fallback
+    rows = smi("--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader,nounits").stdout.splitlines()
+    assert rows == [f"{n}, {UUIDS[n]}, NVIDIA H100 80GB HBM3, 81559" for n in range(2)]
+    assert smi("--query-gpu=name,memory.total", "--format=csv").stdout.splitlines()[:2] == [
+        "name, memory.total [MiB]", "NVIDIA H100 80GB HBM3, 81559 MiB"]
+    bad = smi("--query-gpu=name,bogus", "--format=csv")
+    assert (bad.returncode, bad.stdout) == (2, "") and 'Field "bogus"' in bad.stderr
+    script.write_text(hardware.smi_script([], "580.159.04"))
+    none = smi("-L")
+    assert (none.returncode, none.stdout) == (6, "No devices were found\n")
+
+
+def test_machine_nvidia_smi_leaves_out_a_gpu_that_fell_off_the_bus(machine):
+    smi = [sys.executable, str(HERE / "nvidia-smi"), "-L"]
+    env = dict(os.environ)
+    assert len(subprocess.run(smi, capture_output=True, text=True, env=env).stdout.splitlines()) == 2
+    fault(machine / "hardware.json", 0, {"missing": True})
+    assert subprocess.run(smi, capture_output=True, text=True, env=env).stdout == \
+        f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {UUIDS[1]})\n"
+
+
+# --- nvidia-container-runtime ----------------------------------------------------------------
+
+@pytest.fixture
+def runtime():
+    return load("nvidia_container_runtime_standin", HERE / "nvidia_container_runtime.py")
+
+
+@pytest.mark.parametrize("toml, names", [
+    ('swarm-resource = "DOCKER_RESOURCE_NVIDIA-GPU"\n[nvidia-container-runtime]\n', ["DOCKER_RESOURCE_NVIDIA-GPU"]),
+    ('swarm-resource = "A,B"  # two\n', ["A", "B"]),
+    ('#swarm-resource = "DOCKER_RESOURCE_GPU"\n', []),
+    ('[nvidia-container-runtime]\nswarm-resource = "DOCKER_RESOURCE_NVIDIA-GPU"\n', []),  # ignored there (FACTS)
+])
+def test_swarm_resource_is_read_only_at_the_top_level(runtime, toml, names):
+    assert runtime.swarm_resource_names(toml) == names
+
+
+@pytest.mark.parametrize("env, chosen", [
+    (["NVIDIA_VISIBLE_DEVICES=all", f"DOCKER_RESOURCE_NVIDIA-GPU={UUIDS[1]}"], [UUIDS[1]]),  # swarm's wins
+    (["NVIDIA_VISIBLE_DEVICES=all"], UUIDS[:2]),
+    ([f"NVIDIA_VISIBLE_DEVICES={UUIDS[0]},{UUIDS[1]}"], UUIDS[:2]),
+    (["NVIDIA_VISIBLE_DEVICES=1"], [UUIDS[1]]),
+    (["NVIDIA_VISIBLE_DEVICES=void"], []),
+    (["NVIDIA_VISIBLE_DEVICES=none"], []),
+    (["NVIDIA_VISIBLE_DEVICES="], []),
+    ([], []),
+])
+def test_a_container_gets_the_gpus_the_toolkit_would_give_it(runtime, env, chosen):
+    value = runtime.requested(env, ["DOCKER_RESOURCE_NVIDIA-GPU"])
+    present = hardware.present(hardware.describe(gpus()))
+    assert [g["uuid"] for g in runtime.select(value, present)] == chosen
+
+
+def test_an_unknown_gpu_stops_the_container(runtime):
+    with pytest.raises(runtime.DeviceError, match=f"{UUIDS[2]}: unknown device"):
+        runtime.select(UUIDS[2], hardware.present(hardware.describe(gpus())))
+
+
+def _bundle(folder: Path, env: list[str]) -> Path:
+    bundle = folder / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps({"process": {"env": env}, "mounts": [
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"}]}))
+    return bundle
+
+
+def test_create_mounts_devices_and_nvidia_smi_then_runs_runc_with_the_same_call(machine):
+    (machine / "config.toml").write_text('swarm-resource = "DOCKER_RESOURCE_NVIDIA-GPU"\n')
+    bundle = _bundle(machine, ["NVIDIA_VISIBLE_DEVICES=all", f"DOCKER_RESOURCE_NVIDIA-GPU={UUIDS[1]}"])
+    fake = machine / "bin"
+    fake.mkdir()
+    (fake / "runc").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" >"{machine}/runc-args"\n')
+    (fake / "runc").chmod(0o755)
+    (fake / "python3").symlink_to(sys.executable)  # the sh front runs `python3 -I` on create
+    args = ["--root", "/run/x", "--log", str(machine / "log.json"), "--log-format", "json", "create",
+            "--bundle", str(bundle), "--pid-file", "/run/x/pid", "cid"]
+    env = {**os.environ, "PATH": f"{fake}:/usr/bin:/bin"}
+    done = subprocess.run([str(HERE / "nvidia-container-runtime"), *args], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (machine / "runc-args").read_text().splitlines() == args
+    mounts = json.loads((bundle / "config.json").read_text())["mounts"]
+    assert [m["destination"] for m in mounts] == ["/dev", "/usr/bin/nvidia-smi", "/dev/nvidia1"]
+    assert "ro" in mounts[1]["options"] and mounts[2]["source"] == "/dev/null"
+    listed = subprocess.run(["sh", mounts[1]["source"], "-L"], capture_output=True, text=True).stdout
+    assert listed == f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {UUIDS[1]})\n"
+    # Every other call goes to runc untouched, without Python.
+    subprocess.run([str(HERE / "nvidia-container-runtime"), "--root", "/run/x", "start", "cid"], env=env, check=True)
+    assert (machine / "runc-args").read_text().splitlines() == ["--root", "/run/x", "start", "cid"]
+
+
+def test_create_refusal_is_written_where_containerd_reads_it(machine):
+    bundle = _bundle(machine, [f"NVIDIA_VISIBLE_DEVICES={UUIDS[2]}"])
+    log = machine / "log.json"
+    done = subprocess.run([sys.executable, str(HERE / "nvidia_container_runtime.py"), "--log", str(log),
+                           "--log-format", "json", "create", "--bundle", str(bundle), "cid"],
+                          capture_output=True, text=True)
+    assert done.returncode == 1
+    assert json.loads(log.read_text())["msg"] == f"nvidia-container-cli: device error: {UUIDS[2]}: unknown device"
+
+
+# --- nvidia-ctk and the fabric manager ------------------------------------------------------------
+
+def ctk(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(HERE / "nvidia-ctk"), *args], capture_output=True, text=True)
+
+
+def test_nvidia_ctk_version_reads_as_node_common_sh_parses_it():
+    out = ctk("--version").stdout
+    assert out.splitlines()[0] == "NVIDIA Container Toolkit CLI version 1.20.0"
+
+
+def test_nvidia_ctk_registers_the_runtime_and_keeps_other_keys(tmp_path):
+    daemon = tmp_path / "daemon.json"
+    daemon.write_text(json.dumps({"registry-mirrors": ["http://m"], "runtimes": {"other": {"path": "x"}}}))
+    assert ctk("runtime", "configure", "--runtime=docker", f"--config={daemon}").returncode == 0
+    config = json.loads(daemon.read_text())
+    assert config == {"registry-mirrors": ["http://m"], "runtimes": {
+        "other": {"path": "x"}, "nvidia": {"args": [], "path": "nvidia-container-runtime"}}}
+    assert '"nvidia": {' in daemon.read_text()  # what install-container-toolkit.sh greps for
+    assert ctk("runtime", "configure", "--runtime=docker", "--set-as-default", "--config", str(daemon)).returncode == 0
+    assert json.loads(daemon.read_text())["default-runtime"] == "nvidia"
+    assert ctk("runtime", "configure", "--runtime=containerd").returncode == 1
+
+
+def test_nvidia_ctk_sets_a_top_level_toolkit_key(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text((HERE / "config.toml").read_text())
+    assert ctk("config", "--in-place", "--set", "swarm-resource=DOCKER_RESOURCE_NVIDIA-GPU",
+               f"--config={config}").returncode == 0
+    runtime = load("ncr", HERE / "nvidia_container_runtime.py")
+    assert runtime.swarm_resource_names(config.read_text()) == ["DOCKER_RESOURCE_NVIDIA-GPU"]
+    assert "[nvidia-container-runtime]" in config.read_text()
+
+
+def test_fabric_manager_stays_up_until_told_to_stop():
+    proc = subprocess.Popen([str(HERE / "nv-fabricmanager")])
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.3)
+        proc.terminate()
+        assert proc.wait(timeout=5) == 0
+    finally:
+        proc.kill()
+
+
+# --- NVML: the pynvml stand-in on a hardware file -------------------------------------------------
+
+@pytest.fixture
+def nvml(machine, monkeypatch):
+    module = load("pynvml_on_hardware_file", HERE / "pynvml.py")
+    monkeypatch.setattr(module, "FAULT_REPEAT_S", 0.3)
+    module.nvmlInit()
+    yield module
+    module.nvmlShutdown()
+
+
+def test_nvml_enumerates_the_hardware_file(nvml):
+    assert nvml.nvmlDeviceGetCount() == 2
+    handle = nvml.nvmlDeviceGetHandleByIndex(1)
+    assert nvml.nvmlDeviceGetUUID(handle) == UUIDS[1]
+    assert nvml.nvmlDeviceGetMemoryInfo(handle).total == 81559 * 1024 * 1024
+    assert nvml.nvmlSystemGetDriverVersion() == "580.159.04"
+
+
+def test_nvml_without_a_hardware_file_is_a_machine_without_the_driver(machine, monkeypatch):
+    monkeypatch.setenv("GPU_SWARM_REHEARSAL_HARDWARE", str(machine / "absent.json"))
+    module = load("pynvml_no_driver", HERE / "pynvml.py")
+    with pytest.raises(module.NVMLError_LibraryNotFound):
+        module.nvmlInit()
+
+
+def test_a_fault_written_into_the_file_reaches_a_waiting_event_set(nvml, machine):
+    events = nvml.nvmlEventSetCreate()
+    for n in range(2):
+        nvml.nvmlDeviceRegisterEvents(nvml.nvmlDeviceGetHandleByIndex(n), 0xB, events)
+    with pytest.raises(nvml.NVMLError_Timeout):
+        nvml.nvmlEventSetWait_v2(events, 100)
+    fault(machine / "hardware.json", 1, {"xid": 79})
+    data = nvml.nvmlEventSetWait_v2(events, 2000)
+    assert (nvml.nvmlDeviceGetUUID(data.device), data.eventType, data.eventData) == (UUIDS[1], 0x8, 79)
+    with pytest.raises(nvml.NVMLError_Timeout):  # a failing GPU raises it again, but not at once
+        nvml.nvmlEventSetWait_v2(events, 100)
+    assert nvml.nvmlEventSetWait_v2(events, 2000).eventData == 79
+    fault(machine / "hardware.json", 1, {"ecc": "double"})
+    assert nvml.nvmlEventSetWait_v2(events, 2000).eventType == 0x2
+    fault(machine / "hardware.json", 1, None)
+    with pytest.raises(nvml.NVMLError_Timeout):
+        nvml.nvmlEventSetWait_v2(events, 500)
+
+
+def test_missing_and_retirement_faults_change_what_nvml_answers(nvml, machine):
+    fault(machine / "hardware.json", 0, {"pending_retirement": True})
+    handle = nvml.nvmlDeviceGetHandleByUUID(UUIDS[0])
+    assert nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle) == nvml.NVML_FEATURE_ENABLED
+    fault(machine / "hardware.json", 0, {"missing": True})
+    assert nvml.nvmlDeviceGetCount() == 1
+    with pytest.raises(nvml.NVMLError_NotFound):
+        nvml.nvmlDeviceGetHandleByUUID(UUIDS[0])
+    with pytest.raises(nvml.NVMLError_NotFound):
+        nvml.nvmlDeviceGetMemoryInfo(handle)
+
+
+def test_nvml_wheel_installs_as_nvidia_ml_py_at_the_pin(tmp_path):
+    name, data = standins.nvml_wheel()
+    assert name == f"nvidia_ml_py-{standins.nvml_version()}-py3-none-any.whl"
+    assert standins.nvml_wheel()[1] == data  # the same bytes every time: the image's hash is stable
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / name).write_bytes(data)
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--find-links",
+                           str(tmp_path / "wheels"), "--target", str(tmp_path / "site"), "--disable-pip-version-check",
+                           f"nvidia-ml-py=={standins.nvml_version()}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "site" / "pynvml.py").read_bytes() == (HERE / "pynvml.py").read_bytes()
+    with zipfile.ZipFile(tmp_path / "wheels" / name) as whl:
+        assert "pynvml.py" in whl.namelist()
