@@ -2,18 +2,26 @@
 
 Docker Hub is unreachable here, and a task whose image sits behind an
 unreachable registry waits 30-40 s in Preparing. A registry on the bridge
-answers at once, and the stand-in replaces images we cannot fetch.
+answers at once, and the stand-in replaces images we cannot fetch. For the
+rehearsal's machines, whose dockerds use this registry as their Docker Hub
+mirror, push_standin_as() stores the stand-in under Docker Hub names
+(nvidia/cuda:...) through the Registry HTTP API, with no engine on this host.
 """
 from __future__ import annotations
 
 import functools
+import gzip
+import hashlib
 import io
+import json
 import os
 import shutil
 import signal
 import subprocess
 import tarfile
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,6 +33,9 @@ REGISTRY_DIR = STATE_ROOT / "registry"
 STANDIN_IMAGE = f"{REGISTRY}/gpu-swarm/standin:1"
 STANDIN_FILES = Path(__file__).resolve().parent / "standin"
 STANDIN_SCRIPTS = ("nvidia-smi", "gpu-standin")
+STANDIN_CMD = ["/usr/bin/gpu-standin"]
+# NVIDIA_VISIBLE_DEVICES=all as in every nvidia/cuda image: the runtime guard must override it.
+STANDIN_ENV = ["PATH=/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]
 
 
 @functools.cache
@@ -95,10 +106,8 @@ def _standin_rootfs() -> bytes:
 def push_standin(node: Node, engine: Engine) -> str:
     """Build the stand-in on one node's engine and push it, so every node can pull it."""
     proc = subprocess.run([engine.docker, "-H", f"unix://{node.sock}", "import",
-                           "--change", 'CMD ["/usr/bin/gpu-standin"]', "--change", "ENV PATH=/usr/bin:/bin",
-                           # As in every nvidia/cuda image: the runtime guard must override it.
-                           "--change", "ENV NVIDIA_VISIBLE_DEVICES=all",
-                           "--change", "ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+                           "--change", f"CMD {json.dumps(STANDIN_CMD)}",
+                           *[arg for env in STANDIN_ENV for arg in ("--change", f"ENV {env}")],
                            "-", STANDIN_IMAGE], input=_standin_rootfs(), capture_output=True,
                           env=engine.env(), timeout=60)
     if proc.returncode != 0:
@@ -116,3 +125,83 @@ def pull_standin(nodes: list[Node], engine: Engine) -> None:
     if nodes:
         with ThreadPoolExecutor(max_workers=min(8, len(nodes))) as pool:
             list(pool.map(lambda n: docker(n, engine, "pull", "-q", STANDIN_IMAGE, timeout=60), nodes))
+
+
+# --- the stand-in under Docker Hub names, without an engine on this host ------------------------
+
+MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
+
+
+def hub_repository(name: str) -> tuple[str, str]:
+    """(repository, tag) of a Docker Hub image name, as a mirror is asked for it: busybox is library/busybox."""
+    ref = name.removeprefix("docker.io/").removeprefix("index.docker.io/")
+    if "@" in ref:
+        raise RehearsalError(f"{name}: a digest reference cannot name the stand-in (its digest is its own); use a tag")
+    repo, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
+    first = repo.split("/", 1)[0]
+    if "/" in repo and ("." in first or ":" in first or first == "localhost"):
+        raise RehearsalError(f"{name}: only Docker Hub images can be mirrored; {first} is another registry")
+    return (repo if "/" in repo else f"library/{repo}"), tag
+
+
+def standin_blobs() -> tuple[bytes, bytes, bytes]:
+    """The stand-in image as a registry stores it: (layer .tar.gz, config JSON, schema 2 manifest)."""
+    tar = _standin_rootfs()
+    layer = gzip.compress(tar, mtime=0)
+    config = json.dumps({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Env": STANDIN_ENV, "Cmd": STANDIN_CMD},
+        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(tar).hexdigest()}"]},
+        "history": [{"created_by": "gpu-swarm rehearsal stand-in: busybox + localswarm/standin/*"}],
+    }, sort_keys=True).encode()
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": MANIFEST_V2,
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": len(config),
+                   "digest": _digest(config)},
+        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", "size": len(layer),
+                    "digest": _digest(layer)}],
+    }, indent=3).encode()
+    return layer, config, manifest
+
+
+def _digest(data: bytes) -> str:
+    return f"sha256:{hashlib.sha256(data).hexdigest()}"
+
+
+def _ask(method: str, url: str, data: bytes | None = None, headers: dict | None = None):
+    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the bridge, never a proxy
+    try:
+        with opener.open(request, timeout=30) as answer:
+            return answer.status, answer.headers
+    except urllib.error.HTTPError as e:
+        if method == "HEAD" and e.code == 404:
+            return 404, e.headers
+        detail = e.read().decode(errors="replace").strip()
+        raise RehearsalError(f"the local registry refused {method} {url}: HTTP {e.code} {detail}")
+    except OSError as e:
+        raise RehearsalError(f"the registry does not answer {method} {url} ({e}); is the rehearsal up?")
+
+
+def push_standin_as(names: list[str], registry: str = REGISTRY) -> list[str]:
+    """Push the stand-in (the same busybox + localswarm/standin/* as push_standin) under Docker Hub
+    names such as nvidia/cuda:12.6.3-base-ubuntu24.04, speaking the Registry HTTP API v2: the
+    machines' dockerds, whose registry mirror this registry is, then pull it under that name.
+    Returns the repository:tag pushed, in the order given."""
+    layer, config, manifest = standin_blobs()
+    base = f"http://{registry}/v2"
+    pushed = []
+    for name in names:
+        repo, tag = hub_repository(name)
+        for blob in (layer, config):
+            digest = _digest(blob)
+            if _ask("HEAD", f"{base}/{repo}/blobs/{digest}")[0] == 200:
+                continue
+            _, headers = _ask("POST", f"{base}/{repo}/blobs/uploads/", b"")
+            location = urllib.parse.urljoin(f"http://{registry}/", headers["Location"])
+            separator = "&" if "?" in location else "?"
+            _ask("PUT", f"{location}{separator}digest={urllib.parse.quote(digest)}", blob,
+                 {"Content-Type": "application/octet-stream"})
+        _ask("PUT", f"{base}/{repo}/manifests/{tag}", manifest, {"Content-Type": MANIFEST_V2})
+        pushed.append(f"{repo}:{tag}")
+    return pushed
