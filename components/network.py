@@ -12,7 +12,7 @@ import pulumi_aws as aws
 class NetworkArgs:
     cidr_block: pulumi.Input[str]
     # One subnet per (availability zone, CIDR); plain values, since they decide how many
-    # subnets exist. settings.py keeps each zone's CIDR fixed as zones come and go.
+    # subnets exist. settings/aws_checks.py keeps each zone's CIDR fixed as zones come and go.
     subnets: Sequence[tuple[str, str]]
     tags: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
 

@@ -81,7 +81,7 @@ def command_stdout(name: str, create: str) -> str:
         return '{"state": "absent", "manager": false}\n'
     if "docker swarm init" in create:
         return json.dumps({"cluster_id": FAKE_CLUSTER_ID, "node_id": fake_node_id(name), "created": True}) + "\n"
-    if "docker swarm join" in create:
+    if "/swarm/join" in create and "docker swarm init" not in create:  # join_swarm
         return fake_node_id(name) + "\n"
     if "GenericResources" in create:  # admit_node: the swarm sees what the node advertises
         expected = int(re.search(r"\"\$n\" -eq (\d+) \]", create)[1])

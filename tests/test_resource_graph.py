@@ -430,7 +430,7 @@ def test_workers_are_reached_through_manager_0(prod):
 def test_joins_name_the_cluster_every_manager_and_the_token_of_their_role(prod):
     manager_ips = prod.run.exports["managerPrivateIps"]
     for name, cmd in prod.commands("-join").items():
-        assert "docker swarm join" in cmd["create"] and FAKE_CLUSTER_ID in cmd["create"], name
+        assert "/swarm/join" in cmd["create"] and FAKE_CLUSTER_ID in cmd["create"], name
         assert "targets='" + " ".join(f"{ip}:2377" for ip in manager_ips) + "'" in inner(cmd), name
         role = "manager" if "-member-managers-" in name else "worker"
         assert cmd["stdin"] == f"SWMTKN-1-{role}-secret", name
