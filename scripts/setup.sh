@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 . scripts/steps.sh
 # shellcheck source=../node/versions.env
 . node/versions.env
-STEP_PREFIX=setup STEP_COUNT=3
+STEP_PREFIX=setup STEP_COUNT=4
 setup_t0=$(now_us)
 
 export DEBIAN_FRONTEND=noninteractive
@@ -20,6 +20,8 @@ packages=(
   docker-registry busybox-static  # the rehearsal's local registry and its stand-in image
   cloud-init shellcheck           # real validators for the user data and every shell script
   ca-certificates
+  mmdebstrap debian-archive-keyring systemd-container  # the rehearsal machines: root filesystem, nspawn
+  openssl openssh-client          # the rehearsal CA (S3 stand-in); SSH into the machines
 )
 step_begin "Debian packages"
 missing=()
@@ -66,6 +68,14 @@ if engine=$(bash localswarm/install-engine.sh --check); then
   step_skipped "$engine"
 else
   bash localswarm/install-engine.sh
+  step_done
+fi
+step_begin "rehearsal node image (Debian trixie, mmdebstrap)"
+if image=$(.venv/bin/python -m localswarm.node_image --check); then
+  step_skipped "${image:-built}"
+else
+  # It says how long each layer took and how big it is; mmdebstrap's own log stays in the cache.
+  quietly --show '^(base|node layer|node image)' .venv/bin/python -m localswarm.node_image
   step_done
 fi
 STEP_T0=$setup_t0

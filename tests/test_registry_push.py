@@ -27,7 +27,8 @@ def hub(tmp_path):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     config = tmp_path / "config.yml"
-    config.write_text(f"version: 0.1\nlog: {{level: warn}}\nstorage: {{filesystem: {{rootdirectory: {tmp_path / 'data'}}}}}\n"
+    config.write_text(f"version: 0.1\nlog: {{level: warn}}\n"
+                      f"storage: {{filesystem: {{rootdirectory: {tmp_path / 'data'}}}}}\n"
                       f"http: {{addr: '127.0.0.1:{port}'}}\n")
     proc = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     address = f"127.0.0.1:{port}"

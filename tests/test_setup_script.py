@@ -128,9 +128,10 @@ echo "Successfully installed grpcio iniconfig pulumi_aws"
     assert "setup:   downloaded 2 files, 13.0 MB (and 1 files, 7.4 MB, from pip's cache)" in lines
     assert "Unpacking" not in result.stdout and "Reading package lists" not in result.stdout
     assert [(title, status) for _, title, status, _ in step_ends(result.stdout)] == [
-        ("[1/3] Debian packages", "done"),
-        ("[2/3] Python packages (requirements.txt) into .venv", "done"),
-        ("[3/3] Docker Engine >= 25.0.3", "skipped")]
+        ("[1/4] Debian packages", "done"),
+        ("[2/4] Python packages (requirements.txt) into .venv", "done"),
+        ("[3/4] Docker Engine >= 25.0.3", "skipped"),
+        ("[4/4] rehearsal node image (Debian trixie, mmdebstrap)", "skipped")]
     assert re.fullmatch(r"setup: done in \d+\.\d s", lines[-1])
 
 
@@ -142,8 +143,45 @@ def test_setup_says_what_it_skips(checkout):
     result = checkout.run("scripts/setup.sh")
 
     assert result.returncode == 0, result.stdout + result.stderr
-    assert [status for _, _, status, _ in step_ends(result.stdout)] == ["skipped"] * 3
+    assert [status for _, _, status, _ in step_ends(result.stdout)] == ["skipped"] * 4
     assert f"{checkout.prefix}/usr/sbin/dockerd is Docker version 26.1.5+dfsg1" in result.stdout
+
+
+def test_setup_builds_the_node_image_and_says_how_long_and_how_big(checkout):
+    checkout.fake("apt-get", "exit 1")
+    checkout.engine()
+    # .venv's python: pip is satisfied; the image is not built (--check exits 1), then builds.
+    checkout.fake("pip", 'echo "Requirement already satisfied: pulumi"', checkout.root / ".venv" / "bin")
+    checkout.fake("python", """case "$*" in
+  "-m localswarm.node_image --check") exit 1 ;;
+  "-m localswarm.node_image")
+    echo "base: mmdebstrap Debian trixie with 19 packages and their dependencies ..."
+    echo "I: downloading packages with apt..."
+    echo "base: done in 26.9 s, 475 MB in /var/cache/gpu-swarm/node-image/base-1"
+    echo "node image ready in 27.5 s: node-2 over base-1, 475 MB in /var/cache/gpu-swarm/node-image" ;;
+esac""", checkout.root / ".venv" / "bin")
+
+    result = checkout.run("scripts/setup.sh")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert "setup:   base: done in 26.9 s, 475 MB in /var/cache/gpu-swarm/node-image/base-1" in lines
+    assert "I: downloading" not in result.stdout
+    assert step_ends(result.stdout)[-1][1:3] == ("[4/4] rehearsal node image (Debian trixie, mmdebstrap)", "done")
+
+
+def test_setup_shows_why_the_node_image_failed(checkout):
+    checkout.fake("apt-get", "exit 1")
+    checkout.engine()
+    checkout.fake("pip", 'echo "Requirement already satisfied: pulumi"', checkout.root / ".venv" / "bin")
+    checkout.fake("python", """case "$*" in
+  *--check) exit 1 ;;
+  *) echo "node image: mmdebstrap failed (exit 1); the end of base-1.log:"; echo "E: Release file expired"; exit 1 ;;
+esac""", checkout.root / ".venv" / "bin")
+    result = checkout.run("scripts/setup.sh")
+    assert result.returncode == 1
+    assert "    E: Release file expired" in result.stderr
+    assert re.search(r"\[4/4\] rehearsal node image .*: failed in", result.stderr)
 
 
 def test_setup_stops_with_pips_output_when_pip_fails(checkout):

@@ -75,7 +75,8 @@ def nvml_wheel() -> tuple[str, bytes]:
         "pynvml.py": (HERE / "pynvml.py").read_bytes(),
         f"{info}/METADATA": (f"Metadata-Version: 2.1\nName: nvidia-ml-py\nVersion: {version}\n"
                              "Summary: gpu-swarm rehearsal stand-in for NVIDIA's NVML bindings (no GPU)\n").encode(),
-        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: gpu-swarm-rehearsal\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{info}/WHEEL": (b"Wheel-Version: 1.0\nGenerator: gpu-swarm-rehearsal\nRoot-Is-Purelib: true\n"
+                          b"Tag: py3-none-any\n"),
         f"{info}/top_level.txt": b"pynvml\n",
     }
     record = "".join(f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"

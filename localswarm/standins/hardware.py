@@ -26,6 +26,19 @@ def describe(gpus: list[dict], driver: str = DEFAULT_DRIVER, cuda: int = 13000) 
                      for g in gpus]}
 
 
+def with_fault(description: dict, uuid: str, fault: dict | None) -> dict:
+    """The description with one GPU's fault set ({"xid": 79}, {"ecc": "double"}, {"missing": true},
+    {"pending_retirement": true}: pynvml.py says what each does) or, with None, cleared."""
+    new = json.loads(json.dumps(description))
+    gpu = next((g for g in new.get("gpus", []) if g["uuid"] == uuid), None)
+    if gpu is None:
+        raise KeyError(f"no GPU {uuid} in the hardware file")
+    gpu.pop("fault", None)
+    if fault:
+        gpu["fault"] = fault
+    return new
+
+
 def load(file: str | None = None) -> dict:
     """The description; a machine without the file has no NVIDIA hardware at all."""
     try:

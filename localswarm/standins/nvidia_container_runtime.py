@@ -118,7 +118,8 @@ def report_error(args: list[str], message: str) -> None:
     if not log:
         return
     if _global_option(args, "--log-format") == "json":
-        line = json.dumps({"level": "error", "msg": message, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        line = json.dumps({"level": "error", "msg": message, "time": stamp})
     else:
         line = f'level=error msg="{message}"'
     try:

@@ -1,0 +1,248 @@
+"""The rehearsal's node image, its "pre-baked AMI": Debian trixie set up as an Ubuntu EC2 AMI is, plus the
+hardware stand-ins (localswarm/standins).
+
+Two layers, each built once and cached by the hash of its recipe under CACHE:
+- base-<hash>/rootfs: mmdebstrap of PACKAGES (about half a minute and 470 MB); it changes only
+  with the package list, so editing a stand-in never downloads it again;
+- node-<hash>/layer: what makes it the AMI, written through an overlay on the base: cloud-init
+  (NoCloud, default user `ubuntu` with passwordless sudo), Docker's daemon.json (the local
+  registry as Docker Hub mirror, the nvidia runtime registered), apt timers off, the rehearsal
+  CA trusted, no SSH host keys or hostname (each machine makes its own), and the stand-ins.
+A machine's root is an overlay with lowerdir=Image.lowerdir. `python -m localswarm.node_image`
+builds it (scripts/setup.sh does); `--check` says whether it is built.
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from localswarm import object_store, standins
+from localswarm.host import SETUP_HINT, RehearsalError, run
+from localswarm.network import BRIDGE_ADDR
+
+CACHE = Path(os.environ.get("GPU_SWARM_IMAGE_CACHE", "/var/cache/gpu-swarm/node-image"))
+SUITE = "trixie"  # cloud-init 25.1 (Ubuntu 24.04 ships 24.x+), Docker 26.1.5 (>= 25.0.3, moby#44378)
+MIRROR = "http://deb.debian.org/debian"
+PACKAGES = (
+    "systemd", "systemd-sysv", "dbus",  # PID 1, as on an instance
+    "cloud-init", "openssh-server", "sudo",  # how the program reaches a node
+    "docker.io", "docker-cli", "iptables",  # Docker 26.1.5; trixie puts the CLI in its own package
+    "python3", "python3-venv",  # the GPU agent's venv (install-gpu-agent.sh)
+    "curl", "ca-certificates", "openssl",  # the node bundle's download from the S3 stand-in
+    "busybox-static",  # the post-join check image (node/build-check-image.sh)
+    "iproute2", "procps", "netbase", "less",
+)
+# Like Ubuntu's minimal cloud images: no manuals or translations (a fifth of the size).
+DPKG_OPTIONS = ("path-exclude=/usr/share/man/*", "path-exclude=/usr/share/doc/*",
+                "path-include=/usr/share/doc/*/copyright", "path-exclude=/usr/share/locale/*")
+REGISTRY_MIRROR = f"{BRIDGE_ADDR}:5000"  # localswarm/registry.py's registry, a Docker Hub mirror
+DAEMON_JSON = {
+    "registry-mirrors": [f"http://{REGISTRY_MIRROR}"],
+    "insecure-registries": [REGISTRY_MIRROR],  # the local registry speaks plain HTTP
+    "log-opts": {"max-size": "1m"},
+    "shutdown-timeout": 3,  # a stop should not wait 15 s per sleeping task
+}
+CLOUD_CFG = """\
+# gpu-swarm rehearsal: this image plays an Ubuntu EC2 AMI, booted through cloud-init's NoCloud
+# datasource (seed in /var/lib/cloud/seed/nocloud, written by localswarm/machines.py).
+datasource_list: [NoCloud]
+# The machine's network namespace is set up before it boots, as EC2's DHCP would answer.
+network: {config: disabled}
+system_info:
+  distro: debian
+  ssh_svcname: ssh
+  # Ubuntu AMIs' default user: public keys from the meta-data, sudo without a password.
+  default_user:
+    name: ubuntu
+    lock_passwd: true
+    gecos: Ubuntu
+    groups: [adm, cdrom, dip, plugdev, sudo, video]
+    sudo: ["ALL=(ALL) NOPASSWD:ALL"]
+    shell: /bin/bash
+"""
+RESOLV_CONF = f"""\
+# gpu-swarm rehearsal: nothing answers DNS here, so a lookup fails at once instead of timing out
+# (the bridge address refuses port 53). Names a machine needs are in its /etc/hosts.
+nameserver {BRIDGE_ADDR}
+"""
+MASKED = {
+    "apt-daily.timer": "no package index is reachable, and an AMI for a swarm should not upgrade by itself",
+    "apt-daily-upgrade.timer": "same",
+    "systemd-modules-load.service": "a container cannot load kernel modules (the host kernel's are not in the image)",
+}
+REMOVED = ("/etc/hostname", "/etc/ssh/ssh_host_*")  # mmdebstrap copied the host's; each machine makes its own
+LAYER_STEPS_VERSION = 1  # bump when the layer's build steps change in a way the file list does not show
+
+
+@dataclass(frozen=True)
+class Image:
+    base: Path  # the mmdebstrap root filesystem
+    layer: Path  # the AMI's configuration and the stand-ins
+
+    @property
+    def lowerdir(self) -> str:
+        return f"{self.layer}:{self.base}"
+
+
+def _digest(data) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def base_dir() -> Path:
+    return CACHE / f"base-{_digest([SUITE, MIRROR, PACKAGES, DPKG_OPTIONS])}"
+
+
+def layer_files(ca_cert: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file the layer writes: path in the image -> (content, mode)."""
+    files = dict(standins.image_files())
+    files["/etc/cloud/cloud.cfg.d/90-gpu-swarm-rehearsal.cfg"] = (CLOUD_CFG.encode(), 0o644)
+    files["/etc/docker/daemon.json"] = ((json.dumps(DAEMON_JSON, indent=2) + "\n").encode(), 0o644)
+    files["/etc/resolv.conf"] = (RESOLV_CONF.encode(), 0o644)
+    files["/etc/machine-id"] = (b"", 0o444)  # empty: systemd makes one per machine at its first boot
+    files["/usr/local/share/ca-certificates/gpu-swarm-rehearsal-ca.crt"] = (ca_cert.read_bytes(), 0o644)
+    return files
+
+
+def layer_dir(files: dict[str, tuple[bytes, int]]) -> Path:
+    recipe = [base_dir().name, LAYER_STEPS_VERSION, sorted(MASKED), REMOVED, standins.image_links(),
+              standins.image_units(), {p: [hashlib.sha256(d).hexdigest(), m] for p, (d, m) in files.items()}]
+    return CACHE / f"node-{_digest(recipe)}"
+
+
+def built() -> Image | None:
+    """The current image when it is built, else None."""
+    if not object_store.CA_CERT.exists():
+        return None
+    image = Image(base_dir() / "rootfs", layer_dir(layer_files(object_store.CA_CERT)) / "layer")
+    return image if image.base.is_dir() and image.layer.is_dir() else None
+
+
+def _size_mb(path: Path) -> float:
+    out = run(["du", "-sb", str(path)], check=False).stdout.split()
+    return int(out[0]) / 1e6 if out else 0.0
+
+
+def _build_base(progress) -> None:
+    target = base_dir()
+    if not shutil.which("mmdebstrap"):
+        raise RehearsalError(f"`mmdebstrap` is not installed; {SETUP_HINT}")
+    work = Path(f"{target}.tmp")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    progress(f"base: mmdebstrap Debian {SUITE} with {len(PACKAGES)} packages and their dependencies "
+             f"from {MIRROR} ...")
+    t0 = time.monotonic()
+    log = CACHE / f"{target.name}.log"
+    cmd = ["mmdebstrap", "--variant=apt", f"--include={','.join(PACKAGES)}",
+           *[f"--dpkgopt={o}" for o in DPKG_OPTIONS], SUITE, str(work / "rootfs"), MIRROR]
+    with open(log, "wb") as out:
+        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+        raise RehearsalError(f"mmdebstrap failed (exit {done.returncode}); the end of {log}:\n{tail}\n"
+                             f"It needs {MIRROR} (Debian's signed packages; bookworm's debian-archive-keyring "
+                             "has trixie's keys)")
+    work.rename(target)
+    progress(f"base: done in {time.monotonic() - t0:.1f} s, {_size_mb(target / 'rootfs'):.0f} MB in {target}")
+
+
+def _build_layer(base: Path, files: dict[str, tuple[bytes, int]], target: Path, progress) -> None:
+    progress(f"node layer: cloud-init, daemon.json, CA, {len(standins.STANDINS)} hardware stand-ins ...")
+    t0 = time.monotonic()
+    work = Path(f"{target}.tmp")
+    shutil.rmtree(work, ignore_errors=True)
+    for d in ("layer", "work", "root"):
+        (work / d).mkdir(parents=True)
+    root = work / "root"
+    run(["mount", "-t", "overlay", "overlay", "-o",
+         f"lowerdir={base},upperdir={work / 'layer'},workdir={work / 'work'}", str(root)])
+    try:
+        for path, (data, mode) in files.items():
+            dest = root / path.lstrip("/")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.unlink(missing_ok=True)  # /etc/resolv.conf may be a link
+            dest.write_bytes(data)
+            os.chmod(dest, mode)
+        for link, points_to in standins.image_links().items():
+            (root / link.lstrip("/")).unlink(missing_ok=True)
+            (root / link.lstrip("/")).symlink_to(points_to)
+        units = root / "etc/systemd/system"
+        for unit in MASKED:
+            (units / unit).unlink(missing_ok=True)
+            (units / unit).symlink_to("/dev/null")
+        wants = units / "multi-user.target.wants"
+        for unit in standins.image_units():
+            (wants / unit).unlink(missing_ok=True)
+            (wants / unit).symlink_to(f"/usr/lib/systemd/system/{unit}")
+        for pattern in REMOVED:
+            for path in root.glob(pattern.lstrip("/")):
+                path.unlink()
+        # The real tools, in the image: the CA into the system's bundle, and the toolkit's
+        # registration done by the nvidia-ctk stand-in itself, as on an AMI with the toolkit.
+        run(["chroot", str(root), "update-ca-certificates"])
+        run(["chroot", str(root), "nvidia-ctk", "runtime", "configure", "--runtime=docker"])
+    finally:
+        run(["umount", str(root)], check=False)
+    shutil.rmtree(work / "work", ignore_errors=True)
+    root.rmdir()
+    work.rename(target)
+    progress(f"node layer: done in {time.monotonic() - t0:.1f} s, {_size_mb(target / 'layer'):.1f} MB in {target}")
+
+
+def _prune(keep: set[Path]) -> None:
+    """Remove older builds that no mounted overlay uses."""
+    mounts = Path("/proc/self/mountinfo").read_text()
+    for old in CACHE.glob("*-*"):
+        if old.is_dir() and old not in keep and (old.suffix == ".tmp" or str(old) not in mounts):
+            shutil.rmtree(old, ignore_errors=True)
+            Path(f"{old}.log").unlink(missing_ok=True)
+
+
+def ensure_image(progress=print) -> Image:
+    """The node image, built when missing (one builder at a time)."""
+    if os.geteuid() != 0:
+        raise RehearsalError("building the node image needs root (mmdebstrap, chroot, mount)")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (base_dir() / "rootfs").is_dir():
+            _build_base(progress)
+        files = layer_files(object_store.ensure_ca())
+        target = layer_dir(files)
+        if not (target / "layer").is_dir():
+            _build_layer(base_dir() / "rootfs", files, target, progress)
+        _prune({base_dir(), target})
+        return Image(base_dir() / "rootfs", target / "layer")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m localswarm.node_image", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="build nothing: exit 0 and name it if built, else 1")
+    args = parser.parse_args(argv)
+    try:
+        if args.check:
+            image = built()
+            if image:
+                print(f"{image.layer.parent.name} over {image.base.parent.name} in {CACHE}")
+            return 0 if image else 1
+        t0 = time.monotonic()
+        image = ensure_image(lambda line: print(line, flush=True))
+        print(f"node image ready in {time.monotonic() - t0:.1f} s: {image.layer.parent.name} over "
+              f"{image.base.parent.name}, {_size_mb(image.base) + _size_mb(image.layer):.0f} MB in {CACHE}")
+        return 0
+    except RehearsalError as e:
+        print(f"node image: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
