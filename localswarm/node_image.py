@@ -142,7 +142,9 @@ def _build_base(progress) -> None:
              f"from {MIRROR} ...")
     t0 = time.monotonic()
     log = CACHE / f"{target.name}.log"
-    cmd = ["mmdebstrap", "--variant=apt", f"--include={','.join(PACKAGES)}",
+    # The hook counts the .debs before mmdebstrap empties apt's cache: what the build downloaded.
+    count = 'echo "downloaded $(cat "$1"/var/cache/apt/archives/*.deb | wc -c) bytes"'
+    cmd = ["mmdebstrap", "--variant=apt", f"--include={','.join(PACKAGES)}", f"--customize-hook={count}",
            *[f"--dpkgopt={o}" for o in DPKG_OPTIONS], SUITE, str(work / "rootfs"), MIRROR]
     with open(log, "wb") as out:
         done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
@@ -152,7 +154,9 @@ def _build_base(progress) -> None:
                              f"It needs {MIRROR} (Debian's signed packages; bookworm's debian-archive-keyring "
                              "has trixie's keys)")
     work.rename(target)
-    progress(f"base: done in {time.monotonic() - t0:.1f} s, {_size_mb(target / 'rootfs'):.0f} MB in {target}")
+    got = [line.split()[1] for line in log.read_text(errors="replace").splitlines() if line.startswith("downloaded ")]
+    fetched = f"downloaded {int(got[-1]) / 1e6:.1f} MB, " if got and got[-1].isdigit() else ""
+    progress(f"base: done in {time.monotonic() - t0:.1f} s, {fetched}{_size_mb(target / 'rootfs'):.0f} MB in {target}")
 
 
 def _build_layer(base: Path, files: dict[str, tuple[bytes, int]], target: Path, progress) -> None:
