@@ -119,6 +119,7 @@ def fleet(key):
     finally:
         for m in launched.values():
             machines.terminate(m)
+        shutil.rmtree(object_store.STORE / "objects" / BUCKET, ignore_errors=True)
         if made_store:
             object_store.stop()
         if made_registry:
@@ -304,6 +305,19 @@ def test_stop_and_start_keep_the_disk_and_run_cloud_init_once(fleet):
     assert on(b, "cat /root/kept") == "kept\n"
     assert len(on(b, "cat /root/runcmd-runs").splitlines()) == 1  # same instance-id: runcmd is per instance
     assert "Halting system" in machines.console(b) or "Power down" in machines.console(b)
+    # A reboot from inside boots it again, as an instance's does.
+    boots = len(on(b, "journalctl --list-boots --no-pager -q").splitlines())
+    machines.run(b, "systemctl reboot")
+    deadline = time.monotonic() + 60
+    while True:
+        assert machines.running(b) and time.monotonic() < deadline, machines.console(b)[-2000:]
+        try:
+            if len(on(b, "journalctl --list-boots --no-pager -q").splitlines()) > boots:
+                break
+        except (AssertionError, RehearsalError):
+            pass  # between two boots
+        time.sleep(0.2)
+    assert machines.wait_booted(b) == "running"
 
 
 def test_teardown_all_leaves_nothing(fleet):
