@@ -115,6 +115,10 @@ def _write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
 def launch(name: str, index: int, *, user_data: str, meta_data: dict, gpus: list[dict],
            hosts: dict[str, str] | None = None, image: node_image.Image | None = None) -> Machine:
     """A new machine, booting: returns as soon as nspawn runs (sshd answers some seconds later)."""
+    if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", name):
+        raise RehearsalError(f"machine name {name!r}: use a hostname, lower-case letters, digits and '-'")
+    if not 0 <= index <= 244:
+        raise RehearsalError(f"machine index {index}: must be 0 to 244 (its address is .10 + index in {network.SUBNET})")
     if os.geteuid() != 0:
         raise RehearsalError("machines need root (namespaces, mounts, systemd-nspawn)")
     if not shutil.which("systemd-nspawn"):

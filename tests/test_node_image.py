@@ -88,3 +88,10 @@ def test_the_machine_launcher_passes_shellcheck(tmp_path):
     (tmp_path / "launcher").write_text("#!/bin/sh\n" + nspawn.LAUNCHER)
     result = subprocess.run([shellcheck, "launcher"], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.parametrize("name, index, message", [("bad_name", 1, "use a hostname"), ("Node-1", 1, "use a hostname"),
+                                                  ("node-1", 245, "must be 0 to 244"), ("-x", 1, "use a hostname")])
+def test_launch_refuses_names_and_indexes_that_cannot_be_a_machine(name, index, message):
+    with pytest.raises(machines.RehearsalError, match=message):
+        machines.launch(name, index, user_data="#cloud-config\n", meta_data={}, gpus=[])
