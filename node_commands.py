@@ -28,15 +28,18 @@ def _paths(root: str) -> dict[str, str]:
         ("cloud_log", CLOUD_INIT_LOG), ("cloud_status", CLOUD_INIT_STATUS), ("daemon", DOCKER_DAEMON_JSON))}
 
 
-def _common(at: dict[str, str]) -> list[str]:
-    """say and fail; fail shows the ends of the node's logs, so `pulumi up` says why, not just that."""
+def _common(at: dict[str, str], *, boot: bool) -> list[str]:
+    """say and fail; fail shows the ends of the node's logs, so `pulumi up` says why, not just that
+    (cloud-init's own output only for the first boot: later it holds nothing of an upgrade)."""
+    cloud = [f"  echo '--- last 15 lines of {CLOUD_INIT_LOG} ---' >&2; tail -n 15 {at['cloud_log']} >&2 2>/dev/null "
+             "|| true"] if boot else []
     return [
         "set -o pipefail",
         'say() { echo "gpu-swarm: $*" >&2; }',
         "fail() {",
         '  say "$1"',
         f"  echo '--- last 40 lines of {BOOTSTRAP_LOG} ---' >&2; tail -n 40 {at['log']} >&2 2>/dev/null || true",
-        f"  echo '--- last 15 lines of {CLOUD_INIT_LOG} ---' >&2; tail -n 15 {at['cloud_log']} >&2 2>/dev/null || true",
+        *cloud,
         "  exit 1",
         "}",
     ]
@@ -127,7 +130,7 @@ def wait_for_boot(*, env: dict[str, str], expected_gpus: int, timeout_s: int = 2
     at = _paths(root)
     minutes = timeout_s // 60
     return script(
-        *_common(at),
+        *_common(at, boot=True),
         "command -v cloud-init >/dev/null 2>&1 || fail 'this image has no cloud-init, which installs gpu-swarm at "
         "first boot: use Ubuntu 24.04, the Deep Learning AMI, or an image built from them'",
         # cloud-init >= 23.4 exits 2 on recoverable warnings; 1 is an error, which for the
@@ -168,7 +171,7 @@ def upgrade(new: NodeRelease, *, expected_gpus: int, timeout_s: int = 2700, root
                    f"cat >{path}.new <<'{mark}'\n{f.content}{mark}",
                    f"chmod {f.mode} {path}.new && mv {path}.new {path}"]
     return script(
-        *_common(at),
+        *_common(at, boot=False),
         *writes,
         f'if [ "$(cat {at["applied"]} 2>/dev/null || true)" = {new.id} ] && [ -e {at["done"]} ]; then',
         f'  say "this node runs release {new.id[:12]}"',

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import mocks as pulumi_mocks, rpc
 
 from components.provider_facts import replaced_by
 from localswarm import fake_aws, machines, object_store, ssh
@@ -227,5 +227,12 @@ class LocalCloud(pulumi_mocks.Mocks):
 
 
 def _plain(value):
-    """Inputs as JSON would keep them (the state file), so that two runs compare equal."""
+    """Inputs as JSON would keep them (the state file), so that two runs compare equal; secrets
+    unwrapped, as a provider receives them."""
+    if isinstance(value, dict):
+        if value.get(rpc._special_sig_key) == rpc._special_secret_sig:
+            return _plain(value.get("value"))
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
     return json.loads(json.dumps(value, default=str))

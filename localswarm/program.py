@@ -29,7 +29,7 @@ import yaml
 from pulumi.runtime import mocks as pulumi_mocks
 
 import node_software
-from localswarm import api, machines, network, node_image, object_store, placement, registry
+from localswarm import api, machines, network, node_image, nspawn, object_store, placement, registry
 from localswarm.host import CLI, REPO, RehearsalError, check_host, find_engine, run
 from localswarm.local_cloud import COMMAND, LocalCloud
 from localswarm.nodes import REGISTRY, STATE_ROOT
@@ -215,13 +215,13 @@ def _bumped_software(n: int) -> Path:
 
 def _run_program(cloud: LocalCloud, config: dict, stack: str, parallel: int, source: Path | None) -> dict:
     exports: dict = {}
-    pulumi.runtime.settings.ROOT.set(None)
-    pulumi_mocks.set_mocks(cloud, project="gpu-swarm", stack=stack, preview=False, monitor=_Monitor(cloud))
-    pulumi.runtime.set_all_config(config, [])
     loop = asyncio.new_event_loop()
     # The SDK registers resources from the loop's default executor: its size is the engine's --parallel.
     loop.set_default_executor(ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="pulumi"))
     asyncio.set_event_loop(loop)
+    pulumi.runtime.settings.ROOT.set(None)
+    pulumi_mocks.set_mocks(cloud, project="gpu-swarm", stack=stack, preview=False, monitor=_Monitor(cloud))
+    pulumi.runtime.set_all_config(config, [])
 
     async def collect(outputs: dict) -> None:
         for name, value in outputs.items():
@@ -256,7 +256,7 @@ def view_nodes(cloud_or_state) -> list[ViewNode]:
 
 def docker_socket(machine: machines.Machine) -> str:
     """The machine's Docker socket, reached from the host through its init's root (/proc/PID/root)."""
-    return f"/proc/{machines.init_pid(machine) or 0}/root/run/docker.sock"
+    return f"/proc/{nspawn.init_pid(machine) or 0}/root/run/docker.sock"
 
 
 def _wait_converged(nodes: list[ViewNode], timeout: float, kind: str, shared_kind: str) -> dict:

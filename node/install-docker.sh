@@ -4,7 +4,16 @@
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 found=$(docker_version)
-if [ -n "$found" ] && version_ge "$found" "$DOCKER_MIN_VERSION"; then skip "Docker $found"; fi
+if [ -n "$found" ] && version_ge "$found" "$DOCKER_MIN_VERSION"; then
+  # Installed is not enough: the later steps need it running, also on a node whose engine a
+  # failed earlier install left stopped (systemd's start limit) or that an operator stopped.
+  if ! systemctl is-active -q docker; then
+    log "Docker $found is installed but not running: starting it"
+    systemctl reset-failed docker 2>/dev/null || :
+    systemctl enable --now docker
+  fi
+  skip "Docker $found"
+fi
 log "installing Docker (found ${found:-none}, need >= $DOCKER_MIN_VERSION)"
 distro=$(os_release ID)
 retry apt_get update

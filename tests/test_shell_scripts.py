@@ -207,9 +207,23 @@ esac""")
 def test_install_docker_skips_a_new_enough_engine(node, version):
     node.real_step("install-docker")
     node.fake("dockerd", f'echo "{version}"')
+    node.fake("systemctl", 'exit 0')  # is-active: it runs
     result = node.bootstrap("install-docker")
     assert result.returncode == 0, node.log.read_text()
     assert node.statuses() == {"install-docker": "skipped"}
+    assert [c for c in node.called() if c.startswith("systemctl")] == ["systemctl is-active -q docker"]
+
+
+def test_install_docker_starts_an_installed_engine_that_a_failed_install_left_stopped(node):
+    """Found by the rehearsal's roll: a node whose docker hit systemd's start limit stayed down,
+    and the next upgrade's steps that need docker failed one after the other."""
+    node.real_step("install-docker")
+    node.fake("dockerd", 'echo "Docker version 26.1.5+dfsg1, build a72d7cd"')
+    node.fake("systemctl", '[ "$1" != is-active ]')  # not running; everything else works
+    assert node.bootstrap("install-docker").returncode == 0, node.log.read_text()
+    assert node.statuses() == {"install-docker": "skipped"}
+    assert [c for c in node.called() if c.startswith("systemctl")] == ["systemctl is-active -q docker", "systemctl reset-failed docker",
+                             "systemctl enable --now docker"]
 
 
 INSTALLED = """ii  nvidia-utils-580-server
@@ -397,6 +411,26 @@ def test_apply_docker_config_drops_live_restore_and_restarts_only_on_change(node
     node.write(node.daemon_json, '{"default-runtime": "nvidia", "node-generic-resources": []}\n')
     assert node.bootstrap("apply-docker-config").returncode == 0
     assert node.called().count("systemctl restart docker") == 2
+    # Each deliberate restart first clears systemd's start limit (3 in 60 s for docker.service),
+    # which a node's first boot (start, the agent's restart, this one) and an upgrade soon
+    # after used to hit (found by `localswarm program up --bump-node-software`).
+    calls = node.called()
+    assert calls.count("systemctl reset-failed docker") == 2
+    assert calls.index("systemctl reset-failed docker") < calls.index("systemctl restart docker")
+
+
+def test_apply_docker_config_leaves_docker_running_when_only_labels_changed(node):
+    """The health watcher changes its engine labels while the node runs (dockerd reloads them
+    on SIGHUP): an upgrade must not restart docker for them."""
+    node.real_step("apply-docker-config")
+    node.fake("systemctl", "exit 0")
+    node.write(node.daemon_json, '{"default-runtime": "nvidia", "labels": ["gpu.count=1"]}\n')
+    assert node.bootstrap("apply-docker-config").returncode == 0, node.log.read_text()
+    node.write(node.daemon_json, '{"labels": ["gpu.count=1", "gpu-swarm.condition=healthy"], '
+                                 '"default-runtime": "nvidia"}\n')
+    assert node.bootstrap("apply-docker-config").returncode == 0
+    assert node.statuses() == {"apply-docker-config": "skipped"}
+    assert node.called().count("systemctl restart docker") == 1
 
 
 def test_apply_docker_config_creates_a_missing_daemon_json(node):
