@@ -60,6 +60,8 @@ GPU_REPLICAS_LABEL = "gpu.replicas"  # slots per GPU; only on a pool that shares
 CHECK_SERVICE_LABEL = "gpu-swarm.check"  # on swarm/gpu_check.py's one-off services: the node it checks
 STACK_LABEL = "gpu-swarm.stack"  # swarm/stacks.py marks each stack it deploys with a config named
 # "<STACK_LABEL>.<stack>" and labelled with it; swarm/reconcile.py removes the stacks whose marker it no longer wants
+MONITORING_STACK = "gpu-swarm-monitoring"  # the stack components/monitoring.py deploys (monitoring: true);
+# settings/ keeps users' stacks off the name, swarm/reconcile.py removes it with the other stacks once it is off
 CHECK_IMAGE = "gpu-swarm.invalid/check:1"  # node/build-check-image.sh builds it on each GPU node (never
 # pulled: the registry does not exist); swarm/gpu_check.py runs it
 
@@ -98,8 +100,11 @@ NODE_VERSIONS_ENV = f"{SOFTWARE_DIR}/versions.env"  # node/versions.env: common.
 AGENT_PATH = f"{SOFTWARE_DIR}/gpu_agent.py"  # gpu-swarm-agent.service runs it
 WATCHER_PATH = f"{SOFTWARE_DIR}/gpu_health.py"  # gpu-swarm-health.service runs it
 RECONCILER_PATH = f"{SOFTWARE_DIR}/swarm_reconciler.py"  # gpu-swarm-reconciler.service runs it
+METRICS_PATH = f"{SOFTWARE_DIR}/gpu_metrics.py"  # gpu-swarm-metrics.service runs it
+TOP_PATH = f"{SOFTWARE_DIR}/gpu_top.py"  # an operator runs it on a manager (README "GPU metrics"); stdlib only
 GUARD_PATH = f"{SOFTWARE_DIR}/gpu-swarm-runtime"  # the agent makes it dockerd's default runtime (daemon.json)
-AGENT_VENV = f"{NODE_DIR}/venv"  # install-gpu-agent.sh creates it (pynvml); the agent's and watcher's units run it
+AGENT_VENV = f"{NODE_DIR}/venv"  # install-gpu-agent.sh creates it (pynvml, prometheus_client); the agent's, the
+# watcher's and the exporter's units run it
 CONFIG_DIR = "/etc/gpu-swarm"  # the node's settings
 NODE_ENV_PATH = f"{CONFIG_DIR}/node.env"  # the program writes (see node.env above); steps and units read
 HEALTH_ENV_PATH = f"{CONFIG_DIR}/health.env"  # the program writes (see health.env above); the health units read
@@ -125,6 +130,10 @@ AGENT_REPORT_PATH = "/run/gpu-swarm/report.json"  # the agent's unit writes its 
 DOCKER_DAEMON_JSON = "/etc/docker/daemon.json"  # the agent (resources, gpu.* labels, runtimes) and the watcher
 # (condition labels) write their keys; dockerd reads; the program counts the advertised resources
 DOCKER_SOCKET = "/var/run/docker.sock"  # dockerd listens; swarm/script.py's join posts to it when DOCKER_HOST is unset
+# Docker's labels on every task's container: the metrics exporter (gpu_tasks.py) reads them to name a GPU's holder.
+DOCKER_SERVICE_NAME = "com.docker.swarm.service.name"  # dockerd sets it: the service, as the stack named it
+DOCKER_TASK_NAME = "com.docker.swarm.task.name"  # dockerd sets it: <service>.<slot>.<task id>
+DOCKER_TASK_ID = "com.docker.swarm.task.id"  # dockerd sets it on task containers only: the exporter filters on it
 DOCKERD_PIDFILE = "/var/run/docker.pid"  # dockerd writes; the watcher reads, to SIGHUP it after a label change
 TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"  # the agent sets swarm-resource; the toolkit reads
 CLOUD_INIT_LOG = "/var/log/cloud-init-output.log"  # cloud-init writes the first boot's output; the program tails it
@@ -134,7 +143,13 @@ CLOUD_INIT_STATUS = "/var/lib/cloud/data/status.json"  # cloud-init writes; the 
 AGENT_UNIT = "gpu-swarm-agent.service"  # install-gpu-agent.sh installs it; runs before docker at every boot
 HEALTH_UNIT = "gpu-swarm-health.service"  # install-health-watcher.sh installs it on GPU nodes
 RECONCILER_UNIT = "gpu-swarm-reconciler.service"  # install-reconciler.sh installs it on managers
+METRICS_UNIT = "gpu-swarm-metrics.service"  # install-gpu-metrics.sh installs it on GPU nodes
 INSTALL_UNIT = "gpu-swarm-install"  # the transient unit the program runs the installer in
+
+# ---------------------------------------------------------------- ports
+# The metrics exporter (gpu_metrics.py) listens on it on every GPU node; components/security_groups.py
+# opens it to cluster members only; stacks/monitoring/prometheus.yml scrapes it (a test keeps them equal).
+METRICS_PORT = 9835
 
 # ---------------------------------------------------------------- the shell's own names for these paths
 # node/common.sh defaults each variable to the path (tests point them into a scratch folder);

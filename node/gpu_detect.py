@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """How the GPU agent learns this node's GPUs: NVML first, then nvidia-smi, or a simulated inventory.
 
-Stdlib plus pynvml (package nvidia-ml-py), imported only when NVML is asked.
+NVML is read through nvml_reader.py, the node's one NVML reader. Stdlib plus pynvml (package
+nvidia-ml-py), imported only when NVML is asked.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import subprocess
 from contract import (GPU_COMPUTE_LABEL, GPU_COUNT_LABEL, GPU_CUDA_LABEL, GPU_DRIVER_LABEL, GPU_LABEL_PREFIX,
                       GPU_MEMORY_LABEL, GPU_PRODUCT_LABEL)
 from gpu_resources import validate_uuid
+from nvml_reader import Nvml, NvmlFailed, NvmlMissing
 
 
 class BadInput(Exception):
@@ -26,11 +28,6 @@ class DetectionFailed(Exception):
 
 class _NvmlMissing(Exception):
     """There is no NVML to ask (no pynvml, or no libnvidia-ml): not an error by itself."""
-
-
-def _text(value) -> str:
-    # nvidia-ml-py returns str; older pynvml releases returned bytes.
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _check_unique(gpus: list[dict], source: str, error: type[Exception]) -> None:
@@ -84,82 +81,29 @@ def load_inventory(path: str) -> tuple[list[dict], dict]:
 
 def detect_with_nvml(warnings: list[str]) -> tuple[list[dict], dict]:
     try:
-        import pynvml  # imported here so the module (and --inventory) works without it
-    except ImportError as e:
-        raise _NvmlMissing(f"pynvml is not importable ({e})")
+        nvml = Nvml()
+    except NvmlMissing as e:
+        raise _NvmlMissing(str(e))
+    except NvmlFailed as e:
+        raise DetectionFailed(str(e))
     try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
-        if isinstance(e, getattr(pynvml, "NVMLError_LibraryNotFound", ())):
-            raise _NvmlMissing("libnvidia-ml.so.1 was not found (no NVIDIA driver installed)")
-        raise DetectionFailed(f"NVML initialisation failed: {e}")
-    try:
-        gpus: list[dict] = []
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        for index, handle in enumerate(handles):
-            if not _mig_enabled(pynvml, handle):
-                gpus.append(_nvml_device(pynvml, handle, index, mig=False))
-                continue
-            before = len(gpus)
-            for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-                try:
-                    mig_handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
-                except pynvml.NVMLError_NotFound:
-                    continue  # an empty slot: no MIG device was created there
-                gpus.append(_nvml_device(pynvml, mig_handle, index, mig=True))
-            if len(gpus) == before:
-                warnings.append(f"GPU {index} is in MIG mode but has no MIG devices; it advertises nothing "
-                                "until MIG instances are created (or MIG mode is turned off)")
-        extra = {GPU_DRIVER_LABEL: _optional(pynvml, pynvml.nvmlSystemGetDriverVersion)}
-        cuda = (_optional(pynvml, getattr(pynvml, "nvmlSystemGetCudaDriverVersion_v2", None))
-                or _optional(pynvml, pynvml.nvmlSystemGetCudaDriverVersion))
-        if cuda:  # NVML encodes 13.0 as 13000
-            extra[GPU_CUDA_LABEL] = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}"
-        if gpus:
-            capability = _optional(pynvml, pynvml.nvmlDeviceGetCudaComputeCapability, handles[gpus[0]["index"]])
-            if capability:
-                extra[GPU_COMPUTE_LABEL] = f"{capability[0]}.{capability[1]}"
+        devices = nvml.devices(warnings)
+        gpus = [nvml.describe(device) for device in devices]
+        system = nvml.system(devices[0] if devices else None)
+        extra = {GPU_DRIVER_LABEL: system.get("driver"), GPU_CUDA_LABEL: system.get("cuda"),
+                 GPU_COMPUTE_LABEL: system.get("compute")}
         for gpu in gpus:
             validate_uuid(gpu["uuid"])
         _check_unique(gpus, "NVML", DetectionFailed)
-        return gpus, {k: _text(v) for k, v in extra.items() if v}
-    except pynvml.NVMLError as e:
+        return gpus, {k: v for k, v in extra.items() if v}
+    except nvml.Error as e:
         raise DetectionFailed(f"NVML query failed: {e}")
     except ValueError as e:
         raise DetectionFailed(f"NVML returned unusable data: {e}")
     finally:
-        try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError as e:
-            warnings.append(f"nvmlShutdown failed ({e}); harmless, the process exits next")
-
-
-def _mig_enabled(pynvml, handle) -> bool:
-    try:
-        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
-    except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
-        return False  # a GPU (or driver) without MIG
-    return current == getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1)
-
-
-def _nvml_device(pynvml, handle, index: int, mig: bool) -> dict:
-    gpu = {"index": index, "uuid": _text(pynvml.nvmlDeviceGetUUID(handle)),
-           "name": _text(pynvml.nvmlDeviceGetName(handle)),
-           "memory_mib": int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024), "mig": mig}
-    mode = _optional(pynvml, getattr(pynvml, "nvmlDeviceGetComputeMode", None), handle)
-    if mode is not None:  # sharing a GPU needs Default (0); MIG devices have none
-        gpu["compute_mode"] = int(mode)
-    return gpu
-
-
-def _optional(pynvml, call, *args):
-    # Labels only describe the node: an older driver lacking a call must not cost it its GPUs.
-    if call is None:
-        return None
-    try:
-        return call(*args)
-    except pynvml.NVMLError:
-        return None
+        failed = nvml.close()
+        if failed:
+            warnings.append(f"nvmlShutdown failed ({failed}); harmless, the process exits next")
 
 
 def detect_with_nvidia_smi(smi: str) -> list[dict]:

@@ -3,7 +3,8 @@
 
 A GPU source has check() (the periodic check), wait(seconds) -> True when it recorded an
 event (seconds=0: one already queued), and close(). Spot polls IMDSv2 for AWS's notices.
-Stdlib plus pynvml (package nvidia-ml-py), imported only when NVML is used.
+NVML is read through nvml_reader.py, the node's one NVML reader; stdlib plus pynvml (package
+nvidia-ml-py), imported only when NVML is used.
 """
 from __future__ import annotations
 
@@ -14,12 +15,10 @@ import time
 import urllib.error
 import urllib.request
 
-from gpu_detect import BadInput, DetectionFailed, _text, load_inventory
+from gpu_detect import BadInput, DetectionFailed, load_inventory
 from health_rules import OK, Tracker, record_event
+from nvml_reader import Nvml as Nvml_, NvmlFailed, NvmlMissing, PynvmlMissing
 
-# nvmlEventType* bits, in case a pynvml lacks the names.
-EVENT_BITS = {"xid": ("nvmlEventTypeXidCriticalError", 0x8), "ecc_double": ("nvmlEventTypeDoubleBitEccError", 0x2),
-              "ecc_single": ("nvmlEventTypeSingleBitEccError", 0x1)}
 DEFAULT_IMDS = "http://169.254.169.254"
 SPOT_PATHS = ("/latest/meta-data/spot/instance-action", "/latest/meta-data/events/recommendations/rebalance")
 
@@ -84,100 +83,75 @@ class Simulation:
 
 
 class Nvml:
-    """Events and checks through NVML. A MIG device's events arrive on its parent GPU, so
-    events are registered per parent and count against each advertised MIG device on it."""
+    """Events and checks through NVML (nvml_reader.py). A MIG device's events arrive on its parent
+    GPU, so events are registered per parent and count against each advertised MIG device on it."""
 
     def __init__(self, uuids: list[str], log):
         try:
-            import pynvml  # here, so that the module (and simulation mode) works without it
-        except ImportError as e:
-            raise DetectionFailed(f"pynvml is not importable ({e}); install nvidia-ml-py or use --inventory")
-        self.nv, self.log, self.children = pynvml, log, {}
+            self.nvml = nvml = Nvml_()
+        except PynvmlMissing as e:
+            raise DetectionFailed(f"{e}; install nvidia-ml-py or use --inventory")
+        except (NvmlMissing, NvmlFailed) as e:  # no library, no driver: NVML does not start
+            raise DetectionFailed(e if isinstance(e, NvmlFailed) else f"NVML initialisation failed: {e}")
+        self.log, self.children = log, {}
         try:
-            pynvml.nvmlInit()
-            self.events = pynvml.nvmlEventSetCreate()
-        except pynvml.NVMLError as e:
+            self.events = nvml.event_set()
+        except nvml.Error as e:
             raise DetectionFailed(f"NVML initialisation failed: {e}")
-        self.bits = {kind: getattr(pynvml, name, bit) for kind, (name, bit) in EVENT_BITS.items()}
         for uuid in uuids:
             try:
-                parent = self._parent(pynvml.nvmlDeviceGetHandleByUUID(uuid))
-                parent_uuid = _text(pynvml.nvmlDeviceGetUUID(parent))
+                parent = nvml.parent(nvml.by_uuid(uuid))
+                parent_uuid = nvml.uuid(parent)
                 self.children.setdefault(parent_uuid, []).append(uuid)
                 if len(self.children[parent_uuid]) > 1:
                     continue  # registered already, for another MIG device of this GPU
-                # Asking for a type the device lacks fails the whole registration: ask first.
-                wanted = pynvml.nvmlDeviceGetSupportedEventTypes(parent) & sum(self.bits.values())
-                if wanted:
-                    pynvml.nvmlDeviceRegisterEvents(parent, wanted, self.events)
-                names = ", ".join(kind for kind, bit in self.bits.items() if wanted & bit)
-                log(f"{parent_uuid}: watching events: {names or 'none supported'}")
-            except pynvml.NVMLError as e:
+                log(f"{parent_uuid}: watching events: {', '.join(nvml.register(parent, self.events)) or 'none supported'}")
+            except nvml.Error as e:
                 log(f"{uuid}: no events registered ({e}); the periodic check still watches it")
 
-    def _parent(self, handle):
-        try:
-            if self.nv.nvmlDeviceIsMigDeviceHandle(handle):
-                return self.nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
-        except (AttributeError, self.nv.NVMLError):
-            pass  # a pynvml or driver without MIG: every handle is a GPU
-        return handle
-
-    def _optional(self, call, handle):
-        try:
-            return call(handle)
-        except self.nv.NVMLError:
-            return None  # NotSupported: not every GPU has it (a broken one fails the memory query)
-
     def check(self, uuids: list[str], tracker: Tracker, now: float, ignored) -> None:
-        nv = self.nv
+        nvml = self.nvml
         for uuid in uuids:
             try:
-                handle = nv.nvmlDeviceGetHandleByUUID(uuid)
-                nv.nvmlDeviceGetMemoryInfo(handle)  # cheap, and fails on a GPU that is lost
-            except nv.NVMLError as e:
-                what = "not_found" if isinstance(e, nv.NVMLError_NotFound) else f"no_answer:{e}"
+                handle = nvml.by_uuid(uuid)
+                nvml.nv.nvmlDeviceGetMemoryInfo(handle)  # cheap, and fails on a GPU that is lost
+            except nvml.Error as e:
+                what = "not_found" if isinstance(e, nvml.nv.NVMLError_NotFound) else f"no_answer:{e}"
                 tracker.check(uuid, "unhealthy", f"{what}_on_{uuid}", now)
                 continue
-            parent = self._parent(handle)
-            rows = self._optional(nv.nvmlDeviceGetRemappedRows, parent)  # (corr, unc, isPending, failure)
-            pending = self._optional(nv.nvmlDeviceGetRetiredPagesPendingStatus, parent)
-            if pending == getattr(nv, "NVML_FEATURE_ENABLED", 1):
+            pages, rows = nvml.pending_repairs(nvml.parent(handle))
+            if pages:
                 tracker.check(uuid, "degraded", f"pages_pending_retirement_on_{uuid}", now)
-            elif rows and rows[2]:
+            elif rows:
                 tracker.check(uuid, "degraded", f"rows_pending_remap_on_{uuid}", now)
             else:
                 tracker.check(uuid, *OK, now)
 
     def wait(self, seconds: float, tracker: Tracker, ignored, clock) -> bool:
-        nv, wait = self.nv, getattr(self.nv, "nvmlEventSetWait_v2", None) or self.nv.nvmlEventSetWait
+        nvml = self.nvml
         if not self.children:
             time.sleep(max(seconds, 0))
             return False
         try:
-            data = wait(self.events, max(int(seconds * 1000), 0))  # idles here, in the driver
-        except nv.NVMLError_Timeout:
-            return False
-        except nv.NVMLError as e:
+            event = nvml.wait(self.events, seconds)  # idles here, in the driver
+        except nvml.Error as e:
             self.log(f"waiting for NVML events failed ({e}); the periodic check goes on")
             time.sleep(max(seconds, 0))
             return False
+        if event is None:
+            return False
+        device, kind, xid = event
         try:
-            targets = self.children.get(_text(nv.nvmlDeviceGetUUID(data.device)), [])
-        except nv.NVMLError:
+            targets = self.children.get(nvml.uuid(device), [])
+        except nvml.Error:
             targets = [uuid for children in self.children.values() for uuid in children]  # whose? all
-        kind = next((kind for kind, bit in self.bits.items() if data.eventType & bit), None)
         for uuid in targets if kind else []:
-            xid = int(data.eventData) if kind == "xid" else None
             record_event(tracker, uuid, kind, xid, ignored, clock(), self.log)
         return True
 
     def close(self) -> None:
-        try:
-            self.nv.nvmlEventSetFree(self.events)
-            self.nv.nvmlShutdown()
-        except self.nv.NVMLError:
-            pass
+        self.nvml.free(self.events)
+        self.nvml.close()
 
 
 class Spot:

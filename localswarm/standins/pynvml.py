@@ -1,7 +1,7 @@
 """Stand-in for nvidia-ml-py's pynvml: NVML without a GPU, for the rehearsal's machines and the unit tests.
 
 The node it pretends to be is a description (JSON): the FAKE_PYNVML environment variable when
-set (the unit tests), else the machine's hardware file (GPU_SWARM_REHEARSAL_HARDWARE, default
+set (the unit tests; re-read when a test changes it), else the machine's hardware file (GPU_SWARM_REHEARSAL_HARDWARE, default
 /usr/lib/gpu-swarm-rehearsal/hardware.json), re-read whenever it changes, so that a fault
 written into it reaches a running watcher:
   {"driver": "580.159.04", "cuda": 13000, "init_error": "LibraryNotFound" | "DriverNotLoaded" | null,
@@ -10,7 +10,11 @@ written into it reaches a running watcher:
              "compute_mode": 0, "mig_slots": [null, {"uuid": "MIG-...", "name": ..., "memory_mib": ...}],
              "events_supported": 11, "lost": false,
              "pending_retirement": true | false | "unsupported", "remapped_pending": true | false | "unsupported",
-             "fault": {"xid": 79} | {"ecc": "single" | "double"} | {"missing": true} | {"pending_retirement": true}}],
+             "fault": {"xid": 79} | {"ecc": "single" | "double"} | {"missing": true} | {"pending_retirement": true},
+             "utilization": {"gpu": 37, "memory": 12}, "power_w": 71.5, "temperature_c": 41, "sm_clock_mhz": 1980,
+             "throttle_reasons": 4, "ecc": {"corrected": 0, "uncorrected": 0} | "unsupported",
+             "memory_used_mib": 0, "processes": [{"pid": 4242, "used_mib": 1024}],
+             "failing": ["nvmlDeviceGetPowerUsage", ...]}],
    "events": [{"uuid": "GPU-...", "type": "xid" | "ecc_double" | "ecc_single", "xid": 79}]}
 A GPU with "mig_slots" is in MIG mode; null slots are empty. "bytes" makes string calls return
 bytes, as pynvml releases before 11.5 did. "events_supported" is the mask
@@ -23,8 +27,12 @@ Two ways to raise an event:
   that keeps failing. While it is there, an "xid" or "ecc" fault is delivered to each event set
   that registered it about once a second; "missing" takes the GPU out of NVML (fallen off the
   bus); "pending_retirement" is what nvmlDeviceGetRetiredPagesPendingStatus answers.
-`registrations` records (uuid, mask) of each registration. Only the calls the agent and the
-health watcher make exist here; any other fails loudly with AttributeError. Stdlib only.
+The exporter's readings (utilization, power, temperature, SM clock, throttle reasons, volatile
+ECC counts, running compute processes) come from the GPU's keys of those names, with quiet
+defaults (an idle GPU); its memory used is "memory_used_mib" plus its processes' memory. A
+call named in "failing" raises NVMLError_Unknown for that GPU, as a GPU that half answers does.
+`registrations` records (uuid, mask) of each registration. Only the calls the agent, the health
+watcher and the metrics exporter make exist here; any other fails loudly with AttributeError. Stdlib only.
 """
 import json
 import os
@@ -42,6 +50,12 @@ nvmlEventTypeSingleBitEccError = 0x1
 nvmlEventTypeDoubleBitEccError = 0x2
 nvmlEventTypePState = 0x4
 nvmlEventTypeXidCriticalError = 0x8
+NVML_TEMPERATURE_GPU = 0
+NVML_CLOCK_SM = 1
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
 _TYPES = {"xid": nvmlEventTypeXidCriticalError, "ecc_double": nvmlEventTypeDoubleBitEccError,
           "ecc_single": nvmlEventTypeSingleBitEccError}
 
@@ -83,7 +97,7 @@ class NVMLError_GpuIsLost(NVMLError):
 
 
 _node = None
-_stamp = None  # the hardware file's (mtime, size) when _node was read from it
+_stamp = None  # the hardware file's (mtime, size), or FAKE_PYNVML's text, when _node was read from it
 registrations = []
 _queue = []
 _sets = []
@@ -92,7 +106,8 @@ _sets = []
 def _read() -> dict:
     global _stamp
     if "FAKE_PYNVML" in os.environ:
-        return json.loads(os.environ["FAKE_PYNVML"])
+        _stamp = os.environ["FAKE_PYNVML"]
+        return json.loads(_stamp)
     try:
         st = os.stat(HARDWARE_FILE)
         with open(HARDWARE_FILE, encoding="utf-8") as f:
@@ -107,7 +122,11 @@ def _read() -> dict:
 def _refresh() -> None:
     """Pick up a rewritten hardware file (a fault written or healed) without a new nvmlInit()."""
     global _node
-    if _node is None or "FAKE_PYNVML" in os.environ:
+    if _node is None:
+        return
+    if "FAKE_PYNVML" in os.environ:  # a test that changed the description: as a rewritten file
+        if os.environ["FAKE_PYNVML"] != _stamp:
+            _node = _read()
         return
     try:
         st = os.stat(HARDWARE_FILE)
@@ -121,9 +140,21 @@ def _refresh() -> None:
 
 
 class _Memory:
-    def __init__(self, mib):
+    def __init__(self, mib, used_mib=0):
         self.total = mib * 1024 * 1024
-        self.free, self.used = self.total, 0
+        self.used = min(int(used_mib * 1024 * 1024), self.total)
+        self.free = self.total - self.used
+
+
+class _Utilization:
+    def __init__(self, gpu, memory):
+        self.gpu, self.memory = gpu, memory
+
+
+class _Process:
+    def __init__(self, pid, used_bytes):
+        self.pid, self.usedGpuMemory = pid, used_bytes
+        self.gpuInstanceId = self.computeInstanceId = 0xFFFFFFFF
 
 
 class _EventData:
@@ -222,8 +253,58 @@ def nvmlDeviceGetComputeMode(handle):
     return gpu["compute_mode"]
 
 
+def _reading(handle, call):
+    """The GPU or MIG device, for a reading that "failing" may name."""
+    _refresh()
+    device = _gpu(handle)
+    if call in (device.get("failing") or ()):
+        raise NVMLError_Unknown(f"fake NVML: {call}: Unknown Error")
+    return device
+
+
 def nvmlDeviceGetMemoryInfo(handle):
-    return _Memory(_gpu(handle)["memory_mib"])
+    device = _reading(handle, "nvmlDeviceGetMemoryInfo")
+    used = device.get("memory_used_mib", 0) + sum(p.get("used_mib", 0) for p in device.get("processes") or ())
+    return _Memory(device["memory_mib"], used)
+
+
+def nvmlDeviceGetUtilizationRates(handle):
+    if handle[1] is not None:
+        raise NVMLError_NotSupported("fake NVML: Not Supported")  # as on MIG devices
+    rates = _reading(handle, "nvmlDeviceGetUtilizationRates").get("utilization") or {}
+    return _Utilization(int(rates.get("gpu", 0)), int(rates.get("memory", 0)))
+
+
+def nvmlDeviceGetPowerUsage(handle):
+    return int(_reading(handle, "nvmlDeviceGetPowerUsage").get("power_w", 60.0) * 1000)  # milliwatts
+
+
+def nvmlDeviceGetTemperature(handle, sensor):
+    return int(_reading(handle, "nvmlDeviceGetTemperature").get("temperature_c", 35))
+
+
+def nvmlDeviceGetClockInfo(handle, clock):
+    return int(_reading(handle, "nvmlDeviceGetClockInfo").get("sm_clock_mhz", 1980))
+
+
+def nvmlDeviceGetCurrentClocksEventReasons(handle):
+    return int(_reading(handle, "nvmlDeviceGetCurrentClocksEventReasons").get("throttle_reasons", 0))
+
+
+def nvmlDeviceGetCurrentClocksThrottleReasons(handle):
+    return nvmlDeviceGetCurrentClocksEventReasons(handle)
+
+
+def nvmlDeviceGetTotalEccErrors(handle, error_type, counter_type):
+    ecc = _reading(handle, "nvmlDeviceGetTotalEccErrors").get("ecc", {})
+    if ecc == "unsupported":
+        raise NVMLError_NotSupported("fake NVML: Not Supported")
+    return int(ecc.get("uncorrected" if error_type == NVML_MEMORY_ERROR_TYPE_UNCORRECTED else "corrected", 0))
+
+
+def nvmlDeviceGetComputeRunningProcesses(handle):
+    device = _reading(handle, "nvmlDeviceGetComputeRunningProcesses")
+    return [_Process(int(p["pid"]), int(p.get("used_mib", 0) * 1024 * 1024)) for p in device.get("processes") or ()]
 
 
 def nvmlDeviceGetCudaComputeCapability(handle):

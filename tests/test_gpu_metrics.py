@@ -1,0 +1,307 @@
+"""The metrics exporter (node/gpu_metrics.py, gpu_tasks.py): each GPU's readings, named by the task that holds it.
+
+NVML is played by localswarm/standins/pynvml.py, dockerd's API by tests/docker_api_stub.py,
+and /proc by a folder of cgroup files: the same answers a node gives, without a GPU.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.docker_api_stub import DockerApiStub, task_container
+
+REPO = Path(__file__).resolve().parent.parent
+NODE = REPO / "node"
+sys.path.insert(0, str(NODE))
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+fake_pynvml = _load("pynvml", REPO / "localswarm" / "standins" / "pynvml.py")
+metrics = _load("gpu_metrics_under_test", NODE / "gpu_metrics.py")
+import gpu_tasks  # noqa: E402
+
+G = [f"GPU-{i}{i}{i}{i}{i}{i}{i}{i}-{i}{i}{i}{i}-{i}{i}{i}{i}-{i}{i}{i}{i}-{i}{i}{i}{i}{i}{i}{i}{i}{i}{i}{i}{i}"
+     for i in range(1, 9)]
+CID = {name: (name * 64)[:64] for name in ("a", "b", "c", "d")}
+
+
+class Node:
+    """A node's NVML description, daemon.json, dockerd and /proc, and a collector reading them."""
+
+    def __init__(self, tmp: Path, monkeypatch):
+        self.tmp, self.monkeypatch = tmp, monkeypatch
+        monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)
+        self.gpus = [{"uuid": G[0], "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559},
+                     {"uuid": G[1], "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559}]
+        self.daemon_json, self.proc = tmp / "daemon.json", tmp / "proc"
+        self.proc.mkdir()
+        self.advertise(G[:2])
+        self.docker = DockerApiStub(tmp / "docker.sock")
+        self.collector = None
+
+    def advertise(self, uuids, labels=()):
+        self.daemon_json.write_text(json.dumps({"node-generic-resources": [f"NVIDIA-GPU={u}" for u in uuids],
+                                                "labels": list(labels)}))
+
+    def process(self, pid: int, container: str | None, cgroup_v2=False) -> int:
+        (self.proc / str(pid)).mkdir()
+        path = (f"/system.slice/docker-{container}.scope" if cgroup_v2 else f"/docker/{container}") if container \
+            else "/user.slice/user-0.slice/session-1.scope"
+        (self.proc / str(pid) / "cgroup").write_text(f"0::{path}\n" if cgroup_v2 else
+                                                     f"12:memory:{path}\n1:name=systemd:{path}\n")
+        return pid
+
+    def scrape(self) -> dict[str, list]:
+        """{metric name: [(labels, value)]} of one scrape."""
+        self.monkeypatch.setenv("FAKE_PYNVML", json.dumps({"gpus": self.gpus, **getattr(self, "extra", {})}))
+        if self.collector is None:
+            self.collector = metrics.GpuCollector("node-1", "NVIDIA-GPU", "NVIDIA-GPU-SHARED", str(self.daemon_json),
+                                                  self.docker.sock, log=lambda m: None, proc=str(self.proc))
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self.collector)
+        out = {}
+        for family in text_string_to_metric_families(generate_latest(registry).decode()):
+            for sample in family.samples:
+                out.setdefault(sample.name, []).append((sample.labels, sample.value))
+        return out
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    n = Node(tmp_path, monkeypatch)
+    with n.docker:
+        yield n
+    if n.collector:
+        n.collector.stopping.set()
+
+
+def one(samples, **labels):
+    found = [v for l, v in samples if all(l.get(k) == v2 for k, v2 in labels.items())]
+    assert len(found) == 1, (labels, samples)
+    return found[0]
+
+
+# ---------------------------------------------------------------- the readings and their labels
+
+
+def test_every_gpu_series_names_the_gpu_its_index_model_and_node(node):
+    node.gpus[0].update(utilization={"gpu": 87, "memory": 40}, power_w=312.5, temperature_c=64, sm_clock_mhz=1755,
+                        throttle_reasons=0x4, ecc={"corrected": 3, "uncorrected": 0})
+    got = node.scrape()
+    gpu_series = [name for name in got if name.startswith("gpu_swarm_") and not name.startswith("gpu_swarm_exporter")]
+    assert len(gpu_series) >= 12
+    for name in gpu_series:
+        for labels, _ in got[name]:
+            assert {"gpu", "index", "model", "node"} <= set(labels), name
+            assert labels["node"] == "node-1" and labels["model"] == "NVIDIA H100 80GB HBM3"
+    first = {"gpu": G[0], "index": "0"}
+    assert one(got["gpu_swarm_gpu_up"], **first) == 1
+    assert one(got["gpu_swarm_gpu_utilization_percent"], **first) == 87
+    assert one(got["gpu_swarm_memory_utilization_percent"], **first) == 40
+    assert one(got["gpu_swarm_power_watts"], **first) == 312.5
+    assert one(got["gpu_swarm_temperature_celsius"], **first) == 64
+    assert one(got["gpu_swarm_sm_clock_hertz"], **first) == 1755e6
+    assert one(got["gpu_swarm_memory_total_bytes"], **first) == 81559 * 2**20
+    assert one(got["gpu_swarm_throttled"], **first, reason="sw_power_cap") == 1
+    assert one(got["gpu_swarm_throttled"], **first, reason="hw_slowdown") == 0
+    assert one(got["gpu_swarm_ecc_errors_total"], **first, type="corrected") == 3
+    assert one(got["gpu_swarm_gpu_up"], gpu=G[1], index="1") == 1
+    assert one(got["gpu_swarm_exporter_nvml_up"]) == 1 and one(got["gpu_swarm_exporter_docker_up"]) == 1
+
+
+def test_a_gpu_whose_nvml_fails_reports_the_error_and_the_others_go_on(node):
+    node.gpus[1]["lost"] = True  # NVML answers GpuIsLost for everything but its name and UUID
+    node.gpus[0]["utilization"] = {"gpu": 55, "memory": 5}
+    got = node.scrape()
+    assert one(got["gpu_swarm_gpu_up"], gpu=G[1]) == 0
+    assert one(got["gpu_swarm_nvml_errors_total"], gpu=G[1], error="memory") == 1
+    assert not [l for l, _ in got["gpu_swarm_gpu_utilization_percent"] if l["gpu"] == G[1]]
+    assert one(got["gpu_swarm_gpu_up"], gpu=G[0]) == 1 and \
+        one(got["gpu_swarm_gpu_utilization_percent"], gpu=G[0]) == 55
+    assert one(node.scrape()["gpu_swarm_nvml_errors_total"], gpu=G[1], error="memory") == 2  # a counter
+
+
+def test_one_failing_call_costs_only_that_reading(node):
+    node.gpus[0]["failing"] = ["nvmlDeviceGetPowerUsage"]
+    got = node.scrape()
+    assert one(got["gpu_swarm_gpu_up"], gpu=G[0]) == 0
+    assert one(got["gpu_swarm_nvml_errors_total"], gpu=G[0]) == 1  # error="power_mw" only
+    assert not [l for l, _ in got["gpu_swarm_power_watts"] if l["gpu"] == G[0]]
+    assert one(got["gpu_swarm_temperature_celsius"], gpu=G[0]) == 35
+
+
+def test_an_advertised_gpu_that_nvml_no_longer_lists_is_down(node):
+    node.scrape()  # seen once: its index and model are remembered
+    node.gpus[1]["fault"] = {"missing": True}  # fallen off the bus
+    got = node.scrape()
+    assert one(got["gpu_swarm_gpu_up"], gpu=G[1], index="1", model="NVIDIA H100 80GB HBM3") == 0
+    assert one(got["gpu_swarm_nvml_errors_total"], gpu=G[1], error="not_found") == 1
+
+
+def test_without_nvml_the_advertised_gpus_are_down_and_the_exporter_serves(node):
+    node.extra = {"init_error": "DriverNotLoaded"}
+    got = node.scrape()
+    assert one(got["gpu_swarm_exporter_nvml_up"]) == 0
+    assert sorted(l["gpu"] for l, v in got["gpu_swarm_gpu_up"] if v == 0) == G[:2]
+    assert one(got["gpu_swarm_nvml_errors_total"], gpu=G[0], error="nvml_unavailable") == 1
+
+
+def test_the_watchers_condition_is_on_the_gpu_it_names(node):
+    node.advertise(G[:2], ["gpu-swarm.condition=unhealthy", f"gpu-swarm.condition.gpu={G[1]}",
+                           f"gpu-swarm.condition.reason=xid_79_on_{G[1]}"])
+    got = node.scrape()["gpu_swarm_condition"]
+    assert one(got, gpu=G[1], condition="unhealthy", reason=f"xid_79_on_{G[1]}") == 2
+    assert one(got, gpu=G[0], condition="healthy") == 0
+    node.advertise(G[:2], ["gpu-swarm.condition=reclaim", "gpu-swarm.condition.gpu=-"])  # the node's, not a GPU's
+    assert [v for _, v in node.scrape()["gpu_swarm_condition"]] == [3, 3]
+
+
+def test_xids_are_counted_as_they_come(node):
+    node.extra = {"events": [{"uuid": G[0], "type": "xid", "xid": 79}, {"uuid": G[0], "type": "xid", "xid": 79},
+                             {"uuid": G[1], "type": "xid", "xid": 48}]}
+    node.scrape()  # starts NVML and its listener, which takes the queued events
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and len(node.collector.xids) < 2:
+        time.sleep(0.05)
+    got = node.scrape()["gpu_swarm_xid_events_total"]
+    assert one(got, gpu=G[0], xid="79") == 2 and one(got, gpu=G[1], xid="48") == 1
+
+
+# ---------------------------------------------------------------- who holds each GPU, and its memory
+
+
+def test_a_held_gpu_carries_its_task_and_the_tasks_memory(node):
+    node.docker.add(task_container(CID["a"], "train_worker", 1, [f"DOCKER_RESOURCE_NVIDIA-GPU={G[0]}"]))
+    node.docker.add(task_container(CID["b"], "web_api", 1, []))  # a task without a GPU
+    node.gpus[0]["processes"] = [{"pid": node.process(101, CID["a"]), "used_mib": 2048},
+                                 {"pid": node.process(102, CID["a"], cgroup_v2=True), "used_mib": 1024},
+                                 {"pid": node.process(103, None), "used_mib": 512}]  # a process of the host
+    got = node.scrape()
+    held = one(got["gpu_swarm_gpu_up"], gpu=G[0])
+    labels = [l for l, _ in got["gpu_swarm_gpu_up"] if l["gpu"] == G[0]][0]
+    assert held == 1 and labels["service"] == "train_worker" and labels["container"] == CID["a"][:12]
+    assert labels["task"] == f"train_worker.1.{CID['a'][:25]}" and labels["slot"] == ""
+    assert one(got["gpu_swarm_task_memory_used_bytes"], gpu=G[0], service="train_worker") == 3072 * 2**20
+    assert one(got["gpu_swarm_untracked_memory_used_bytes"], gpu=G[0]) == 512 * 2**20
+    assert one(got["gpu_swarm_memory_used_bytes"], gpu=G[0]) == 3584 * 2**20
+    free = [l for l, _ in got["gpu_swarm_gpu_up"] if l["gpu"] == G[1]][0]
+    assert free["service"] == free["task"] == free["container"] == ""
+    assert not [l for l, _ in got["gpu_swarm_task_memory_used_bytes"] if l["gpu"] == G[1]]
+
+
+def test_a_shared_gpu_has_one_series_per_slot_holder_and_each_its_own_memory(node):
+    node.advertise([])
+    node.daemon_json.write_text(json.dumps({"node-generic-resources": [f"NVIDIA-GPU-SHARED={G[0]}-s{k}"
+                                                                       for k in range(4)]}))
+    node.gpus = node.gpus[:1]
+    for name, k in (("c", 0), ("d", 2)):
+        node.docker.add(task_container(CID[name], "infer_embed", k + 1,
+                                       [f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={G[0]}-s{k}"]))
+    node.gpus[0]["processes"] = [{"pid": node.process(201, CID["c"]), "used_mib": 1000},
+                                 {"pid": node.process(202, CID["d"]), "used_mib": 3000}]
+    got = node.scrape()
+    ups = [l for l, _ in got["gpu_swarm_gpu_up"]]
+    assert sorted(l["slot"] for l in ups) == [f"{G[0]}-s0", f"{G[0]}-s2"]
+    assert one(got["gpu_swarm_task_memory_used_bytes"], slot=f"{G[0]}-s0") == 1000 * 2**20
+    assert one(got["gpu_swarm_task_memory_used_bytes"], slot=f"{G[0]}-s2") == 3000 * 2**20
+
+
+def test_a_holder_with_no_process_on_its_gpu_uses_none_of_its_memory(node):
+    node.docker.add(task_container(CID["a"], "train_worker", 1, [f"DOCKER_RESOURCE_NVIDIA-GPU={G[0]}"]))
+    assert one(node.scrape()["gpu_swarm_task_memory_used_bytes"], service="train_worker") == 0
+
+
+def test_containers_are_inspected_once_and_forgotten_when_gone(node):
+    node.docker.add(task_container(CID["a"], "train_worker", 1, [f"DOCKER_RESOURCE_NVIDIA-GPU={G[0]}"]))
+    node.scrape()
+    node.scrape()
+    assert node.docker.calls.count(f"/containers/{CID['a']}/json") == 1
+    del node.docker.containers[CID["a"]]
+    labels = [l for l, _ in node.scrape()["gpu_swarm_gpu_up"] if l["gpu"] == G[0]][0]
+    assert labels["service"] == ""
+
+
+def test_without_dockerd_the_gpus_are_still_reported(node, tmp_path):
+    node.collector = metrics.GpuCollector("node-1", "NVIDIA-GPU", "NVIDIA-GPU-SHARED", str(node.daemon_json),
+                                          str(tmp_path / "no-such.sock"), log=lambda m: None)
+    got = node.scrape()
+    assert one(got["gpu_swarm_exporter_docker_up"]) == 0
+    assert [v for _, v in got["gpu_swarm_gpu_up"]] == [1, 1]
+
+
+@pytest.mark.parametrize("cgroup, found", [
+    ("12:memory:/docker/" + CID["a"] + "\n", CID["a"]),
+    ("0::/system.slice/docker-" + CID["a"] + ".scope\n", CID["a"]),
+    ("0::/kubepods/pod1/" + CID["b"] + "/docker/" + CID["a"] + "\n", CID["a"]),  # nested: the innermost
+    ("0::/user.slice/user-1000.slice/session-3.scope\n", None),
+    ("0::/docker/" + CID["a"][:63] + "\n", None),  # not a whole ID
+])
+def test_a_process_is_in_the_container_its_cgroup_names(tmp_path, cgroup, found):
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "cgroup").write_text(cgroup)
+    assert gpu_tasks.container_of(7, str(tmp_path)) == found
+    assert gpu_tasks.container_of(8, str(tmp_path)) is None  # gone since NVML listed it
+
+
+# ---------------------------------------------------------------- the program
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_it_serves_over_http_and_stops_on_sigterm(tmp_path):
+    port = free_port()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "localswarm" / "standins"),
+           "FAKE_PYNVML": json.dumps({"gpus": [{"uuid": G[0], "name": "NVIDIA L4", "memory_mib": 22491}]})}
+    proc = subprocess.Popen([sys.executable, str(NODE / "gpu_metrics.py"), "--port", str(port), "--address",
+                             "127.0.0.1", "--node-name", "n1", "--daemon-json", str(tmp_path / "none.json"),
+                             "--docker-socket", str(tmp_path / "none.sock")], env=env, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline, body = time.monotonic() + 20, ""
+        while time.monotonic() < deadline and not body:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            except OSError:
+                time.sleep(0.1)
+        assert f'gpu="{G[0]}"' in body and 'model="NVIDIA L4"' in body and "process_resident_memory_bytes" in body
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0, proc.stderr.read()
+
+
+@pytest.mark.parametrize("args, message", [(["--kind", "no spaces"], "--kind"), (["--port", "0"], "--port 0")])
+def test_bad_arguments_exit_2_and_say_which(args, message):
+    done = subprocess.run([sys.executable, str(NODE / "gpu_metrics.py"), *args], capture_output=True, text=True)
+    assert done.returncode == 2 and message in done.stderr
+
+
+def test_the_port_in_use_exits_1_with_the_reason(tmp_path):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        done = subprocess.run([sys.executable, str(NODE / "gpu_metrics.py"), "--address", "127.0.0.1", "--port",
+                               str(held.getsockname()[1]), "--daemon-json", str(tmp_path / "x")],
+                              capture_output=True, text=True, timeout=30,
+                              env={"PATH": "/usr/bin:/bin", "FAKE_PYNVML": '{"gpus": []}',
+                                   "PYTHONPATH": str(REPO / "localswarm" / "standins")})
+    assert done.returncode == 1 and "cannot listen" in done.stderr
