@@ -1,0 +1,73 @@
+"""Benchmark: `localswarm program up` (the program's real path) beside `localswarm up` (the fast rehearsal), same shape.
+
+Run as root after scripts/setup.sh:  .venv/bin/python bench/program_up.py [--runs N]
+
+Both build one manager and one GPU node with one GPU and deploy the smoke stack; the two
+alternate (A B A B ...) so a drift of this machine's speed hits both. For each it prints the
+median and the spread (min-max) over N runs of the whole `up` (wall seconds, from a clean host:
+`down` runs before each, untimed). For program up it also prints a second `pulumi up` with
+nothing changed, and a roll of new node software (`--bump-node-software`), and the boot steps of
+the median first run, as the program's bootstrapTimings output reports them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def localswarm(*args: str) -> tuple[float, dict]:
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "localswarm", *args], cwd=REPO, capture_output=True, text=True)
+    seconds = time.monotonic() - started
+    if proc.returncode != 0:
+        sys.exit(f"localswarm {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+    return seconds, json.loads(proc.stdout) if "--json" in args else {}
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):6.1f} s ({min(values):.1f}-{max(values):.1f})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    fast, first, again, roll, boots, commands, ran_again, ran_roll = [], [], [], [], [], [], [], []
+    for _ in range(args.runs):
+        localswarm("down")
+        seconds, _ = localswarm("up", "--nodes", "2", "--gpus-per-node", "1", "--json")
+        fast.append(seconds)
+        localswarm("down")
+        seconds, report = localswarm("program", "up", "--stack", "dev", "--json")
+        first.append(seconds)
+        commands.append(report["commands_executed"])
+        boots.append(report["outputs"]["bootstrapTimings"])
+        seconds, report = localswarm("program", "up", "--stack", "dev", "--json")
+        again.append(seconds)
+        ran_again.append(report["commands_executed"])
+        seconds, report = localswarm("program", "up", "--stack", "dev", "--bump-node-software", "--json")
+        roll.append(seconds)
+        ran_roll.append(report["commands_executed"])
+    localswarm("down")
+    print(f"{args.runs} runs each, alternating, on {subprocess.getoutput('nproc')} cores")
+    print(f"localswarm up --nodes 2 --gpus-per-node 1          {spread(fast)}")
+    print(f"localswarm program up --stack dev (first up)       {spread(first)}   "
+          f"{statistics.median(first) / statistics.median(fast):.1f}x; {commands[0]} commands")
+    print(f"  again, nothing changed                           {spread(again)}   commands run: {ran_again}")
+    print(f"  again, new node software (--bump-node-software)  {spread(roll)}   commands run: {ran_roll}")
+    median = boots[sorted(range(len(first)), key=first.__getitem__)[len(first) // 2]]
+    print("boot steps of the median first up (bootstrapTimings):")
+    for node, steps in median.items():
+        print(f"  {node}: " + ", ".join(f"{s} {t['seconds']:.2f} s {t['status']}" for s, t in steps.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
