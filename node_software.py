@@ -151,7 +151,7 @@ def bootstrap_steps(*, gpu: bool, instance_type: str) -> list[str]:
         steps.append("install-fabric-manager")
     # The health watcher last: it watches the GPUs that the agent made docker advertise.
     return steps + ["install-container-toolkit", "install-gpu-agent", "build-check-image", "apply-docker-config",
-                    "install-health-watcher"]
+                    "install-health-watcher", "install-gpu-metrics"]
 
 
 def node_env(*, gpu: bool, gpu_kind: str, instance_type: str, image: str, slots_per_gpu: int = 0,

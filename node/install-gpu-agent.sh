@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# The GPU agent: a venv with NVML's bindings (pinned in versions.env), its unit installed
-# from the node software, enabled and run now.
+# The GPU agent: a venv with NVML's bindings and the metrics exporter's Prometheus client
+# (both pinned in versions.env), its unit installed from the node software, enabled and run now.
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 here=$(dirname "${BASH_SOURCE[0]}")
-want=$NVIDIA_ML_PY_VERSION
-have=$("$GPU_SWARM_VENV/bin/python" -c 'from importlib.metadata import version; print(version("nvidia-ml-py"))' 2>/dev/null || :)
+want="nvidia-ml-py==$NVIDIA_ML_PY_VERSION prometheus-client==$PROMETHEUS_CLIENT_VERSION"
+have=$("$GPU_SWARM_VENV/bin/python" -c 'from importlib.metadata import version as v
+print("nvidia-ml-py==" + v("nvidia-ml-py"), "prometheus-client==" + v("prometheus-client"))' 2>/dev/null || :)
 if [ "$have" != "$want" ]; then
   if ! python3 -m venv "$GPU_SWARM_VENV"; then
     retry apt_get update
     apt_install python3-venv
     python3 -m venv --clear "$GPU_SWARM_VENV"
   fi
-  retry "$GPU_SWARM_VENV/bin/pip" install -q --disable-pip-version-check "nvidia-ml-py==$want"
+  # shellcheck disable=SC2086 # two requirements, one word each
+  retry "$GPU_SWARM_VENV/bin/pip" install -q --disable-pip-version-check $want
 fi
 install -m 0644 "$here/gpu-swarm-agent.service" "$GPU_SWARM_UNIT_DIR/gpu-swarm-agent.service"
 systemctl daemon-reload

@@ -305,3 +305,15 @@ def test_the_port_in_use_exits_1_with_the_reason(tmp_path):
                               env={"PATH": "/usr/bin:/bin", "FAKE_PYNVML": '{"gpus": []}',
                                    "PYTHONPATH": str(REPO / "localswarm" / "standins")})
     assert done.returncode == 1 and "cannot listen" in done.stderr
+
+
+def test_the_unit_runs_the_exporter_in_the_agents_venv_with_the_nodes_settings():
+    from swarm import node_contract as c
+    unit = (NODE / c.METRICS_UNIT).read_text()
+    assert f"ExecStart={c.AGENT_VENV}/bin/python {c.METRICS_PATH}\n" in unit
+    assert f"EnvironmentFile=-{c.NODE_ENV_PATH}\n" in unit and f"Documentation=file://{c.METRICS_PATH}\n" in unit
+    assert f"port {c.METRICS_PORT} " in unit  # its comment says where Prometheus finds it
+    assert f"install_service {c.METRICS_UNIT}" in (NODE / "install-gpu-metrics.sh").read_text()
+    import node_software
+    assert node_software.bootstrap_steps(gpu=True, instance_type="g5.xlarge")[-1] == "install-gpu-metrics"
+    assert "install-gpu-metrics" not in node_software.bootstrap_steps(gpu=False, instance_type="m7i.large")

@@ -342,11 +342,13 @@ esac""")
 
 
 PINNED_NVML = node_software.min_versions()["NVIDIA_ML_PY_VERSION"]
+PINNED_PROMETHEUS = node_software.min_versions()["PROMETHEUS_CLIENT_VERSION"]
+PINNED = f"nvidia-ml-py=={PINNED_NVML} prometheus-client=={PINNED_PROMETHEUS}"  # what the venv has, as the step asks
 
 
 def test_gpu_agent_step_enables_and_runs_the_unit(node):
     node.real_step("install-gpu-agent")
-    node.write(node.root / "venv" / "bin" / "python", f"#!/bin/sh\necho {PINNED_NVML}\n")  # pinned NVML installed
+    node.write(node.root / "venv" / "bin" / "python", f"#!/bin/sh\necho {PINNED}\n")  # pinned NVML installed
     node.fake("systemctl", "exit 0")
     assert node.bootstrap("install-gpu-agent").returncode == 0, node.log.read_text()
     assert node.called() == ["systemctl daemon-reload", "systemctl enable gpu-swarm-agent.service",
@@ -359,17 +361,17 @@ def test_gpu_agent_step_installs_the_pinned_nvml_bindings(node):
     """Another version (an AMI's, or last release's pin) is replaced by the pinned one."""
     node.real_step("install-gpu-agent")
     venv = node.root / "venv"
-    node.write(venv / "bin" / "python", "#!/bin/sh\necho 12.535.77\n")
+    node.write(venv / "bin" / "python", f"#!/bin/sh\necho nvidia-ml-py==12.535.77 prometheus-client=={PINNED_PROMETHEUS}\n")
     node.fake("python3", f'[ "$1 $2" = "-m venv" ] && mkdir -p {venv}/bin && '
                          f'printf \'#!/bin/sh\\necho "pip $*" >>"$FAKE_CALLS"\\n\' >{venv}/bin/pip && chmod +x {venv}/bin/pip')
     node.fake("systemctl", "exit 0")
     assert node.bootstrap("install-gpu-agent").returncode == 0, node.log.read_text()
-    assert f"pip install -q --disable-pip-version-check nvidia-ml-py=={PINNED_NVML}" in node.called()
+    assert f"pip install -q --disable-pip-version-check {PINNED}" in node.called()
 
 
 def test_gpu_agent_step_fails_loudly_with_the_agents_journal(node):
     node.real_step("install-gpu-agent")
-    node.write(node.root / "venv" / "bin" / "python", f"#!/bin/sh\necho {PINNED_NVML}\n")
+    node.write(node.root / "venv" / "bin" / "python", f"#!/bin/sh\necho {PINNED}\n")
     node.fake("systemctl", '[ "$1" != start ]')
     node.fake("journalctl", 'echo "agent: NVML failed"')
     assert node.bootstrap("install-gpu-agent").returncode == 1
@@ -378,7 +380,8 @@ def test_gpu_agent_step_fails_loudly_with_the_agents_journal(node):
 
 
 @pytest.mark.parametrize("step,unit", [("install-health-watcher", "gpu-swarm-health.service"),
-                                       ("install-reconciler", "gpu-swarm-reconciler.service")])
+                                       ("install-reconciler", "gpu-swarm-reconciler.service"),
+                                       ("install-gpu-metrics", "gpu-swarm-metrics.service")])
 def test_health_steps_install_enable_and_restart_their_unit(node, step, unit):
     """Restart, not start: a node that gets new software runs the new watcher at once."""
     node.real_step(step)
