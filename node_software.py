@@ -39,6 +39,8 @@ IMAGES = ("ubuntu", "deep-learning", "custom")
 ROLES = ("manager", "worker")
 # Full-node sizes of these families have NVSwitches, which need nvidia-fabricmanager.
 NVSWITCH_FAMILIES = frozenset({"p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "p6-b300"})
+# Fifth-generation NVLink (HGX B200/B300): the fabric manager also needs the NVLink Subnet Manager.
+NVLINK5_FAMILIES = frozenset({"p6-b200", "p6-b300"})
 # Their GPUs (Maxwell, Volta) predate NVIDIA's open kernel modules; all others use them.
 PROPRIETARY_MODULE_FAMILIES = frozenset({"g3", "g3s", "p3", "p3dn"})
 # What runs from the bundle: everything else lands read-only.
@@ -148,6 +150,8 @@ def bootstrap_steps(*, gpu: bool, instance_type: str) -> list[str]:
         return ["install-docker", "apply-docker-config", "install-reconciler"]
     steps = ["install-docker", "install-nvidia-driver"]
     if needs_fabric_manager(instance_type):
+        if _instance_family(instance_type)[0] in NVLINK5_FAMILIES:
+            steps.append("install-nvlink-subnet-manager")
         steps.append("install-fabric-manager")
     # The health watcher last: it watches the GPUs that the agent made docker advertise.
     return steps + ["install-container-toolkit", "install-gpu-agent", "build-check-image", "apply-docker-config",

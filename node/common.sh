@@ -56,7 +56,7 @@ driver_version() { nvidia-smi --query-gpu=driver_version --format=csv,noheader |
 hold_nvidia_packages() {
   local pkgs
   mapfile -t pkgs < <(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' 2>/dev/null |
-    awk '$1 ~ /^.i/ && $2 ~ /^(lib)?nvidia-|^linux-(modules|objects|signatures)-nvidia-/ { print $2 }')
+    awk '$1 ~ /^.i/ && $2 ~ /^(lib)?nvidia-|^linux-(modules|objects|signatures)-nvidia-|^nvlsm$/ { print $2 }')
   if ((${#pkgs[@]})); then
     apt-mark hold "${pkgs[@]}" >/dev/null
     log "held ${#pkgs[@]} NVIDIA packages against unattended upgrades: ${pkgs[*]}"

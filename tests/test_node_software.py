@@ -59,10 +59,17 @@ def test_hash_is_the_same_in_another_process_and_hash_seed():
 
 def test_every_step_script_ships_and_none_is_dead():
     used = set()
-    for gpu, instance_type in ((True, "g5.xlarge"), (True, "p5.48xlarge"), (False, "m7i.large")):
+    for gpu, instance_type in ((True, "g5.xlarge"), (True, "p5.48xlarge"), (True, "p6-b200.48xlarge"),
+                               (False, "m7i.large")):
         used |= set(node_software.bootstrap_steps(gpu=gpu, instance_type=instance_type))
     scripts = {path.stem for path in SOURCE_DIR.glob("*.sh")} - {"bootstrap", "common"}
     assert used == scripts
+
+
+def test_fifth_generation_nvlink_gets_its_subnet_manager_before_the_fabric_manager():
+    steps = node_software.bootstrap_steps(gpu=True, instance_type="p6-b200.48xlarge")
+    assert steps.index("install-nvlink-subnet-manager") == steps.index("install-fabric-manager") - 1
+    assert "install-nvlink-subnet-manager" not in node_software.bootstrap_steps(gpu=True, instance_type="p5.48xlarge")
 
 
 @pytest.mark.parametrize("instance_type, expected", [

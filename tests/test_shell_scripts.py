@@ -441,3 +441,42 @@ def test_apply_docker_config_creates_a_missing_daemon_json(node):
     node.fake("systemctl", "exit 0")
     assert node.bootstrap("apply-docker-config").returncode == 0, node.log.read_text()
     assert json.loads(node.daemon_json.read_text()) == {}
+
+
+def test_nvlink_subnet_manager_loads_ib_umad_installs_nvlsm_and_holds_it(node, tmp_path):
+    """p6-b200/b300: the fabric manager's precheck needs ib_umad loaded and nvlsm installed."""
+    node.real_step("install-nvlink-subnet-manager")
+    conf = tmp_path / "modules-load.conf"
+    step = node.steps / "install-nvlink-subnet-manager.sh"
+    step.write_text(step.read_text().replace("conf=/etc/modules-load.d/gpu-swarm-nvlsm.conf", f"conf={conf}"))
+    have = tmp_path / "nvlsm-installed"
+    node.fake("lsmod", f'[ -e {tmp_path}/loaded ] && echo "ib_umad 40960 0"; exit 0')
+    node.fake("modprobe", f'touch {tmp_path}/loaded')
+    node.fake("apt-get", "exit 0")
+    node.fake("apt-cache", '[ "$2" = nvlsm ]')  # show nvlsm: it is in the sources
+    node.fake("apt-mark", "exit 0")
+    node.fake("dpkg-query", f'[ -e {have} ] && printf "ii  nvlsm\\n"; exit 0')
+    # `command -v nvlsm` finds it once "installed": apt-get install drops it in the fakes' bin.
+    node.fake("apt-get", f'case "$*" in *install*nvlsm*) touch {have}; printf "#!/bin/sh\\n" >{node.bin}/nvlsm; '
+                         f'chmod +x {node.bin}/nvlsm ;; esac')
+    assert node.bootstrap("install-nvlink-subnet-manager").returncode == 0, node.log.read_text()
+    assert conf.read_text() == "ib_umad\n"
+    calls = node.called()
+    assert "modprobe ib_umad" in calls and any(c.startswith("apt-get") and "install" in c and "nvlsm" in c
+                                               for c in calls)
+    assert "apt-mark hold nvlsm" in calls
+    assert node.bootstrap("install-nvlink-subnet-manager").returncode == 0
+    assert node.statuses() == {"install-nvlink-subnet-manager": "skipped"}
+
+
+def test_nvlink_subnet_manager_missing_from_the_sources_fails_with_what_to_do(node, tmp_path):
+    node.real_step("install-nvlink-subnet-manager")
+    step = node.steps / "install-nvlink-subnet-manager.sh"
+    step.write_text(step.read_text().replace("conf=/etc/modules-load.d/gpu-swarm-nvlsm.conf",
+                                             f"conf={tmp_path}/m.conf"))
+    node.fake("lsmod", "exit 0")
+    node.fake("modprobe", "exit 0")
+    node.fake("apt-get", "exit 0")
+    node.fake("apt-cache", "exit 100")  # apt-cache show: no such package
+    assert node.bootstrap("install-nvlink-subnet-manager").returncode == 1
+    assert "no nvlsm package in this node's apt sources" in node.log.read_text()
