@@ -20,7 +20,7 @@ import pytest
 
 import node_commands
 import node_software
-from node_software import NodeRelease
+from node_software import SOURCE_DIR, NodeRelease
 from tests.tools import require_tool
 
 ENV = {"GPU_SWARM_IMAGE": "ubuntu", "GPU_SWARM_KIND": "NVIDIA-GPU"}
@@ -334,3 +334,117 @@ def test_every_path_the_scripts_write_carries_the_root_prefix(node, script):
                         r"'?(/[\w./-]+)", text)
     assert writes, "the pattern finds the writes"
     assert [w for w in writes if not w.startswith("/ROOT/")] == []
+
+
+# ---------------------------------------------------------------- health settings, apart from node.env
+
+
+def _health(node: Node, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", node_commands.health_settings(env, root=str(node.root))], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PATH": f"{node.bin}:{os.environ['PATH']}"})
+
+
+def test_health_settings_restart_the_health_services_only_when_they_change(node):
+    from settings import Health
+    first = _health(node, Health().node_env())
+    assert first.returncode == 0 and first.stdout.strip() == "changed", first.stderr
+    written = node.path(node_software.HEALTH_ENV_PATH).read_text()
+    assert "HEALTH_INTERVAL_SECONDS=10\n" in written and "HEALTH_IGNORE_XIDS=\n" in written
+    assert "systemctl try-restart gpu-swarm-health.service" in node.calls.read_text()
+    # Only the units this node has: here the watcher (a GPU node).
+    node.fake("systemctl", '[ "$1 $2" != "cat gpu-swarm-reconciler.service" ]')
+    node.calls.unlink()
+    assert _health(node, Health(ignore_xids=(94, 95)).node_env()).stdout.strip() == "changed"
+    assert "HEALTH_IGNORE_XIDS=94,95\n" in node.path(node_software.HEALTH_ENV_PATH).read_text()
+    assert node.calls.read_text().splitlines() == [
+        "systemctl cat gpu-swarm-health.service", "systemctl try-restart gpu-swarm-health.service",
+        "systemctl cat gpu-swarm-reconciler.service"]
+    again = _health(node, Health(ignore_xids=(94, 95)).node_env())
+    assert again.stdout.strip() == "unchanged" and len(node.calls.read_text().splitlines()) == 3
+    assert [p.name for p in node.path(node_software.HEALTH_ENV_PATH).parent.iterdir()] == ["health.env"]
+
+
+def test_health_settings_are_what_the_watcher_and_the_reconciler_read():
+    """The values the program writes parse, as environment defaults, in both node programs."""
+    import importlib.util
+    import sys
+    from settings import Health
+    env = Health(ignore_xids=(94, 95), critical_xids=(43,), check_interval_s=5, recovery_s=60,
+                 max_drained_percent=25).node_env()
+    sys.path.insert(0, str(SOURCE_DIR))
+    try:
+        programs = {}
+        for name in ("gpu_health", "swarm_reconciler"):
+            spec = importlib.util.spec_from_file_location(f"{name}_env_check", SOURCE_DIR / f"{name}.py")
+            programs[name] = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = programs[name]
+            spec.loader.exec_module(programs[name])
+    finally:
+        sys.path.remove(str(SOURCE_DIR))
+    watcher = programs["gpu_health"].parse_args([], env=env)
+    assert (watcher.ignore_xids, watcher.critical_xids, watcher.interval, watcher.recovery_seconds) == (
+        frozenset({94, 95}), frozenset({43}), 5, 60)
+    assert programs["swarm_reconciler"].parse_args([], env=env).max_drained_percent == 25
+
+
+def test_health_units_read_health_env():
+    for unit in node_software.HEALTH_UNITS:
+        assert f"EnvironmentFile=-{node_software.HEALTH_ENV_PATH}" in (SOURCE_DIR / unit).read_text()
+
+
+def test_health_settings_pass_shellcheck():
+    require_tool("shellcheck")
+    from settings import Health
+    proc = subprocess.run(["shellcheck", "-s", "bash", "-"], input=node_commands.health_settings(Health().node_env()),
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+# ---------------------------------------------------------------- who may log in
+
+
+KEY_A = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAAAA pulumi"
+KEY_B = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBBBB next@laptop"
+
+
+def test_authorized_keys_become_exactly_the_given_keys(tmp_path):
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "authorized_keys").write_text("ssh-rsa AAAAold stale@key\n")
+    fakes = tmp_path / "bin"
+    fakes.mkdir()
+    for name, body in (("getent", f'echo "ubuntu:x:1000:1000::{home}:/bin/bash"'), ("id", "echo ubuntu"),
+                       ("install", "exit 0"), ("chown", "exit 0")):
+        (fakes / name).write_text(f"#!/bin/sh\n{body}\n")
+        (fakes / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{fakes}:{os.environ['PATH']}"}
+    result = subprocess.run(["bash", "-c", node_commands.authorize_keys("ubuntu", [KEY_A, KEY_B, KEY_A])], env=env,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    keys = home / ".ssh" / "authorized_keys"
+    assert keys.read_text() == f"{KEY_A}\n{KEY_B}\n"
+    assert oct(keys.stat().st_mode & 0o777) == "0o600"
+    assert "2 key(s) may log in as ubuntu" in result.stdout
+
+
+@pytest.mark.parametrize("user, keys, message", [
+    ("root; reboot", [KEY_A], "not a Linux user name"),
+    ("ubuntu", [], "at least one public key"),
+    ("ubuntu", ["ssh-ed25519 AAAA\nssh-rsa BBBB"], "expected one OpenSSH public key line"),
+    ("ubuntu", ["-----BEGIN OPENSSH PRIVATE KEY-----"], "expected one OpenSSH public key line"),
+])
+def test_bad_keys_are_refused(user, keys, message):
+    with pytest.raises(ValueError, match=message):
+        node_commands.authorize_keys(user, keys)
+
+
+
+
+def test_a_key_comment_with_any_character_passes_preview_and_the_node_alike():
+    """One rule for a public key line (settings.config_checks.public_key_problem): what preview
+    accepts, the node's authorized_keys script accepts too, quotes and backslashes included."""
+    from settings.config_checks import public_key_problem
+    for comment in ("o'brien@laptop", 'a "quoted" one', "back\\slash", "ünïcode"):
+        key = f"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAAAA {comment}"
+        assert public_key_problem(key) is None, comment
+        node_commands.authorize_keys("ubuntu", [key])  # raises if refused
