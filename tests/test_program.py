@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
 
@@ -17,9 +18,9 @@ import node_commands
 import node_software
 from components.cloud_config import render_cloud_config
 from components.remote import as_root
-from localswarm import machines, network, object_store, ssh
+from localswarm import machines, network, object_store, program, ssh
 from node_software import NodeRelease
-from tests.rehearsal_tools import cli, require_engine, tasks_of
+from tests.rehearsal_tools import cli, cli_json, require_engine, tasks_of
 
 pytestmark = pytest.mark.integration
 
@@ -104,6 +105,28 @@ def test_new_node_software_rolls_in_place_one_node_per_pool_even_one_command_at_
     assert all(n["availability"] == "active" for n in rolled["nodes"])
 
 
+def test_a_rebooted_node_comes_back_with_its_gpu_and_the_next_up_has_nothing_to_do(first):
+    """cloud-init installs once per instance; at every later boot the agent's unit writes the
+    GPUs into daemon.json before dockerd starts, and the node rejoins as the same swarm node."""
+    records = {r["hostname"]: r for r in program.load_state()["machines"].values()}
+    node = records["gpu-swarm-dev-t4-1"]
+    m = machines.Machine(node["machine"], node["index"])
+    before = {n["name"]: n["gpus"] for n in cli_json("program", "status")["nodes"]}
+    machines.stop(m)
+    machines.start(m)
+    deadline = time.monotonic() + 180
+    while True:
+        view = {n["name"]: n for n in cli_json("program", "status")["nodes"]}
+        node_view = view["gpu-swarm-dev-t4-1"]
+        if node_view["state"] == "ready" and node_view["gpus"] == before["gpu-swarm-dev-t4-1"]:
+            break
+        assert time.monotonic() < deadline, node_view
+        time.sleep(2)
+    assert set(view) == set(before)  # the same swarm node, not a second one
+    again = program_up()
+    assert [c["name"] for c in again["commands"]] == ["gpu-swarm-health-read"]
+
+
 # ---------------------------------------------------------------- a boot that fails, loudly
 
 
@@ -131,6 +154,7 @@ def test_a_failed_first_boot_fails_its_wait_with_the_nodes_log_and_the_next_wait
         with pytest.raises(ssh.CommandFailed) as failed:
             ssh.run(conn, wait)
         text = str(failed.value)
+        print(text)  # what `pulumi up` shows; the README quotes it
         assert "the first boot failed: step fetch-bundle failed" in text
         assert "cannot download the node software" in text and "last 40 lines of" in text
         object_store.put(bucket, node_software.bundle_key(sha), node_software.bundle())
