@@ -15,6 +15,7 @@ pulumi.export("bootstrapTimings", cluster.bootstrap_timings)
 pulumi.export("nodeSoftware", cluster.node_software)
 pulumi.export("availabilityZones", cluster.availability_zones)
 pulumi.export("vpcId", cluster.vpc_id)
+pulumi.export("monitoring", cluster.monitoring)  # the SSH tunnel to Grafana and Prometheus (monitoring: true)
 if cluster.private_key is not None:
     # Secret: `pulumi stack output privateKey --show-secrets > gpu-swarm.key && chmod 600 gpu-swarm.key`
     pulumi.export("privateKey", cluster.private_key)

@@ -15,6 +15,7 @@ import pulumi_aws as aws
 import node_software
 from components.cloud_config import render_cloud_config
 from components.gpu_stack import GpuStack, GpuStackArgs
+from components.monitoring import Monitoring, MonitoringArgs
 from components.network import Network, NetworkArgs
 from components.node_boot import NodeBoot, NodeBootArgs
 from components.node_bundle import NodeBundle, NodeBundleArgs
@@ -31,8 +32,8 @@ from node_commands import authorize_keys
 from node_software import NodeRelease
 from settings import GpuPool, Settings
 from swarm.gpu_check import GpuCheck
-from swarm.node_contract import (POOL_GPU_COUNT_LABEL, POOL_GPU_MODEL_LABEL, POOL_INSTANCE_TYPE_LABEL, POOL_LABEL,
-                                 POOL_SLOTS_PER_GPU_LABEL, POOL_SPOT_LABEL)
+from swarm.node_contract import (MONITORING_STACK, POOL_GPU_COUNT_LABEL, POOL_GPU_MODEL_LABEL,
+                                 POOL_INSTANCE_TYPE_LABEL, POOL_LABEL, POOL_SLOTS_PER_GPU_LABEL, POOL_SPOT_LABEL)
 
 
 @dataclass
@@ -61,6 +62,7 @@ class Cluster(pulumi.ComponentResource):
     inventory: pulumi.Output[list[dict]]
     bootstrap_timings: pulumi.Output[dict[str, dict]]
     node_software: pulumi.Output[dict]  # the bundle's sha256 and URL
+    monitoring: pulumi.Output[dict]  # how to open Grafana and Prometheus (monitoring: true), else how to turn it on
     private_key: pulumi.Output[str] | None  # secret; only when the key was generated here
 
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None):
@@ -135,12 +137,18 @@ class Cluster(pulumi.ComponentResource):
         admitted = [r.admitted for r in rollouts.values()]
         node_ids = [members[n.name].node_id for n, _ in nodes]
         reconcile = SwarmReconcile(f"{name}-reconcile", SwarmReconcileArgs(
-            manager=self._first_live, node_ids=node_ids, stacks=[st.name for st in s.stacks], after=admitted,
+            manager=self._first_live, node_ids=node_ids, after=admitted,
+            stacks=[st.name for st in s.stacks] + ([MONITORING_STACK] if s.monitoring.enabled else []),
         ), opts=self._child)
         deployed = [GpuStack(f"{name}-stack-{stack.name}", GpuStackArgs(
             stack_name=stack.name, content=stack.content, sha256=stack.sha256, manager=self._first_live,
             after=admitted,
         ), opts=self._child) for stack in s.stacks]
+        if s.monitoring.enabled:
+            deployed.append(Monitoring(f"{name}-monitoring", MonitoringArgs(
+                manager=self._first_live, manager_public_ip=first.public_ip, ssh_user=s.ssh_user,
+                images=dict(s.monitoring.images), after=admitted,
+            ), opts=self._child))
         health = SwarmHealth(f"{name}-health", SwarmHealthArgs(
             manager=self._first_live, node_ids=node_ids,
             each_up=s.health.inventory_each_up, after=[*admitted, reconcile, *deployed],
@@ -161,6 +169,8 @@ class Cluster(pulumi.ComponentResource):
             lambda timings: {node.name: t for (node, _), t in zip(nodes, timings)}
         )
         self.node_software = self._bundle.url.apply(lambda url: {"bundleSha256": self._bundle.sha256, "url": url})
+        self.monitoring = deployed[-1].access if s.monitoring.enabled else pulumi.Output.from_input(
+            {"enabled": False, "how": "pulumi config set gpu-swarm:monitoring true && pulumi up"})
         self.private_key = self._key.private_key if self._key.generated else None
         self.register_outputs({
             "vpc_id": self.vpc_id,
@@ -170,6 +180,7 @@ class Cluster(pulumi.ComponentResource):
             "inventory": self.inventory,
             "bootstrap_timings": self.bootstrap_timings,
             "node_software": self.node_software,
+            "monitoring": self.monitoring,
         })
 
     def _network(self):

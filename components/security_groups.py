@@ -1,4 +1,4 @@
-"""The cluster's security groups: swarm ports between members only, SSH only to the managers."""
+"""The cluster's security groups: swarm ports (and the GPU metrics port) between members only, SSH only to the managers."""
 from __future__ import annotations
 
 import ipaddress
@@ -9,12 +9,18 @@ from typing import Mapping, Sequence
 import pulumi
 import pulumi_aws as aws
 
+from swarm.node_contract import METRICS_PORT
+
 # (rule name, protocol, port, why). Protocol "50" is ESP, which carries encrypted overlays.
 MEMBER_PORTS = (
     ("gossip-tcp", "tcp", 7946, "swarm node gossip (tcp)"),
     ("gossip-udp", "udp", 7946, "swarm node gossip (udp)"),
     ("overlay", "udp", 4789, "swarm overlay network data (VXLAN)"),
     ("esp", "50", None, "encrypted overlay networks (IPsec ESP)"),
+    # Not swarm's but ours: each GPU node's metrics exporter (node/gpu_metrics.py), which
+    # Prometheus on a manager scrapes (monitoring: true). Open even when monitoring is off,
+    # so that turning it on changes no security group.
+    ("gpu-metrics", "tcp", METRICS_PORT, "GPU metrics exporter, scraped by Prometheus"),
 )
 SWARM_API_PORT = 2377
 
@@ -47,6 +53,8 @@ class SecurityGroups(pulumi.ComponentResource):
         self._tags = args.tags
         self.ssh_rules = []
 
+        # The description is the group's creation text: AWS cannot change it, so a new one would
+        # replace the group. The GPU metrics rule came later and is not in it.
         cluster = self._group("cluster", args.vpc_id, "Every swarm node: gossip, overlay and ESP between members")
         managers = self._group("managers", args.vpc_id,
                                "Swarm managers: the swarm API from members, SSH from allowed networks")

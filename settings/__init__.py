@@ -16,13 +16,15 @@ from settings.aws_checks import (check_overlay_pool, region_problem, resolve_ami
                                  resolve_network)
 from settings.config_checks import (read_authorized_keys, read_image, read_managers, read_network, read_pools, read_ssh,
                                     read_ssh_cidrs, read_stacks, read_tags)
-from settings.model import PROJECT, GpuPool, Health, Managers, Network, Settings, SettingsError, StackFile
+from settings.model import PROJECT, GpuPool, Health, Managers, Monitoring, Network, Settings, SettingsError, StackFile
+from settings.monitoring_checks import read_monitoring
 from settings.reader import DEFAULTS, Reader, suggest
 from settings.swarm_checks import read_health, read_overlay_pool, read_shared_kind
 from swarm.gpu_kind import validate_kind
 from swarm.stack_files import StackFileError, validate_stack_file
 
-__all__ = ["DEFAULTS", "GpuPool", "Health", "Managers", "Network", "Settings", "SettingsError", "StackFile", "load_settings"]
+__all__ = ["DEFAULTS", "GpuPool", "Health", "Managers", "Monitoring", "Network", "Settings", "SettingsError", "StackFile",
+           "load_settings"]
 
 
 def load_settings() -> Settings:
@@ -51,6 +53,7 @@ def load_settings() -> Settings:
     shared_kind = read_shared_kind(r, kind if kind_ok else None)
     extra_keys = read_authorized_keys(r)
     health = read_health(r)
+    monitoring = read_monitoring(r, [name for _, name, _ in stack_cfgs])
 
     # Checks against AWS, for the values that passed the checks above.
     resolved_pools: list[GpuPool] = []
@@ -113,4 +116,5 @@ def load_settings() -> Settings:
         ssh_authorized_keys=extra_keys,
         shared_gpu_kind=shared_kind,
         health=health,
+        monitoring=monitoring,
     )

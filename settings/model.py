@@ -90,6 +90,14 @@ class Health:
 
 
 @dataclass(frozen=True)
+class Monitoring:
+    """The monitoring stack (stacks/monitoring.yml): Prometheus and Grafana on the managers."""
+
+    enabled: bool = False
+    images: tuple[tuple[str, str], ...] = ()  # (service, image pinned by digest) replacing the stack file's
+
+
+@dataclass(frozen=True)
 class Settings:
     cluster_name: str
     allowed_ssh_cidrs: tuple[str, ...]
@@ -111,6 +119,7 @@ class Settings:
     ssh_authorized_keys: tuple[str, ...]  # besides the program's own key
     shared_gpu_kind: str  # the kind of the slots of shared GPUs
     health: Health = Health()
+    monitoring: Monitoring = Monitoring()
 
     @property
     def max_whole_gpus_per_node(self) -> int:

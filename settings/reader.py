@@ -42,6 +42,8 @@ DEFAULTS: dict[str, Any] = {
     "sshAuthorizedKeys": [],
     "sharedGpuKind": "",
     "health": {},  # see HEALTH_DEFAULTS
+    "monitoring": False,
+    "monitoringImages": {},  # {prometheus, grafana}: each NAME[:TAG]@sha256:...; empty: stacks/monitoring.yml's
 }
 POOL_DEFAULTS: dict[str, Any] = {
     "name": None,
