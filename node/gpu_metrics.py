@@ -281,6 +281,8 @@ def parse_args(argv, env=os.environ) -> argparse.Namespace:
     add("--daemon-json", default=DOCKER_DAEMON_JSON, metavar="PATH",
         help=f"the advertised GPUs and the watcher's condition (default {DOCKER_DAEMON_JSON})")
     add("--docker-socket", default=DOCKER_SOCKET, metavar="PATH", help=f"(default {DOCKER_SOCKET})")
+    add("--proc", default="/proc", metavar="PATH", help="where processes' cgroups are read (default /proc; "
+                                                         "tests and bench/metrics_budget.py point it elsewhere)")
     add("--once", action="store_true", help="print one scrape's metrics and exit")
     args = parser.parse_args(argv)
     try:
@@ -298,7 +300,8 @@ def main(argv=None) -> int:
 
     def log(message: str) -> None:
         print(f"gpu-swarm metrics: {message}", file=sys.stderr, flush=True)
-    collector = GpuCollector(args.node_name, args.kind, args.shared_kind, args.daemon_json, args.docker_socket, log)
+    collector = GpuCollector(args.node_name, args.kind, args.shared_kind, args.daemon_json, args.docker_socket, log,
+                             args.proc)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     ProcessCollector(registry=registry)  # process_resident_memory_bytes, process_cpu_seconds_total: its own cost

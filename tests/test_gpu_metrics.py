@@ -317,3 +317,14 @@ def test_the_unit_runs_the_exporter_in_the_agents_venv_with_the_nodes_settings()
     import node_software
     assert node_software.bootstrap_steps(gpu=True, instance_type="g5.xlarge")[-1] == "install-gpu-metrics"
     assert "install-gpu-metrics" not in node_software.bootstrap_steps(gpu=False, instance_type="m7i.large")
+
+
+def test_the_budget_bench_runs_the_exporter_and_reports_each_figure(tmp_path):
+    out = tmp_path / "budget.json"
+    done = subprocess.run([sys.executable, "bench/metrics_budget.py", "--gpus", "2", "--scrapes", "3", "--minutes",
+                           "0.02", "--interval", "0.3", "--out", str(out)], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["series_per_scrape"] > 30 and result["scrape_ms"]["median"] > 0 and result["rss_mib"] > 5
+    assert result["cpu"]["scrapes"] >= 2
