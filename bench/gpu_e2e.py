@@ -1,22 +1,34 @@
 #!/usr/bin/env python3
 """gpu-swarm end to end on real NVIDIA GPUs: the project's own agent, runtime guard, swarm scripts and stacks.
 
-    python3 bench/gpu_e2e.py [--slots-per-gpu 4] [--out DIR]       # as root (sudo, if you are not)
+    python3 bench/gpu_e2e.py [--slots-per-gpu 4] [--start-runs 15] [--out DIR]   # as root
+    bash bench/gpu_session.sh 'e2e:300=bench/gpu_e2e.py'    # on a bare GPU machine, with .kit
 
-Needs root, two or more NVIDIA GPUs, Docker Engine >= 25.0.3 (dockerd, docker) and
+Needs root, one or more NVIDIA GPUs, Docker Engine >= 25.0.3 (dockerd, docker) and
 nvidia-container-toolkit >= 1.19 (nvidia-ctk, nvidia-container-runtime, its hooks) on PATH,
-python3 with nvidia-ml-py and PyYAML, a static busybox, and cc (or --cuda-probe PATH) for
-bench/cuda_probe.c. It starts an engine of its own (data under /var/lib/gpu-swarm-e2e) with
-the agent's daemon.json, makes a one-node swarm with swarm/formation.py, admits the node with
+python3 with nvidia-ml-py and PyYAML, a static busybox, and a built bench/cuda_probe.c
+(--cuda-probe, else $CUDA_PROBE as bench/gpu_session.sh sets it, else built here with cc).
+It starts an engine of its own (data under /var/lib/gpu-swarm-e2e) with the agent's
+daemon.json, makes a one-node swarm with swarm/formation.py, admits the node with
 swarm/rollout.py (which runs the post-join GPU check), and then checks, on that swarm:
-- stacks/gpu-smoke.yml: one task per GPU, each seeing exactly its GPU, one pending; a freed
-  GPU lets the pending task start;
-- a task that reserved nothing, on an image with NVIDIA_VISIBLE_DEVICES=all, sees no GPU;
+- the agent advertises every GPU by its full UUID, and the node's boot path works on the real
+  driver: agent -> daemon.json -> dockerd -> swarm -> guard -> nvidia runtime -> task;
+- stacks/gpu-smoke.yml with one replica more than GPUs, while a holder service takes one GPU:
+  the replicas wait Pending ("insufficient resources"); freeing the holder's GPU lets one start;
+  then one task per GPU runs, each seeing exactly its GPU (nvidia-smi -L and /dev/nvidia*),
+  and one more waits;
+- a task that reserved nothing, on an image with NVIDIA_VISIBLE_DEVICES=all, sees no GPU
+  (while every GPU is held by other tasks);
 - a service that sets the swarm's GPU variable itself does not start;
 - `docker run --gpus all` by an administrator still gets every GPU;
-- the runtime guard's cost per container start, against nvidia-container-runtime alone;
+- the runtime guard's cost per container start, against nvidia-container-runtime alone
+  (--start-runs interleaved `docker run --rm` per variant);
 - with --slots-per-gpu K: K slots per GPU, stacks/inference-shared.yml running CUDA work
   (bench/cuda_probe.c) in K tasks per GPU at once, one more waiting; the slot mapping's cost.
+On ONE GPU every check runs as written, as its one-GPU equivalent: "exactly its GPU" is not
+told from "every GPU" by UUID there, so it rests on the task's one /dev/nvidiaN, the task without
+a reservation that sees none, and the replica that stays Pending (not sharing) while the GPU is
+held; K=4 slots are 4 CUDA tasks on the one GPU, the 5th Pending.
 It prints a table of every check and exits 1 when one fails (any GPU leak among them).
 """
 from __future__ import annotations
@@ -27,6 +39,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -80,6 +93,8 @@ def script(text: str, stdin: str = "") -> str:
 
 
 def gpus_of_host() -> list[str]:
+    if not shutil.which("nvidia-smi"):
+        sys.exit("nvidia-smi is not on PATH: this needs a machine with NVIDIA GPUs and their driver")
     return UUID.findall(run(["nvidia-smi", "-L"]).stdout)
 
 
@@ -123,12 +138,11 @@ def build_images(out: Path, probe: str) -> None:
     env = {**engine_env(), "GPU_SWARM_VERSIONS": str(REPO / "node" / "versions.env"),
            "GPU_SWARM_LOG": str(out / "build.log"), "GPU_SWARM_STATE": str(ROOT / "state"),
            "GPU_SWARM_NODE_ENV": "/nonexistent"}
-    for image in (CHECK_IMAGE, CUDA_IMAGE):  # the check's image, and one that stands in for nvidia/cuda
-        run(["bash", str(REPO / "node" / "build-check-image.sh")], env={**env, "GPU_SWARM_CHECK_IMAGE": image})
-    container = docker("create", CUDA_IMAGE, "true").stdout.strip()
-    docker("cp", probe, f"{container}:/usr/bin/cuda-probe")
-    docker("commit", container, PROBE_IMAGE)
-    docker("rm", container)
+    run(["bash", str(REPO / "node" / "build-check-image.sh")], env={**env, "GPU_SWARM_CHECK_IMAGE": CHECK_IMAGE})
+    # The stand-in for nvidia/cuda (its environment, and cuda-probe for real CUDA work), built
+    # as bench/gpu_session.sh builds it for the other benches.
+    run(["bash", str(REPO / "bench" / "cuda_standin.sh"), CUDA_IMAGE, probe], env=env)
+    docker("tag", CUDA_IMAGE, PROBE_IMAGE)
 
 
 def wait(predicate, timeout: float, what: str):
@@ -139,6 +153,14 @@ def wait(predicate, timeout: float, what: str):
             return value
         time.sleep(0.5)
     raise RuntimeError(f"timed out waiting for {what}")
+
+
+def remove_stack(name: str) -> None:
+    """Remove a stack and wait until its containers have stopped: until then they still hold
+    their GPUs, and the guard's ledger refuses a new holder of a GPU that a live one holds."""
+    script(stacks.remove_stack(name))
+    wait(lambda: not docker("ps", "-q", "--filter", f"label=com.docker.stack.namespace={name}").stdout.strip(),
+         60, f"the containers of stack {name} to stop")
 
 
 def tasks(service: str) -> list[dict]:
@@ -223,7 +245,7 @@ def whole_gpus(out: Path, host: list[str], node: str) -> None:
     wait(lambda: len([t for t in tasks("smoke_gpu") if t["Status"]["State"] in ("running", "pending")]) == n + 1
          and len([t for t in tasks("smoke_gpu") if t["Status"]["State"] == "running"]) == n - 1, 120,
          "the smoke stack with one GPU held")
-    script(stacks.remove_stack("holder"))
+    remove_stack("holder")
     started = time.monotonic()
     def all_gpus_busy():
         running_ = [t for t in tasks("smoke_gpu") if t["Status"]["State"] == "running"]
@@ -263,7 +285,7 @@ def whole_gpus(out: Path, host: list[str], node: str) -> None:
     else:  # this machine's toolkit cannot serve --gpus at all: then the guard must change nothing about it
         check("docker run --gpus all: the guard changes nothing", guarded.returncode == plain.returncode,
               f"nvidia-container-runtime alone fails here too: {(plain.stderr or plain.stdout).strip()[-160:]}")
-    script(stacks.remove_stack("smoke"))
+    remove_stack("smoke")
 
     times = start_times({
         "guard, no GPU": [],
@@ -321,7 +343,7 @@ def shared_gpus(out: Path, host: list[str], node: str, slots: int, engine: subpr
     on_gpu = [line for line in apps.splitlines() if line.strip()]
     check("the sharing tasks hold GPU memory at the same time", len(on_gpu) >= len(host) * slots,
           f"{len(on_gpu)} CUDA processes on the host's nvidia-smi")
-    script(stacks.remove_stack("infer"))
+    remove_stack("infer")
 
     times = start_times({
         "whole GPU": ["--env", f"DOCKER_RESOURCE_NVIDIA-GPU={host[0]}"],
@@ -334,12 +356,21 @@ def shared_gpus(out: Path, host: list[str], node: str, slots: int, engine: subpr
     return engine
 
 
+class Stopped(Exception):
+    """SIGTERM (a time budget ran out): recorded as a failed check, after which the engine is stopped."""
+
+
+def stopped(signum, frame):
+    raise Stopped(f"stopped by signal {signum}, probably a time budget; the checks before this one ran")
+
+
 def main() -> int:
     global START_RUNS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slots-per-gpu", type=int, default=4)
     parser.add_argument("--out", default="/tmp/gpu-swarm-e2e", help="logs and JSON results go here")
-    parser.add_argument("--cuda-probe", help="a built bench/cuda_probe.c (default: build it with cc)")
+    parser.add_argument("--cuda-probe", default=os.environ.get("CUDA_PROBE"),
+                        help="a built bench/cuda_probe.c (default: $CUDA_PROBE, else build it with cc)")
     parser.add_argument("--start-runs", type=int, default=START_RUNS,
                         help="interleaved `docker run` starts per variant for the cost figures (default %(default)s)")
     args = parser.parse_args()
@@ -350,14 +381,15 @@ def main() -> int:
         sys.exit("run as root: it starts an engine and writes the toolkit's config")
     host = gpus_of_host()
     print(f"host GPUs ({len(host)}): {', '.join(host)}", flush=True)
-    if len(host) < 2:
-        sys.exit("needs two or more GPUs to show that a task gets only its own")
+    if not host:
+        sys.exit("nvidia-smi -L lists no GPU: this needs a machine with one or more NVIDIA GPUs")
     shutil.rmtree(ROOT, ignore_errors=True)  # every run starts from a bare engine: no image or swarm left over
     ROOT.mkdir(parents=True)
     probe = args.cuda_probe or str(ROOT / "cuda-probe")
     if not args.cuda_probe:
         run(["cc", "-O2", "-o", probe, str(REPO / "bench" / "cuda_probe.c"), "-ldl"])
 
+    signal.signal(signal.SIGTERM, stopped)  # so that the engine below is stopped and the table printed
     report = agent(out, 0)
     check("the agent advertises every GPU by its full UUID", sorted(g["uuid"] for g in report["gpus"]) == sorted(host),
           f"{len(report['gpus'])} GPUs, default runtime gpu-swarm")
@@ -367,7 +399,14 @@ def main() -> int:
         init = json.loads(script(formation.init_swarm(run(["hostname", "-I"]).stdout.split()[0])))
         node = docker("info", "--format", "{{.Swarm.NodeID}}").stdout.strip()
         check("swarm formed by swarm/formation.py", init["created"] is True, f"cluster {init['cluster_id']}")
-        whole_gpus(out, host, node)
+        try:
+            whole_gpus(out, host, node)
+        except Stopped:
+            raise
+        except Exception as e:  # recorded; the shared GPUs' checks still run, on a swarm without these stacks
+            check("the run itself (whole GPUs)", False, f"{type(e).__name__}: {e}"[:400])
+            for stack in ("holder", "smoke"):
+                remove_stack(stack)
         if args.slots_per_gpu:
             engine = shared_gpus(out, host, node, args.slots_per_gpu, engine)
     except Exception as e:  # a broken step is a failed check, with its reason in the table

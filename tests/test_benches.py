@@ -19,7 +19,8 @@ def test_scale_bench_evaluates_the_program_under_the_test_mocks():
     assert result["gpu_nodes"] == 2 and result["resources"] > 20 and result["seconds"] > 0
 
 
-@pytest.mark.parametrize("bench", ["health.py", "rehearsal.py", "rehearsal_cpu.py", "guard_cost.py", "scale.py"])
+@pytest.mark.parametrize("bench", ["health.py", "rehearsal.py", "rehearsal_cpu.py", "guard_cost.py", "scale.py",
+                                   "gpu_e2e.py"])
 def test_bench_help_runs(bench):
     proc = subprocess.run([sys.executable, f"bench/{bench}", "--help"], cwd=REPO, capture_output=True, text=True,
                           timeout=60)
