@@ -30,7 +30,8 @@ from swarm.node_contract import (  # noqa: E402,F401
     AGENT_PATH, AGENT_VENV, APPLIED, BOOTSTRAP_DONE, BOOTSTRAP_FAILED, BOOTSTRAP_LOG, BOOTSTRAP_TIMINGS,
     BUNDLE_SHA256_ENV, BUNDLE_URL_ENV, HEALTH_ENV_PATH, HEALTH_UNIT, IMAGE_ENV, INSTALL_TIMINGS, INSTALLER_PATH,
     KERNEL_MODULES_ENV, KIND_ENV, NODE_DIR, NODE_ENV_PATH, NODE_VERSIONS_ENV, RECONCILER_UNIT, RELEASE_ENV,
-    RELEASE_ENV_PATH, SHARED_KIND_ENV, SLOTS_PER_GPU_ENV, SOFTWARE_DIR, SPOT_ENV, STATE_DIR, STEPS_ENV,
+    RELEASE_ENV_PATH, SHARED_KIND_ENV, SHARING_MODE_ENV, SLOTS_PER_GPU_ENV, SOFTWARE_DIR, SPOT_ENV, STATE_DIR,
+    STEPS_ENV,
     UNATTENDED_CONFIG,
 )
 
@@ -154,12 +155,13 @@ def bootstrap_steps(*, gpu: bool, instance_type: str) -> list[str]:
             steps.append("install-nvlink-subnet-manager")
         steps.append("install-fabric-manager")
     # The health watcher last: it watches the GPUs that the agent made docker advertise.
-    return steps + ["install-container-toolkit", "install-gpu-agent", "build-check-image", "apply-docker-config",
-                    "install-health-watcher", "install-gpu-metrics"]
+    # install-mps before the agent: on an MPS pool the agent checks the compute mode its unit sets.
+    return steps + ["install-container-toolkit", "install-mps", "install-gpu-agent", "build-check-image",
+                    "apply-docker-config", "install-health-watcher", "install-gpu-metrics"]
 
 
 def node_env(*, gpu: bool, gpu_kind: str, instance_type: str, image: str, slots_per_gpu: int = 0,
-             shared_kind: str = "", spot: bool = False) -> dict[str, str]:
+             shared_kind: str = "", spot: bool = False, sharing_mode: str = "time-slicing") -> dict[str, str]:
     """The node's settings, written to /etc/gpu-swarm/node.env, which every step and unit sources."""
     if image not in IMAGES:
         raise ValueError(f"image: expected one of {', '.join(IMAGES)}, found {image!r}")
@@ -173,6 +175,8 @@ def node_env(*, gpu: bool, gpu_kind: str, instance_type: str, image: str, slots_
     if gpu and slots_per_gpu:  # read by the agent: it advertises slots instead of whole GPUs
         env[SLOTS_PER_GPU_ENV] = str(slots_per_gpu)
         env[SHARED_KIND_ENV] = validate_kind(shared_kind)
+        if sharing_mode == "mps":  # install-mps.sh, the agent and the watcher read it; unset: time-slicing
+            env[SHARING_MODE_ENV] = sharing_mode
     if gpu and spot:  # read by the health watcher: it watches for AWS's reclaim notices
         env[SPOT_ENV] = "true"
     return env

@@ -111,6 +111,7 @@ def run_agent(node: Node, gpus: list[dict], kind: str, extra: tuple[str, ...] = 
     proc = run([sys.executable, str(AGENT), "--inventory", str(node.inventory),
                 "--daemon-json", str(node.daemon_json), "--toolkit-config", str(node.toolkit_config),
                 "--runtime-config", str(node.runtime_config), "--guard", str(GUARD),
+                "--guard-ledger", str(node.run_dir / "gpu-claims"),  # the nodes share this host's /run
                 "--runtime-delegate", shutil.which("runc") or "/usr/sbin/runc",
                 "--kind", kind, *extra, "--json"], check=False)
     if proc.returncode != 0:

@@ -73,6 +73,8 @@ KIND_ENV = "GPU_SWARM_KIND"  # the GPU resource kind: the agent's and the watche
 KERNEL_MODULES_ENV = "NVIDIA_KERNEL_MODULES"  # open or proprietary (GPU nodes): install-nvidia-driver.sh reads
 SLOTS_PER_GPU_ENV = "GPU_SWARM_SLOTS_PER_GPU"  # tasks per shared GPU (pools that share): the agent reads
 SHARED_KIND_ENV = "GPU_SWARM_SHARED_KIND"  # the shared slots' kind (with the above): the agent and the watcher read
+SHARING_MODE_ENV = "GPU_SWARM_SHARING_MODE"  # "mps" on pools that share by MPS (unset: time-slicing): install-mps.sh,
+# the agent and the watcher read
 SPOT_ENV = "GPU_SWARM_SPOT"  # "true" on spot nodes: the watcher then watches for reclaim notices
 AGENT_ARGS_ENV = "GPU_SWARM_AGENT_ARGS"  # extra agent flags: an operator's unit drop-in sets it; the agent's unit reads
 
@@ -126,6 +128,11 @@ APPLIED = f"{STATE_DIR}/applied"  # the release last applied: the installer writ
 HEALTH_STATE_PATH = f"{STATE_DIR}/health-state.json"  # the watcher's events across its restarts; only it reads
 AGENT_REPORT_PATH = "/run/gpu-swarm/report.json"  # the agent's unit writes its JSON report, and reads it to
 # decide whether docker must restart
+GUARD_LEDGER_PATH = "/run/gpu-swarm/gpu-claims"  # which container holds which GPU or slot: the guard (gpu_guard.py)
+# writes and reads it, under <path>.lock; the agent passes its path in runtime.env. Gone at reboot, as the holders are
+MPS_DIR = "/run/gpu-swarm/mps"  # <uuid>/pipe and <uuid>/log of each GPU's MPS control daemon: gpu-swarm-mps starts
+# them there; the guard mounts a slot task's GPU's pipe; the watcher reads each daemon's pid file
+MPS_SCRIPT_PATH = f"{SOFTWARE_DIR}/gpu-swarm-mps"  # gpu-swarm-mps.service runs it (start, stop)
 # Other programs' files that ours write or read:
 DOCKER_DAEMON_JSON = "/etc/docker/daemon.json"  # the agent (resources, gpu.* labels, runtimes) and the watcher
 # (condition labels) write their keys; dockerd reads; the program counts the advertised resources
@@ -143,6 +150,7 @@ CLOUD_INIT_STATUS = "/var/lib/cloud/data/status.json"  # cloud-init writes; the 
 AGENT_UNIT = "gpu-swarm-agent.service"  # install-gpu-agent.sh installs it; runs before docker at every boot
 HEALTH_UNIT = "gpu-swarm-health.service"  # install-health-watcher.sh installs it on GPU nodes
 RECONCILER_UNIT = "gpu-swarm-reconciler.service"  # install-reconciler.sh installs it on managers
+MPS_UNIT = "gpu-swarm-mps.service"  # install-mps.sh installs it on pools that share by MPS; before the agent and docker
 METRICS_UNIT = "gpu-swarm-metrics.service"  # install-gpu-metrics.sh installs it on GPU nodes
 INSTALL_UNIT = "gpu-swarm-install"  # the transient unit the program runs the installer in
 

@@ -23,12 +23,13 @@ import shutil
 import subprocess
 import sys
 
-from contract import (DOCKER_DAEMON_JSON, GPU_LABEL_PREFIX, GPU_REPLICAS_LABEL, GPU_SHARING_LABEL, GUARD_PATH, KIND_ENV,
-                      RUNTIME_ENV_PATH, SHARED_KIND_ENV, SLOTS_PER_GPU_ENV, TOOLKIT_CONFIG)
+from contract import (DOCKER_DAEMON_JSON, GPU_LABEL_PREFIX, GPU_REPLICAS_LABEL, GPU_SHARING_LABEL, GUARD_LEDGER_PATH,
+                      GUARD_PATH, KIND_ENV, MPS_DIR, RUNTIME_ENV_PATH, SHARED_KIND_ENV, SHARING_MODE_ENV,
+                      SLOTS_PER_GPU_ENV, TOOLKIT_CONFIG)
 from daemon_json import locked, read_daemon_json, set_labels, write_atomic
 from gpu_detect import BadInput, DetectionFailed, detect_gpus, gpu_labels, load_inventory
-from gpu_resources import (DEFAULT_KIND, MAX_SLOTS_PER_GPU, default_shared_kind, resource_entries, resource_env_name,
-                           slot_entries, validate_kind)
+from gpu_resources import (DEFAULT_KIND, MAX_SLOTS_PER_GPU, SHARING_MODES, default_shared_kind, mps_slot_memory_mib,
+                           mps_thread_percent, resource_entries, resource_env_name, slot_entries, validate_kind)
 
 DEFAULT_RUNTIME_PATH = "nvidia-container-runtime"
 # The runtime guard (gpu-swarm-runtime + gpu_guard.py, beside this file on a node): the
@@ -36,6 +37,16 @@ DEFAULT_RUNTIME_PATH = "nvidia-container-runtime"
 # runtime, so the default is what every task gets.
 GUARD_RUNTIME = "gpu-swarm"
 COMPUTE_MODE_DEFAULT = 0  # NVML_COMPUTEMODE_DEFAULT: several processes may share the GPU
+# NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: one process only, which on an MPS pool is the MPS server
+# (gpu-swarm-mps sets it and starts the server): a task that left MPS could not take the GPU
+# past its memory limit.
+COMPUTE_MODE_EXCLUSIVE_PROCESS = 3
+# The compute mode each sharing mode needs, and what to run when a GPU is in another.
+SHARING_COMPUTE_MODE = {
+    "time-slicing": (COMPUTE_MODE_DEFAULT, "Default", "run nvidia-smi -i <index> -c DEFAULT, or turn sharing off"),
+    "mps": (COMPUTE_MODE_EXCLUSIVE_PROCESS, "Exclusive_Process",
+            "gpu-swarm-mps.service sets it and starts the GPU's MPS daemon: systemctl restart gpu-swarm-mps"),
+}
 # nvidia-container-toolkit 1.18.0-1.18.2 default to jit-cdi mode, which ignores
 # swarm-resource so every task sees every GPU (toolkit#1599, fixed in 1.19.0).
 TOOLKIT_JIT_CDI_TRAP = ((1, 18, 0), (1, 18, 2))
@@ -65,7 +76,11 @@ def merge_daemon_config(config: dict, resources: list[str], labels: dict, guard:
         # nvidia stays registered for `docker run --runtime=nvidia`; tasks get the guard.
         runtimes.setdefault("nvidia", {"path": DEFAULT_RUNTIME_PATH, "runtimeArgs": []})
         runtimes["nvidia"].setdefault("path", DEFAULT_RUNTIME_PATH)
-        runtimes[GUARD_RUNTIME] = {"path": guard["path"], "runtimeArgs": ["--gpu-swarm-config", guard["config"]]}
+        # With runtimeArgs, dockerd runs a runtime through a /bin/sh wrapper it writes (moby
+        # daemon/runtime_unix.go): one more shell on each of a container's runtime calls. The
+        # runtime reads its settings from RUNTIME_ENV_PATH without being told.
+        runtimes[GUARD_RUNTIME] = {"path": guard["path"]} if guard["config"] == RUNTIME_ENV_PATH else \
+            {"path": guard["path"], "runtimeArgs": ["--gpu-swarm-config", guard["config"]]}
         if new.get("default-runtime", GUARD_RUNTIME) not in (GUARD_RUNTIME, "nvidia"):
             warnings.append(f"default-runtime was {new['default-runtime']!r}; set it to {GUARD_RUNTIME!r} because "
                             "swarm services cannot choose a runtime, and tasks must get only the GPUs they reserved")
@@ -74,7 +89,8 @@ def merge_daemon_config(config: dict, resources: list[str], labels: dict, guard:
 
 
 def runtime_settings(*, kind: str, shared_kind: str, slots: int, gpus: list[dict], guard: str, delegate: str,
-                     allow_docker_run_gpus: bool) -> str:
+                     allow_docker_run_gpus: bool, ledger: str = GUARD_LEDGER_PATH, mode: str = "time-slicing",
+                     mps_dir: str = MPS_DIR) -> str:
     """The guard's runtime.env: read by its sh front (sourced) and by gpu_guard.py."""
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
     values = {
@@ -86,7 +102,17 @@ def runtime_settings(*, kind: str, shared_kind: str, slots: int, gpus: list[dict
         "SLOTS_PER_GPU": str(slots),
         "GPUS": ",".join(g["uuid"] for g in gpus),
         "ALLOW_DOCKER_RUN_GPUS": "true" if allow_docker_run_gpus else "false",
+        "LEDGER": ledger,
     }
+    if slots and mode == "mps":
+        values.update({
+            "SHARING": "mps",
+            "MPS_DIR": mps_dir,
+            # The node's smallest GPU sets every slot's share: a slot's value names its GPU, but
+            # a stack asks for a share of "a GPU of this pool".
+            "MPS_MEMORY_MIB": str(mps_slot_memory_mib(min(g.get("memory_mib") or 0 for g in gpus), slots)),
+            "MPS_THREAD_PERCENT": str(mps_thread_percent(slots)),
+        })
     for key, value in values.items():
         if not re.fullmatch(r"[A-Za-z0-9_./:,=+-]*", value):
             raise BadInput(f"{key}={value!r} cannot be written to the runtime settings safely")
@@ -94,24 +120,28 @@ def runtime_settings(*, kind: str, shared_kind: str, slots: int, gpus: list[dict
         "".join(f"{k}={v}\n" for k, v in values.items())
 
 
-def advertised(kind: str, shared_kind: str, slots: int, gpus: list[dict], warnings: list[str]) -> tuple[list, dict]:
+def advertised(kind: str, shared_kind: str, slots: int, gpus: list[dict], warnings: list[str],
+               mode: str = "time-slicing") -> tuple[list, dict]:
     """node-generic-resources and the labels that describe sharing.
 
     A pool that shares GPUs advertises only slots, so a whole-GPU task and a slot never
-    meet on one GPU. Time-slicing needs the GPU's compute mode to be Default: a GPU in an
-    exclusive mode is left out, which the swarm-side check then reports.
+    meet on one GPU. Time-slicing needs the GPU's compute mode to be Default, MPS needs
+    Exclusive_Process: a GPU in another is left out, which the swarm-side check then reports.
     """
     if not slots:
         return resource_entries(kind, [g["uuid"] for g in gpus]), {}
+    want, name, fix = SHARING_COMPUTE_MODE[mode]
     shareable = []
     for gpu in gpus:
-        mode = gpu.get("compute_mode", COMPUTE_MODE_DEFAULT)
-        if mode == COMPUTE_MODE_DEFAULT:
+        # NVML that cannot say is taken at its word for time-slicing (Default is the driver's
+        # own), never for MPS: without the exclusive mode a task could leave MPS and its limit.
+        have = gpu.get("compute_mode", COMPUTE_MODE_DEFAULT if mode == "time-slicing" else None)
+        if have == want:
             shareable.append(gpu["uuid"])
         else:
-            warnings.append(f"GPU {gpu['uuid']} is in compute mode {mode}, not Default, so tasks cannot share it; "
-                            "it advertises nothing. Run nvidia-smi -i <index> -c DEFAULT, or turn sharing off")
-    labels = {GPU_SHARING_LABEL: "time-slicing", GPU_REPLICAS_LABEL: str(slots)}
+            warnings.append(f"GPU {gpu['uuid']} is in compute mode {have}, not {name}, so tasks cannot share it "
+                            f"by {mode}; it advertises nothing. {fix[0].upper()}{fix[1:]}")
+    labels = {GPU_SHARING_LABEL: mode, GPU_REPLICAS_LABEL: str(slots)}
     if len(shareable) < len(gpus):
         labels[GPU_SHARING_LABEL] = "refused-compute-mode"
     return slot_entries(shared_kind, shareable, slots), labels
@@ -220,8 +250,10 @@ def run(args: argparse.Namespace, warnings: list[str]) -> dict:
             raise ValueError(f"must be from 2 to {MAX_SLOTS_PER_GPU}, or 0 for whole GPUs")
         if shared_kind == kind:
             raise ValueError(f"the shared kind must differ from --kind {kind}: a GPU is advertised one way")
+        if args.sharing_mode not in SHARING_MODES:
+            raise ValueError(f"--sharing-mode {args.sharing_mode!r}: expected one of {', '.join(SHARING_MODES)}")
     except ValueError as e:
-        raise BadInput(f"--slots-per-gpu/--shared-kind: {e}")
+        raise BadInput(f"--slots-per-gpu/--shared-kind/--sharing-mode: {e}")
     gpus, extra = load_inventory(args.inventory) if args.inventory else (None, {})
     old_daemon = read_daemon_json(args.daemon_json)
     toolkit_text = read_toolkit_config(args.toolkit_config)
@@ -236,7 +268,7 @@ def run(args: argparse.Namespace, warnings: list[str]) -> dict:
         gpus, extra = detect_gpus(warnings)
     if not gpus:
         warnings.append("no GPUs found: removing node-generic-resources and gpu.* labels from daemon.json")
-    resources, sharing = advertised(kind, shared_kind, args.slots_per_gpu, gpus, warnings)
+    resources, sharing = advertised(kind, shared_kind, args.slots_per_gpu, gpus, warnings, args.sharing_mode)
     labels = {**gpu_labels(gpus, extra, warnings), **sharing}
     guard = None if args.no_runtime else {"path": args.guard, "config": args.runtime_config}
 
@@ -250,7 +282,8 @@ def run(args: argparse.Namespace, warnings: list[str]) -> dict:
     if gpus and guard:
         text = runtime_settings(kind=kind, shared_kind=shared_kind, slots=args.slots_per_gpu, gpus=gpus,
                                 guard=args.guard, delegate=args.runtime_delegate,
-                                allow_docker_run_gpus=not args.refuse_docker_run_gpus)
+                                allow_docker_run_gpus=not args.refuse_docker_run_gpus, ledger=args.guard_ledger,
+                                mode=args.sharing_mode, mps_dir=args.mps_dir)
         old = open(args.runtime_config).read() if os.path.exists(args.runtime_config) else None
         files["runtime_config"] = "unchanged"
         if text != old:
@@ -292,6 +325,13 @@ def parse_args(argv) -> argparse.Namespace:
                              "(default 0: whole GPUs)")
     parser.add_argument("--shared-kind", default=env(SHARED_KIND_ENV) or "", metavar="NAME",
                         help="kind of the slots of shared GPUs (default <kind>-SHARED)")
+    parser.add_argument("--sharing-mode", default=env(SHARING_MODE_ENV) or SHARING_MODES[0], metavar="MODE",
+                        help=f"how slots share a GPU: {' or '.join(SHARING_MODES)} (default {SHARING_MODES[0]}); mps "
+                             "needs the GPUs in Exclusive_Process mode with their MPS daemons (gpu-swarm-mps.service)")
+    parser.add_argument("--mps-dir", default=MPS_DIR, metavar="PATH",
+                        help=f"where the GPUs' MPS daemons keep their pipes (default {MPS_DIR})")
+    parser.add_argument("--guard-ledger", default=GUARD_LEDGER_PATH, metavar="PATH",
+                        help=f"the guard's record of which container holds which GPU (default {GUARD_LEDGER_PATH})")
     parser.add_argument("--guard", default=GUARD_PATH, metavar="PATH",
                         help=f"the runtime guard made the default runtime (default {GUARD_PATH})")
     parser.add_argument("--runtime-config", default=RUNTIME_ENV_PATH, metavar="PATH",

@@ -7,28 +7,70 @@ gets exactly the GPUs swarm assigned to it, then hands the same call to the dele
 - a task that reserved whole GPUs gets NVIDIA_VISIBLE_DEVICES = those UUIDs;
 - a task that reserved a slot of a shared GPU gets that GPU: the slot's variable becomes
   the whole-GPU variable the toolkit reads, plus GPU_SWARM_GPU, GPU_SWARM_SLOT, GPU_SWARM_SHARE;
+  on an MPS pool also the GPU's MPS pipe directory (mounted) and its memory and thread limits;
 - a task that reserved nothing gets NVIDIA_VISIBLE_DEVICES=void, whatever its image says
   (every nvidia/cuda image sets NVIDIA_VISIBLE_DEVICES=all), and loses cdi.k8s.io
   annotations, which the toolkit honours before the environment.
-A container started by `docker run --gpus` carries the toolkit's prestart hook, which
-swarm services cannot add: it is an administrator's explicit request and passes untouched
-(unless ALLOW_DOCKER_RUN_GPUS=false).
+Every GPU (or slot) a container is given is written to the ledger (LEDGER in the settings):
+a second container that names a GPU a live container holds does not start, whatever its
+environment says. A claim lives as long as its holder's bundle and init process, so a crash
+leaves nothing behind. A container started by `docker run --gpus` carries the toolkit's
+prestart hook, which swarm services cannot add: it is an administrator's explicit request and
+passes untouched (unless ALLOW_DOCKER_RUN_GPUS=false), outside the ledger.
 It fails closed: anything it cannot read or does not recognise stops the container with a
-message that `docker service ps --no-trunc` shows. Stdlib only; Python starts only here.
-"""
-from __future__ import annotations
+message that `docker service ps --no-trunc` shows.
 
-import json
-import os
-import re
+Every container start pays for this program, so it imports nothing it can do without: no re
+(UUIDs are checked by hand) and no json package (whose import pulls in re, enum and more,
+half of the start-up): the C codec _json does the work when it is there. Stdlib only.
+"""
+
+import posix  # os without what it imports (stat, posixpath, _collections_abc): a tenth of a create
 import sys
 import time
 
-_HEX = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
-UUID_RE = re.compile(rf"GPU-{_HEX}|MIG-{_HEX}|MIG-GPU-{_HEX}/\d+/\d+")
-SLOT_RE = re.compile(rf"(?P<gpu>{UUID_RE.pattern})-s(?P<slot>\d+)")
+_HEX = frozenset("0123456789abcdefABCDEF")
+_UUID_GROUPS = (8, 4, 4, 4, 12)
 TOOLKIT_HOOK = "nvidia-container-runtime-hook"
 CDI_ANNOTATION = "cdi.k8s.io/"
+MPS_PID_FILE = "nvidia-cuda-mps-control.pid"  # the control daemon writes it into its pipe directory
+CREATE_GRACE_S = 120  # a claim whose runc state is not there yet: the create is still under way
+MPS_PIPE_ENV, MPS_MEMORY_ENV, MPS_THREADS_ENV = \
+    "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+
+
+def _isdir(path: str) -> bool:
+    try:
+        return posix.stat(path).st_mode & 0o170000 == 0o040000
+    except OSError:
+        return False
+
+
+def _absolute(path: str) -> str:
+    return path if path.startswith("/") else f"{posix.getcwd()}/{path}"
+
+
+def _makedirs(path: str) -> None:
+    if not path or _isdir(path):
+        return
+    _makedirs(path.rpartition("/")[0])
+    try:
+        posix.mkdir(path, 0o755)
+    except FileExistsError:
+        pass
+
+
+def _normpath(path: str) -> str:
+    """An absolute path without ., .. and doubled slashes; "" for a relative one (proc, tmpfs)."""
+    if not path.startswith("/"):
+        return ""
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part == "..":
+            parts = parts[:-1]
+        elif part not in ("", "."):
+            parts.append(part)
+    return "/" + "/".join(parts)
 
 
 class Refused(Exception):
@@ -53,12 +95,43 @@ def env_name(kind: str) -> str:
     return "DOCKER_RESOURCE_" + kind.upper()  # swarmkit's EnvFormat, as the agent derives it
 
 
+def _hex_uuid(text: str) -> bool:
+    parts = text.split("-")
+    return len(parts) == 5 and all(len(p) == n and _HEX.issuperset(p) for p, n in zip(parts, _UUID_GROUPS))
+
+
+def is_uuid(value: str) -> bool:
+    """A full GPU or MIG UUID, as gpu_resources.UUID_RE says (tests keep the two equal)."""
+    if value.startswith("MIG-GPU-"):
+        uuid, _, rest = value[8:].partition("/")
+        gi, sep, ci = rest.partition("/")
+        return _hex_uuid(uuid) and bool(sep) and gi.isdigit() and ci.isdigit() and gi.isascii() and ci.isascii()
+    return value.startswith(("GPU-", "MIG-")) and _hex_uuid(value[4:])
+
+
+def slot_of(value: str) -> tuple[str, int] | None:
+    """(GPU UUID, slot number) of a slot value such as GPU-...-s3, as gpu_resources.SLOT_RE reads it."""
+    gpu, sep, number = value.rpartition("-s")
+    if sep and number.isdigit() and number.isascii() and is_uuid(gpu):
+        return gpu, int(number)
+    return None
+
+
 def _values(env: list[str], name: str) -> list[str] | None:
     found = None
     for entry in env:
         key, sep, value = entry.partition("=")
         if sep and key == name:
             found = [v for v in value.split(",") if v]  # the last one wins, as in execve
+    return found
+
+
+def _value(env: list[str], name: str) -> str | None:
+    found = None
+    for entry in env:
+        key, sep, value = entry.partition("=")
+        if sep and key == name:
+            found = value
     return found
 
 
@@ -70,40 +143,54 @@ def _has_toolkit_hook(spec: dict) -> bool:
     hooks = spec.get("hooks") or {}
     for stage in ("prestart", "createRuntime"):
         for hook in hooks.get(stage) or []:
-            if TOOLKIT_HOOK in os.path.basename(hook.get("path", "")):
+            if TOOLKIT_HOOK in (hook.get("path") or "").rpartition("/")[2]:
                 return True
     return False
 
 
-def guard(spec: dict, settings: dict[str, str]) -> tuple[dict, str]:
-    """The spec as the container may run it, and what was decided (for the log)."""
+class Decision:
+    """What guard() decided: the spec to run, what to log, the ledger keys to claim, and the
+    GPU whose MPS daemon must be alive (None: no MPS)."""
+
+    def __init__(self, spec: dict, text: str, claims: list[str], mps_gpu: str | None = None):
+        self.spec, self.text, self.claims, self.mps_gpu = spec, text, claims, mps_gpu
+
+
+def guard(spec: dict, settings: dict[str, str]) -> Decision:
+    """The spec as the container may run it, and what was decided."""
     process = spec.setdefault("process", {})
     env = list(process.get("env") or [])
     if settings.get("ALLOW_DOCKER_RUN_GPUS", "true") == "true" and _has_toolkit_hook(spec):
-        return spec, "docker run --gpus: left as requested"
+        return Decision(spec, "docker run --gpus: left as requested", [])
     node_gpus = {g for g in settings.get("GPUS", "").split(",") if g}
+    slots = int(settings.get("SLOTS_PER_GPU") or 0)
     whole_var = env_name(settings["KIND"])
     whole = _values(env, whole_var)
     shared_kind = settings.get("SHARED_KIND", "")
-    shared = _values(env, env_name(shared_kind)) if shared_kind else None
+    shared_var = env_name(shared_kind) if shared_kind else ""
+    shared = _values(env, shared_var) if shared_kind else None
+    fix = "remove it from the service's environment and reserve GPUs with generic_resources"
 
-    for name in [whole_var] + ([env_name(shared_kind)] if shared_kind else []):
+    for name in [whole_var] + ([shared_var] if shared_kind else []):
         # Swarm appends its variable after the service's own environment: two of them means
-        # the service set it too. (A service that sets it alone, to a GPU of this node, cannot
-        # be told from swarm here; the preview refuses that in stack files.)
+        # the service set it too. (One that the service set alone is caught by the ledger
+        # when another container holds that GPU; see README "Isolation".)
         if sum(e.partition("=")[0] == name for e in env) > 1:
-            raise Refused(f"{name} is set by the service as well as by swarm; remove it from the service's "
-                          "environment and reserve GPUs with generic_resources")
+            raise Refused(f"{name} is set by the service as well as by swarm; {fix}")
     for uuid in whole or []:
-        if not UUID_RE.fullmatch(uuid):
+        if not is_uuid(uuid):
             raise Refused(f"{whole_var}={uuid} is not a GPU swarm assigned: swarm sets this variable to full GPU "
                           f"UUIDs. Remove it from the service's environment and reserve GPUs with generic_resources")
         if node_gpus and uuid not in node_gpus:
-            raise Refused(f"{whole_var} names {uuid}, which this node does not have; remove it from the service's "
-                          "environment and reserve GPUs with generic_resources")
-    if whole and shared and whole != [SLOT_RE.fullmatch(shared[0])["gpu"] if SLOT_RE.fullmatch(shared[0]) else ""]:
+            raise Refused(f"{whole_var} names {uuid}, which this node does not have; {fix}")
+    slot = slot_of(shared[0]) if shared and len(shared) == 1 else None
+    if whole and shared and whole != [slot[0] if slot else ""]:
         # (whole == the slot's GPU: this guard mapped the slot already, on an earlier create.)
-        raise Refused(f"the task holds whole GPUs and a shared slot ({env_name(shared_kind)}); reserve one kind")
+        raise Refused(f"the task holds whole GPUs and a shared slot ({shared_var}); reserve one kind")
+    if whole and shared_kind and not shared:
+        # A pool that shares advertises slots only: swarm never sets the whole-GPU variable here.
+        raise Refused(f"{whole_var} names a whole GPU, but this node shares its GPUs and swarm gives its tasks "
+                      f"slots only; {fix}, of {shared_kind}")
     if shared is not None and len(shared) != 1:
         raise Refused(f"a task may hold one slot of a shared GPU, it holds {len(shared)}: reserve value 1 of "
                       f"{shared_kind}")
@@ -112,31 +199,233 @@ def guard(spec: dict, settings: dict[str, str]) -> tuple[dict, str]:
     dropped = sorted(k for k in annotations if k.startswith(CDI_ANNOTATION))
     if dropped:
         spec["annotations"] = {k: v for k, v in annotations.items() if k not in dropped}
-    if shared is not None and not shared:
-        raise Refused(f"{env_name(shared_kind)} is empty: a task reserves one slot")
+    mps = settings.get("SHARING") == "mps"
+    mps_dir = settings.get("MPS_DIR", "")
+    if mps_dir:
+        _refuse_mps_mounts(spec, mps_dir, slot[0] if slot and mps else None)
+    claims, mps_gpu = [], None
     if shared:
-        match = SLOT_RE.fullmatch(shared[0])
-        if not match or (node_gpus and match["gpu"] not in node_gpus):
-            raise Refused(f"{env_name(shared_kind)}={shared[0]} is not a slot of a GPU of this node")
-        gpu = match["gpu"]
+        if not slot or (node_gpus and slot[0] not in node_gpus) or (slots and slot[1] >= slots):
+            raise Refused(f"{shared_var}={shared[0]} is not a slot of a GPU of this node")
+        gpu = slot[0]
         env = _set(env, whole_var, gpu)  # what the toolkit's swarm-resource reads
         env = _set(env, "NVIDIA_VISIBLE_DEVICES", gpu)
         env = _set(env, "GPU_SWARM_GPU", gpu)
         env = _set(env, "GPU_SWARM_SLOT", shared[0])
         env = _set(env, "GPU_SWARM_SHARE", f"1/{settings.get('SLOTS_PER_GPU', '?')}")
-        decision = f"slot {shared[0]} of {gpu}"
+        text = f"slot {shared[0]} of {gpu}"
+        if mps:
+            env = _mps(spec, env, gpu, settings)
+            mps_gpu = gpu
+            text += " (MPS)"
+        claims = [shared[0]]
     elif whole:
         # The toolkit already prefers the swarm variable; saying it twice holds even if its
         # swarm-resource setting were lost.
         env = _set(env, "NVIDIA_VISIBLE_DEVICES", ",".join(whole))
-        decision = f"GPUs {','.join(whole)}"
+        text = f"GPUs {','.join(whole)}"
+        claims = list(whole)
     else:
         env = _set(env, "NVIDIA_VISIBLE_DEVICES", "void")
-        decision = "no GPU reserved: none given"
+        text = "no GPU reserved: none given"
     if dropped:
-        decision += f"; removed annotations {', '.join(dropped)}"
+        text += f"; removed annotations {', '.join(dropped)}"
     process["env"] = env
-    return spec, decision
+    return Decision(spec, text, claims, mps_gpu)
+
+
+def _refuse_mps_mounts(spec: dict, mps_dir: str, own_gpu: str | None) -> None:
+    """Only a slot task reaches an MPS daemon, and only its GPU's: through the mount added here."""
+    own = f"{mps_dir}/{own_gpu}/pipe" if own_gpu else None
+    for mount in spec.get("mounts") or []:
+        source = _normpath(mount.get("source") or "")
+        if source and (source == mps_dir or source.startswith(mps_dir + "/")) and source != own:
+            raise Refused(f"the container mounts {source}, where the node's MPS daemons listen; only a task that "
+                          f"reserved a slot of an MPS pool reaches them, and the node mounts its GPU's for it: "
+                          f"remove the mount")
+
+
+def mib(text: str) -> int | None:
+    """MiB in a CUDA memory limit such as 4G, 4096M, 0=4G or 0=512MB; None when not one."""
+    _, _, text = text.rpartition("=")
+    text = text.strip().upper()
+    for suffix, factor in (("GB", 1024), ("MB", 1), ("G", 1024), ("M", 1)):
+        if text.endswith(suffix):
+            number = text[: -len(suffix)]
+            return int(number) * factor if number.isdigit() and number.isascii() else None
+    return None
+
+
+def _mps(spec: dict, env: list[str], gpu: str, settings: dict[str, str]) -> list[str]:
+    """A slot task on an MPS pool: its GPU's pipe directory, mounted, and its limits.
+
+    The memory limit is the slot's share unless the service asks for less with its own
+    CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (never more: the other slots' shares are theirs). The
+    thread percentage is a ceiling MPS enforces, not a reservation: a service may set its own."""
+    share = int(settings["MPS_MEMORY_MIB"])
+    asked = _value(env, MPS_MEMORY_ENV)
+    limit = share
+    if asked is not None:
+        limit = mib(asked) or 0
+        if "," in asked or not 0 < limit <= share:
+            raise Refused(f"{MPS_MEMORY_ENV}={asked}: a slot of this GPU has {share} MiB (its memory / "
+                          f"{settings.get('SLOTS_PER_GPU')} slots); ask for at most 0={share}M, such as 0=4G, or "
+                          "leave it unset to get the whole share")
+    threads = _value(env, MPS_THREADS_ENV)
+    if threads is None:
+        threads = settings.get("MPS_THREAD_PERCENT") or "100"
+    elif not (threads.isdigit() and threads.isascii() and 1 <= int(threads) <= 100):
+        raise Refused(f"{MPS_THREADS_ENV}={threads}: expected a whole percentage from 1 to 100")
+    pipe = f"{settings['MPS_DIR']}/{gpu}/pipe"
+    env = _set(env, MPS_PIPE_ENV, pipe)
+    env = _set(env, MPS_MEMORY_ENV, f"0={limit}M")  # device 0: the one GPU the container sees
+    env = _set(env, MPS_THREADS_ENV, threads)
+    mounts = spec.setdefault("mounts", [])
+    if not any(m.get("destination") == pipe for m in mounts):
+        # The same path inside: the daemon hands clients paths in its pipe directory.
+        mounts.append({"destination": pipe, "type": "bind", "source": pipe,
+                       "options": ["rbind", "rw", "nosuid", "nodev", "noexec"]})
+    return env
+
+
+# ---------------------------------------------------------------- the ledger: who holds which GPU
+
+
+def _json_int(text: str, key: str) -> int | None:
+    at = text.find(key)
+    if at < 0:
+        return None
+    digits = text[at + len(key):].lstrip(" ")
+    end = 0
+    while end < len(digits) and digits[end].isdigit():
+        end += 1
+    return int(digits[:end]) if end else None
+
+
+def holder_alive(root: str, container: str, bundle: str, since: float, now: float) -> bool:
+    """Whether a claim's container still runs: its bundle is there (containerd removes it when the
+    task is deleted) and the init process runc recorded is alive (a crash leaves no claim)."""
+    if not _isdir(bundle):
+        return False
+    try:
+        with open(f"{root}/{container}/state.json", encoding="utf-8") as f:
+            state = f.read()
+    except FileNotFoundError:
+        return now - since < CREATE_GRACE_S  # the delegate has not written its state yet
+    except OSError:
+        return True  # cannot tell: it holds
+    pid, started = _json_int(state, '"init_process_pid":'), _json_int(state, '"init_process_start":')
+    if not pid:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return False
+    return fields[0] not in ("Z", "X") and (started is None or fields[19] == str(started))
+
+
+def claim(ledger: str, keys: list[str], container: str, root: str, bundle: str, now: float) -> None:
+    """Record that container holds keys, or refuse when a live container holds one of them.
+
+    One line per claim (key, container, runc root, bundle, since), tab-separated, rewritten
+    whole under an exclusive lock, so two creates at once cannot both take a GPU."""
+    import fcntl  # only containers that hold GPUs pay for it
+    for field in (container, root, bundle):
+        if not field or any(c in field for c in "\t\n"):
+            raise Refused(f"cannot record the claim: {field!r} is not a container id or path")
+    _makedirs(ledger.rpartition("/")[0])  # /run/gpu-swarm, after a reboot
+    lock = posix.open(ledger + ".lock", posix.O_RDWR | posix.O_CREAT | posix.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            with open(ledger, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except FileNotFoundError:
+            lines = []
+        kept = []
+        for line in lines:
+            fields = line.split("\t")
+            if len(fields) != 5 or not fields[4].isdigit():
+                raise Refused(f"{ledger} has a line that is not a claim ({line!r}); remove that line")
+            key, holder, holder_root, holder_bundle, since = fields
+            if holder == container:
+                continue  # this very container, created again: its claims are made anew below
+            if key in keys:
+                if holder_alive(holder_root, holder, holder_bundle, int(since), now):
+                    what = f"slot {key}" if slot_of(key) else f"GPU {key}"
+                    raise Refused(f"{what} is held by container {holder[:12]} (since "
+                                  f"{time.strftime('%H:%M:%S', time.gmtime(int(since)))} UTC); a GPU a running "
+                                  "container holds is never given to another. This container names it without "
+                                  "swarm's reservation: remove DOCKER_RESOURCE_* from the service's environment "
+                                  "and reserve GPUs with generic_resources")
+                continue  # its holder is gone
+            if _isdir(holder_bundle):
+                kept.append(line)
+        kept += [f"{key}\t{container}\t{root}\t{bundle}\t{int(now)}" for key in keys]
+        tmp = f"{ledger}.{posix.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in kept))
+        posix.replace(tmp, ledger)
+    finally:
+        posix.close(lock)  # releases the lock
+
+
+def mps_daemon_alive(mps_dir: str, gpu: str) -> bool:
+    """Whether the GPU's MPS control daemon runs. Without it CUDA would run the task outside MPS,
+    without its memory limit (NVIDIA's nvidia-cuda-mps-control(1)), so the task must not start."""
+    try:
+        with open(f"{mps_dir}/{gpu}/pipe/{MPS_PID_FILE}", encoding="utf-8") as f:
+            pid = int(f.read().strip())
+        with open(f"/proc/{pid}/comm", encoding="utf-8") as f:
+            comm = f.read()
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+        return comm.startswith("nvidia-cuda-mps") and state not in ("Z", "X")  # a zombie serves no one
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+# ---------------------------------------------------------------- config.json, read and written fast
+
+
+def _no_default(value):
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def codec():
+    """(loads, dumps) that json.loads/json.dumps would be, from the C accelerator _json alone."""
+    try:
+        import _json
+
+        class Context:  # what _json's scanner reads from a JSONDecoder
+            strict, object_hook, object_pairs_hook = True, None, None
+            parse_float, parse_int, parse_constant = float, int, float
+
+        scan = _json.make_scanner(Context)
+        encode = _json.make_encoder(None, _no_default, _json.encode_basestring_ascii, None, ": ", ", ",
+                                    False, False, True)
+    except (ImportError, AttributeError, TypeError):  # another Python: the package, slower but the same
+        import json
+        return json.loads, json.dumps
+
+    def loads(text: str):
+        text = text.strip(" \t\n\r")
+        try:
+            value, end = scan(text, 0)
+            if end == len(text):
+                return value
+        except (StopIteration, ValueError, SystemError):  # SystemError: its error needs json.decoder loaded
+            pass
+        import json  # the error path: the package says what is wrong, and where
+        return json.loads(text)
+
+    def dumps(value) -> str:
+        return "".join(encode(value, 0))
+    return loads, dumps
+
+
+# ---------------------------------------------------------------- the runtime's create
 
 
 def bundle_of(args: list[str]) -> str:
@@ -170,10 +459,10 @@ def report_error(args: list[str], message: str) -> None:
     if not log:
         return
     if _global_option(args, "--log-format") == "json":
-        line = json.dumps({"level": "error", "msg": message,
-                           "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        _, dumps = codec()
+        line = dumps({"level": "error", "msg": message, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     else:
-        line = f'level=error msg="{message}"'
+        line = 'level=error msg="' + message.replace("\\", "\\\\").replace('"', '\\"') + '"'
     try:
         with open(log, "a", encoding="utf-8") as f:
             f.write(line + "\n")
@@ -181,21 +470,21 @@ def report_error(args: list[str], message: str) -> None:
         pass
 
 
-def rewrite(path: str, spec: dict) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    mode = os.stat(path).st_mode & 0o777
-    # Not tempfile: its imports (random, shutil) are a tenth of this program's start, paid on
-    # every container create. The bundle directory is the container's own; one runtime works in it.
-    tmp = os.path.join(directory, f".config.json.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # a crashed run's leftover is overwritten
+def rewrite(path: str, text: str) -> None:
+    mode = posix.stat(path).st_mode & 0o777
+    # The bundle directory is the container's own; one runtime works in it at a time.
+    tmp = f"{path.rpartition('/')[0] or '.'}/.config.json.{posix.getpid()}.tmp"
+    fd = posix.open(tmp, posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC, 0o600)  # a crashed run's leftover goes
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(spec, f)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        posix.chmod(tmp, mode)
+        posix.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        try:
+            posix.unlink(tmp)
+        except OSError:
+            pass
         raise
 
 
@@ -203,24 +492,41 @@ def main(argv: list[str]) -> int:
     config, args = argv[0], argv[1:]
     try:
         settings = read_settings(config)
-        path = os.path.join(bundle_of(args), "config.json")
+        loads, dumps = codec()
+        bundle = bundle_of(args)
+        path = f"{bundle}/config.json"
         with open(path, encoding="utf-8") as f:
             original = f.read()
-        spec, decision = guard(json.loads(original), settings)
-        if json.dumps(spec) != json.dumps(json.loads(original)):
-            rewrite(path, spec)
+        spec = loads(original)
+        before = dumps(spec)
+        decision = guard(spec, settings)
+        if decision.mps_gpu and not mps_daemon_alive(settings["MPS_DIR"], decision.mps_gpu):
+            raise Refused(f"the MPS control daemon of {decision.mps_gpu} is not running (see "
+                          f"{settings['MPS_DIR']}/{decision.mps_gpu}/log); without it the task would run outside "
+                          "MPS and its memory limit. The node's health watcher reports it; systemctl restart "
+                          "gpu-swarm-mps")
+        after = dumps(decision.spec)
+        if after != before:
+            rewrite(path, after)
+        if decision.claims:
+            ledger = settings.get("LEDGER")
+            if not ledger:
+                raise Refused(f"{config} has no LEDGER, so this GPU's holders cannot be checked; run the GPU agent "
+                              "(systemctl restart gpu-swarm-agent)")
+            claim(ledger, decision.claims, args[-1] if args else "", _global_option(args, "--root") or "/run/runc",
+                  _absolute(bundle), time.time())
     except Refused as e:
         report_error(args, f"gpu-swarm guard: {e}; the container was not started")
         return 1
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as e:
         report_error(args, f"gpu-swarm guard: cannot check this container ({type(e).__name__}: {e}); it was not "
                            f"started. See {config} and the GPU agent's log")
         return 1
     if settings.get("LOG"):
         with open(settings["LOG"], "a", encoding="utf-8") as log:
-            log.write(f"{args[-1] if args else '?'}: {decision}\n")
+            log.write(f"{args[-1] if args else '?'}: {decision.text}\n")
     delegate = settings["DELEGATE"]
-    os.execv(delegate, [delegate, *args])
+    posix.execv(delegate, [delegate, *args])
     return 1  # not reached
 
 

@@ -27,12 +27,14 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)  # the agent's modules ship beside this file (tests load it by path)
 from contract import (CONDITION_GPU_LABEL, CONDITION_LABEL, CONDITION_REASON_LABEL, CONDITION_SINCE_LABEL,  # noqa: E402
                       DOCKER_DAEMON_JSON, DOCKERD_PIDFILE, HEALTH_CRITICAL_XIDS_ENV, HEALTH_IGNORE_XIDS_ENV,
-                      HEALTH_INTERVAL_ENV, HEALTH_RECOVERY_ENV, HEALTH_STATE_PATH, KIND_ENV, SHARED_KIND_ENV, SPOT_ENV)
+                      HEALTH_INTERVAL_ENV, HEALTH_RECOVERY_ENV, HEALTH_STATE_PATH, KIND_ENV, MPS_DIR, SHARED_KIND_ENV,
+                      SHARING_MODE_ENV, SPOT_ENV)
 from daemon_json import locked, read_daemon_json, write_atomic  # noqa: E402
 from gpu_detect import BadInput, DetectionFailed  # noqa: E402
 from gpu_resources import DEFAULT_KIND, default_shared_kind, validate_kind  # noqa: E402
 from health_rules import (OK, Tracker, condition_labels, ignored_xids, merge_labels, node_condition,  # noqa: E402
                           watched_uuids)
+from health_mps import check_mps  # noqa: E402
 from health_sources import DEFAULT_IMDS, Nvml, Simulation, Spot  # noqa: E402
 
 
@@ -114,6 +116,8 @@ def run(args, log, clock=time.time) -> int:
                 now = clock()
                 if now >= next_check:
                     source.check(uuids, tracker, now, ignored)
+                    if args.sharing_mode == "mps":
+                        check_mps(uuids, tracker, now, args.mps_dir)
                     spot_state = spot.poll(now) if spot else OK
                     next_check = now + args.interval
                 for _ in range(1000 if args.once else 0):  # --once: take the events already queued
@@ -172,6 +176,9 @@ def parse_args(argv, env=os.environ) -> argparse.Namespace:
         help=f"XIDs to ignore besides 13,31,43,45,68,109 (${HEALTH_IGNORE_XIDS_ENV})")
     add("--critical-xids", type=_xids, default=env.get(HEALTH_CRITICAL_XIDS_ENV, ""),
         help=f"XIDs never to ignore (${HEALTH_CRITICAL_XIDS_ENV})")
+    add("--sharing-mode", default=env.get(SHARING_MODE_ENV) or "time-slicing", choices=("time-slicing", "mps"),
+        help=f"mps: also check each GPU's MPS control daemon (${SHARING_MODE_ENV})")
+    add("--mps-dir", default=MPS_DIR, metavar="PATH", help=f"where the MPS daemons keep their pipes (default {MPS_DIR})")
     add("--spot", action=argparse.BooleanOptionalAction, default=spot_env in ("1", "true", "yes"),
         help=f"watch IMDS for spot interruption and rebalance notices (${SPOT_ENV}=true)")
     add("--imds", default=DEFAULT_IMDS, metavar="URL", help=f"instance metadata service (default {DEFAULT_IMDS})")

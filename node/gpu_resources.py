@@ -11,15 +11,22 @@ import re
 
 DEFAULT_KIND = "NVIDIA-GPU"
 SHARED_SUFFIX = "-SHARED"
-MAX_SLOTS_PER_GPU = 48
+MAX_SLOTS_PER_GPU = 48  # also MPS's limit of clients per GPU (Volta and later)
+# How the tasks on a GPU share it: time-slicing shares compute time only; mps runs them as
+# clients of one MPS server per GPU, each with a memory limit and a thread ceiling.
+SHARING_MODES = ("time-slicing", "mps")
+# What an MPS slot's memory share leaves out of the GPU's: the MPS server's own context and
+# the driver's reserve (bench/gpu_mps.py reports what is left on a real GPU).
+MPS_RESERVED_MIB = 1024
 
 _KIND_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _HEX_UUID = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
-UUID_RE = re.compile(rf"GPU-{_HEX_UUID}|MIG-{_HEX_UUID}|MIG-GPU-{_HEX_UUID}/\d+/\d+")
+# [0-9], not \d: \d also matches other scripts' digits, which int() reads too.
+UUID_RE = re.compile(rf"GPU-{_HEX_UUID}|MIG-{_HEX_UUID}|MIG-GPU-{_HEX_UUID}/[0-9]+/[0-9]+")
 # A slot of a shared GPU: its UUID and a slot number. swarm needs distinct values per
 # slot (it consumes every entry with the claimed value), and a value that is a plain
 # number would be read as a count, and one with '=' or ',' would not parse.
-SLOT_RE = re.compile(rf"(?P<gpu>{UUID_RE.pattern})-s(?P<slot>\d+)")
+SLOT_RE = re.compile(rf"(?P<gpu>{UUID_RE.pattern})-s(?P<slot>[0-9]+)")
 
 
 def validate_kind(kind: str) -> str:
@@ -58,11 +65,30 @@ def default_shared_kind(kind: str) -> str:
 
 
 def slot_entries(shared_kind: str, uuids, slots_per_gpu: int) -> list[str]:
-    """node-generic-resources for GPUs shared by slots: KIND=<uuid>-s<n>, slots_per_gpu of them per GPU."""
+    """node-generic-resources for GPUs shared by slots: KIND=<uuid>-s<n>, slots_per_gpu of them per GPU.
+
+    Ordered slot by slot, each GPU's s0 first, then each GPU's s1, and so on. swarmkit gives a
+    task the first free entries in this order (api/genericresource/resource_management.go:
+    selectNodeResources takes the first it finds; the scheduler rebuilds the free list in the
+    node's order whenever the node changes, manager/scheduler/scheduler.go createOrUpdateNode),
+    so tasks spread over the GPUs before two share one. GPU by GPU, the first K tasks would
+    all land on the first GPU while the others sat idle."""
     shared_kind = validate_kind(shared_kind)
     if not 2 <= slots_per_gpu <= MAX_SLOTS_PER_GPU:
         raise ValueError(f"slots per GPU must be from 2 to {MAX_SLOTS_PER_GPU}, got {slots_per_gpu}")
-    return [f"{shared_kind}={validate_uuid(uuid)}-s{n}" for uuid in uuids for n in range(slots_per_gpu)]
+    uuids = [validate_uuid(uuid) for uuid in uuids]
+    return [f"{shared_kind}={uuid}-s{n}" for n in range(slots_per_gpu) for uuid in uuids]
+
+
+def mps_slot_memory_mib(memory_mib: int, slots_per_gpu: int) -> int:
+    """An MPS slot's memory limit: its share of what the GPU has once the MPS server is running."""
+    return max((memory_mib - MPS_RESERVED_MIB) // slots_per_gpu, 0)
+
+
+def mps_thread_percent(slots_per_gpu: int) -> int:
+    """An MPS slot's default thread ceiling: its share of the GPU's SMs, rounded up so that the
+    shares cover the whole GPU. A ceiling, not a reservation: a stack may set its own."""
+    return -(-100 // slots_per_gpu)
 
 
 def slot_gpu(value: str) -> str:

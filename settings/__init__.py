@@ -71,7 +71,8 @@ def load_settings() -> Settings:
             if p.valid and found and found.nvidia_gpus:
                 resolved_pools.append(
                     GpuPool(p.name, p.instance_type, p.count, p.spot, p.spot_max_price, p.root_volume_gib,
-                            gpus_per_node=found.nvidia_gpus, gpu_model=found.gpu_model, slots_per_gpu=p.slots_per_gpu)
+                            gpus_per_node=found.nvidia_gpus, gpu_model=found.gpu_model, slots_per_gpu=p.slots_per_gpu,
+                            sharing_mode=p.sharing_mode)
                 )
         if image:
             manager_ami, gpu_ami = resolve_amis(r, image, ami_id, managers, pools)

@@ -12,9 +12,9 @@ import pulumi.runtime.config as runtime_config
 
 from settings import reader
 from settings.model import PROJECT, Managers
-from settings.reader import (DEFAULTS, POOL_DEFAULTS, SHARING_DEFAULTS, STACK_DEFAULTS, Reader, boolean, integer, key,
+from settings.pool_sharing import NOT_SHARED, read_sharing
+from settings.reader import (DEFAULTS, POOL_DEFAULTS, STACK_DEFAULTS, Reader, boolean, integer, key,
                              suggest)
-from swarm.gpu_kind import MAX_SLOTS_PER_GPU
 
 MANAGER_COUNTS = (1, 3, 5, 7)
 IMAGES = ("ubuntu", "deep-learning", "custom")
@@ -129,6 +129,7 @@ class PoolConfig:
     index: int
     valid: bool  # False: a problem is reported, but the instance type is still checked
     slots_per_gpu: int = 0
+    sharing_mode: str = "time-slicing"  # with slots_per_gpu: time-slicing or mps (settings/pool_sharing.py)
 
 
 def read_pools(r: Reader) -> list[PoolConfig]:
@@ -199,33 +200,17 @@ def read_pools(r: Reader) -> list[PoolConfig]:
         )
         if volume is None:
             ok = False
-        slots = _sharing(entry.get("sharing"), error)
-        if slots is None:
-            ok, slots = False, 0
+        sharing = read_sharing(entry.get("sharing"), error)
+        if sharing is None:
+            ok, sharing = False, NOT_SHARED
+        slots, sharing_mode = sharing
         type_ok = bool(instance_type) and _INSTANCE_TYPE_RE.match(instance_type)
         if type_ok:
-            pools.append(PoolConfig(name, instance_type, count, spot, price, volume, i, ok, slots))
+            pools.append(PoolConfig(name, instance_type, count, spot, price, volume, i, ok, slots,
+                                    sharing_mode=sharing_mode))
         elif ok:
             raise AssertionError("a pool without a valid instance type must have a problem")
     return pools
-
-
-def _sharing(value: Any, error: Callable[[str, str], None]) -> int | None:
-    """The pool's slots per GPU: 0 without sharing, None when reported as bad."""
-    if value is None or value == {}:
-        return 0
-    if not isinstance(value, dict):
-        error("sharing", f"expected an object such as {{slotsPerGpu: 4}}, found {value!r}")
-        return None
-    for unknown in sorted(set(value) - set(SHARING_DEFAULTS)):
-        error(f"sharing.{unknown}", "is not a sharing setting" + suggest(unknown, SHARING_DEFAULTS))
-        return None
-    if "slotsPerGpu" not in value:
-        error("sharing.slotsPerGpu", "required: how many tasks share each GPU (2 to 48)")
-        return None
-    slots = integer(value["slotsPerGpu"], None, 2, MAX_SLOTS_PER_GPU,
-                    lambda m: error("sharing.slotsPerGpu", m + " (how many tasks share each GPU)"))
-    return slots
 
 
 def read_image(r: Reader) -> tuple[str | None, str | None]:

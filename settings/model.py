@@ -33,7 +33,8 @@ class GpuPool:
     root_volume_gib: int
     gpus_per_node: int  # from the instance type, the number each node must advertise
     gpu_model: str
-    slots_per_gpu: int = 0  # > 0: each GPU is shared by this many tasks (time-slicing)
+    slots_per_gpu: int = 0  # > 0: each GPU is shared by this many tasks, by sharing_mode
+    sharing_mode: str = "time-slicing"  # or mps: each task an MPS client with a memory limit
 
 
 @dataclass(frozen=True)

@@ -52,9 +52,9 @@ POOL_DEFAULTS: dict[str, Any] = {
     "spot": False,
     "spotMaxPrice": "",
     "rootVolumeGiB": 200,
-    "sharing": None,  # {slotsPerGpu: K}: the pool's GPUs are shared by K tasks each
+    "sharing": None,  # {slotsPerGpu: K, mode}: the pool's GPUs are shared by K tasks each (settings/pool_sharing.py)
 }
-SHARING_DEFAULTS: dict[str, Any] = {"slotsPerGpu": None}
+SHARING_DEFAULTS: dict[str, Any] = {"slotsPerGpu": None, "mode": "time-slicing"}
 HEALTH_DEFAULTS: dict[str, Any] = {
     "ignoreXids": [],  # besides the application XIDs 13, 31, 43, 45, 68 and 109
     "criticalXids": [],  # never ignored, even one of those

@@ -27,3 +27,4 @@ validate_kind = _rules.validate_kind
 resource_env_name = _rules.resource_env_name
 default_shared_kind = _rules.default_shared_kind
 slot_gpu = _rules.slot_gpu
+SHARING_MODES: tuple[str, ...] = _rules.SHARING_MODES

@@ -822,7 +822,7 @@ def test_a_shared_pool_advertises_slots_only(node, capsys):
     rc, report, _ = node.run(capsys, "--inventory", node.inventory([inventory_gpu(0), inventory_gpu(1)]),
                              "--slots-per-gpu", "4")
     assert rc == 0
-    slots = [f"NVIDIA-GPU-SHARED={uuid(g)}-s{n}" for g in (0, 1) for n in range(4)]
+    slots = [f"NVIDIA-GPU-SHARED={uuid(g)}-s{n}" for n in range(4) for g in (0, 1)]  # spread first: see slot_entries
     assert node.daemon()["node-generic-resources"] == slots == report["resources"]
     assert not any(r.startswith("NVIDIA-GPU=") for r in report["resources"])  # never advertised both ways
     assert report["labels"]["gpu.sharing"] == "time-slicing" and report["labels"]["gpu.replicas"] == "4"
@@ -838,7 +838,7 @@ def test_a_gpu_not_in_default_compute_mode_is_not_shared(node, capsys):
     assert rc == 0
     assert report["resources"] == [f"NVIDIA-GPU-SHARED={uuid(0)}-s0", f"NVIDIA-GPU-SHARED={uuid(0)}-s1"]
     assert report["labels"]["gpu.sharing"] == "refused-compute-mode"
-    assert any(f"GPU {uuid(1)} is in compute mode 3" in w and "-c DEFAULT" in w for w in report["warnings"])
+    assert any(f"GPU {uuid(1)} is in compute mode 3, not Default" in w and "-c DEFAULT" in w for w in report["warnings"])
 
 
 def test_nvml_reports_the_compute_mode(node, capsys):

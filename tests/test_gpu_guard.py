@@ -45,8 +45,7 @@ def env_of(s: dict) -> dict:
 
 
 def decide(s: dict, **settings) -> dict:
-    out, _ = gpu_guard.guard(copy.deepcopy(s), {**SETTINGS, **settings})
-    return out
+    return gpu_guard.guard(copy.deepcopy(s), {**SETTINGS, **settings}).spec
 
 
 def test_a_task_that_reserved_nothing_gets_no_gpu_whatever_its_image_says():
@@ -56,10 +55,61 @@ def test_a_task_that_reserved_nothing_gets_no_gpu_whatever_its_image_says():
 
 
 def test_a_task_gets_exactly_the_gpus_swarm_assigned():
-    env = env_of(decide(spec(*CUDA_IMAGE_ENV, f"DOCKER_RESOURCE_NVIDIA-GPU={A}")))
+    whole = {"SHARED_KIND": "", "SLOTS_PER_GPU": "0"}  # a pool that does not share
+    env = env_of(decide(spec(*CUDA_IMAGE_ENV, f"DOCKER_RESOURCE_NVIDIA-GPU={A}"), **whole))
     assert env["NVIDIA_VISIBLE_DEVICES"] == A and env["DOCKER_RESOURCE_NVIDIA-GPU"] == A
-    env = env_of(decide(spec(f"DOCKER_RESOURCE_NVIDIA-GPU={A},{B}", "NVIDIA_VISIBLE_DEVICES=all")))
-    assert env["NVIDIA_VISIBLE_DEVICES"] == f"{A},{B}"
+    decision = gpu_guard.guard(spec(f"DOCKER_RESOURCE_NVIDIA-GPU={A},{B}", "NVIDIA_VISIBLE_DEVICES=all"),
+                               {**SETTINGS, **whole})
+    assert env_of(decision.spec)["NVIDIA_VISIBLE_DEVICES"] == f"{A},{B}"
+    assert decision.claims == [A, B] and decision.mps_gpu is None  # what the ledger records
+
+
+def test_on_a_node_that_shares_its_gpus_a_whole_gpu_variable_is_refused():
+    """Such a pool advertises slots only, so swarm never sets the whole-GPU variable there."""
+    with pytest.raises(gpu_guard.Refused, match="this node shares its GPUs"):
+        decide(spec(f"DOCKER_RESOURCE_NVIDIA-GPU={A}"))
+
+
+def test_a_slot_the_node_does_not_advertise_is_refused():
+    with pytest.raises(gpu_guard.Refused, match="not a slot of a GPU of this node"):
+        decide(spec(f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={A}-s4"))  # slots s0..s3
+    assert gpu_guard.guard(spec(f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={A}-s3"), SETTINGS).claims == [f"{A}-s3"]
+
+
+UUIDS = [A, A.upper().replace("GPU-", "GPU-"), "MIG-" + A[4:], "MIG-GPU-" + A[4:] + "/1/0", "GPU-" + A[4:-1],
+         A + "0", "GPU-" + A[4:].replace("-", "", 1) + "-", "gpu-" + A[4:], "MIG-GPU-" + A[4:] + "/1", "MIG-GPU-" +
+         A[4:] + "/x/0", A.replace("a", "g"), A + "\n", "GPU-48f73d5c-653c-94b5-f00e-d5bba41a1cf\u0661", "", "all",
+         "GPU-be74ca1f", "MIG-GPU-" + A[4:] + "/\u0661/0"]
+
+
+@pytest.mark.parametrize("value", UUIDS)
+def test_the_guard_reads_uuids_and_slots_as_the_rest_of_the_project_does(value):
+    """The guard checks them by hand (no re at every container start); gpu_resources holds the rule."""
+    import gpu_resources
+    assert gpu_guard.is_uuid(value) == bool(gpu_resources.UUID_RE.fullmatch(value))
+    for slot in (f"{value}-s2", f"{value}-s", f"{value}-s\u0662", f"{value}-s12"):
+        match = gpu_resources.SLOT_RE.fullmatch(slot)
+        assert gpu_guard.slot_of(slot) == ((match["gpu"], int(match["slot"])) if match else None)
+
+
+def test_config_json_is_read_and_written_as_the_json_package_would():
+    """Without `import json`: its import costs more than the rest of a create (see the module's docstring)."""
+    import json
+    loads, dumps = gpu_guard.codec()
+    assert loads is not json.loads  # the C codec is there, on the Pythons we run on
+    text = json.dumps({"process": {"env": ["A=\u00e9", "B=<&>\\\""], "args": [], "n": -1.5e300, "t": True, "z": None},
+                       "linux": {"uidMappings": [], "x": 10 ** 20}})
+    assert loads(text) == json.loads(text) and dumps(loads(text)) == json.dumps(json.loads(text))
+    assert loads(" \n" + text + "\n") == json.loads(text)
+    for bad in ("", "{", "{} {}", '{"a": 01}', "[1,]"):
+        with pytest.raises(ValueError):
+            loads(bad)
+
+
+def test_without_the_c_codec_the_json_package_does_the_same(monkeypatch):
+    import json
+    monkeypatch.setitem(sys.modules, "_json", None)
+    assert gpu_guard.codec() == (json.loads, json.dumps)
 
 
 @pytest.mark.parametrize("value, message", [
@@ -70,7 +120,7 @@ def test_a_task_gets_exactly_the_gpus_swarm_assigned():
 ])
 def test_a_gpu_variable_swarm_did_not_set_is_refused(value, message):
     with pytest.raises(gpu_guard.Refused, match=message):
-        decide(spec(f"DOCKER_RESOURCE_NVIDIA-GPU={value}"))
+        decide(spec(f"DOCKER_RESOURCE_NVIDIA-GPU={value}"), SHARED_KIND="", SLOTS_PER_GPU="0")
 
 
 @pytest.mark.parametrize("variable", ["DOCKER_RESOURCE_NVIDIA-GPU", "DOCKER_RESOURCE_NVIDIA-GPU-SHARED"])
@@ -96,9 +146,62 @@ def test_docker_run_gpus_passes_as_the_administrator_asked_unless_refused():
 
 
 def test_a_slot_of_a_shared_gpu_becomes_that_gpu_with_its_share():
-    env = env_of(decide(spec(*CUDA_IMAGE_ENV, f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={B}-s3")))
+    out = decide(spec(*CUDA_IMAGE_ENV, f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={B}-s3"))
+    env = env_of(out)
     assert env["NVIDIA_VISIBLE_DEVICES"] == B and env["DOCKER_RESOURCE_NVIDIA-GPU"] == B
     assert (env["GPU_SWARM_GPU"], env["GPU_SWARM_SLOT"], env["GPU_SWARM_SHARE"]) == (B, f"{B}-s3", "1/4")
+    assert not [k for k in env if k.startswith("CUDA_MPS_")] and "mounts" not in out  # time-slicing: no MPS
+
+
+# ---------------------------------------------------------------- MPS pools
+
+MPS = {"SHARING": "mps", "MPS_DIR": "/run/gpu-swarm/mps", "MPS_MEMORY_MIB": "19968", "MPS_THREAD_PERCENT": "25"}
+PIPE = f"/run/gpu-swarm/mps/{B}/pipe"
+
+
+def test_an_mps_slot_gets_its_gpus_daemon_and_its_share_of_memory_and_threads():
+    decision = gpu_guard.guard(spec(*CUDA_IMAGE_ENV, f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={B}-s2"), {**SETTINGS, **MPS})
+    env = env_of(decision.spec)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == B and decision.mps_gpu == B and decision.claims == [f"{B}-s2"]
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == PIPE
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=19968M"  # device 0: the one GPU the task sees
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    (mount,) = decision.spec["mounts"]
+    assert mount["source"] == mount["destination"] == PIPE and "rw" in mount["options"]
+
+
+@pytest.mark.parametrize("asked, limit", [("0=4G", "0=4096M"), ("8192M", "0=8192M"), ("512MB", "0=512M"),
+                                          ("0=19968M", "0=19968M")])
+def test_a_stack_may_ask_for_less_memory_than_the_slots_share(asked, limit):
+    env = env_of(decide(spec(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={asked}", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100",
+                             f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={B}-s0"), **MPS))
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == limit
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"  # a ceiling, not a reservation: its own choice
+
+
+@pytest.mark.parametrize("variable, value, message", [
+    ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=20G", "a slot of this GPU has 19968 MiB"),
+    ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=4G,1=4G", "ask for at most 0=19968M"),
+    ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "lots", "ask for at most"),
+    ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0M", "ask for at most"),
+    ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "0", "from 1 to 100"),
+    ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "150", "from 1 to 100"),
+])
+def test_an_mps_slot_cannot_take_more_than_its_share(variable, value, message):
+    with pytest.raises(gpu_guard.Refused, match=message):
+        decide(spec(f"{variable}={value}", f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={B}-s0"), **MPS)
+
+
+@pytest.mark.parametrize("source", ["/run/gpu-swarm/mps", PIPE, f"/run/gpu-swarm/mps/{A}/pipe/",
+                                    "/run/gpu-swarm/mps/../mps/x"])
+def test_only_a_slot_task_reaches_an_mps_daemon_and_only_its_gpus(source):
+    mounts = [{"destination": "/mps", "type": "bind", "source": source, "options": ["rbind"]}]
+    other = B if A in source else A
+    for env in ([], [f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={other}-s0"]):  # nothing reserved; another GPU's slot
+        with pytest.raises(gpu_guard.Refused, match="where the node's MPS daemons listen"):
+            decide({**spec(*env), "mounts": mounts}, **MPS)
+    ok = [{"destination": "/host", "type": "bind", "source": "/run", "options": ["rbind"]}]  # a whole tree: allowed
+    assert decide({**spec(), "mounts": ok}, **MPS)["mounts"] == ok
 
 
 @pytest.mark.parametrize("env, message", [
@@ -112,11 +215,12 @@ def test_slots_that_are_not_one_slot_of_this_node_are_refused(env, message):
         decide(spec(*env))
 
 
-@pytest.mark.parametrize("env", [
-    CUDA_IMAGE_ENV, [f"DOCKER_RESOURCE_NVIDIA-GPU={A}"], [f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={A}-s1"]])
-def test_the_guard_is_idempotent(env):
-    once = decide(spec(*env, annotations={"cdi.k8s.io/x": "y"}))
-    assert decide(once) == once
+@pytest.mark.parametrize("env, settings", [
+    (CUDA_IMAGE_ENV, {}), ([f"DOCKER_RESOURCE_NVIDIA-GPU={A}"], {"SHARED_KIND": ""}),
+    ([f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={A}-s1"], {}), ([f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={A}-s1"], MPS)])
+def test_the_guard_is_idempotent(env, settings):
+    once = decide(spec(*env, annotations={"cdi.k8s.io/x": "y"}), **settings)
+    assert decide(once, **settings) == once
 
 
 # ---------------------------------------------------------------- the runtime, in real sh
@@ -138,8 +242,11 @@ exit "${{FAKE_EXIT:-0}}"
 """)
         delegate.chmod(0o755)
         self.config = tmp / "runtime.env"
+        self.ledger = tmp / "run" / "claims"
+        # A pool of whole GPUs; tests of shared pools write their own settings.
         settings = {**SETTINGS, "DELEGATE": str(delegate), "GUARD": str(REPO / "node" / "gpu_guard.py"),
-                    "GUARD_PYTHON": sys.executable}
+                    "GUARD_PYTHON": sys.executable, "SHARED_KIND": "", "SLOTS_PER_GPU": "0",
+                    "LEDGER": str(self.ledger)}
         self.config.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
 
     def write(self, s: dict) -> None:

@@ -1,0 +1,307 @@
+"""Sharing GPUs by MPS and spreading slots: the settings, the agent, the node's MPS daemons, the watcher.
+
+The guard's side (mounts, limits, the daemon check) is in test_gpu_guard*.py; the rehearsal's
+in test_isolation.py. Here the MPS daemons' script runs in real bash with a fake
+nvidia-cuda-mps-control and nvidia-smi on PATH; the agent and the watcher run as on a node.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import node_software
+from settings import SettingsError, load_settings
+from swarm.node_contract import (GUARD_LEDGER_PATH, GUARD_PATH, MPS_DIR, MPS_UNIT, RUNTIME_ENV_PATH,
+                                 SHARING_MODE_ENV)
+from tests.conftest import stack_config, use_mocks
+from tests.test_gpu_agent import Node as AgentNode, agent, inventory_gpu, uuid
+from tests.test_gpu_health import Node as WatcherNode
+from tests.test_shell_scripts import Node as ShellNode
+from tests.tools import require_tool
+
+REPO = Path(__file__).resolve().parent.parent
+T4 = {"name": "t4", "instanceType": "g4dn.xlarge", "count": 1}
+
+
+def pools(*entries):
+    return list(entries)
+
+sys.path.insert(0, str(REPO / "node"))
+import gpu_resources  # noqa: E402
+
+
+# ---------------------------------------------------------------- settings
+
+
+def test_a_pool_shares_by_mps_when_it_says_so():
+    use_mocks(stack_config("dev", gpuPools=pools({**T4, "sharing": {"slotsPerGpu": 4, "mode": "mps"}}), stacks=[]))
+    (pool,) = load_settings().gpu_pools
+    assert (pool.slots_per_gpu, pool.sharing_mode) == (4, "mps")
+    use_mocks(stack_config("dev", gpuPools=pools({**T4, "sharing": {"slotsPerGpu": 4}}), stacks=[]))
+    assert load_settings().gpu_pools[0].sharing_mode == "time-slicing"
+
+
+@pytest.mark.parametrize("sharing, message", [
+    ({"slotsPerGpu": 4, "mode": "MPS"}, "gpu-swarm:gpuPools[0].sharing.mode: 'MPS' is not a sharing mode; use "
+                                        "time-slicing"),
+    ({"slotsPerGpu": 4, "mode": "mig"}, "gpu-swarm:gpuPools[0].sharing.mode: 'mig' is not a sharing mode"),
+    ({"mode": "mps"}, "gpu-swarm:gpuPools[0].sharing.slotsPerGpu: required"),
+    ({"slotsPerGpu": 1, "mode": "mps"}, "gpu-swarm:gpuPools[0].sharing.slotsPerGpu: 1 is out of range"),
+    ({"slotsPerGpu": 4, "moed": "mps"}, "gpu-swarm:gpuPools[0].sharing.moed: is not a sharing setting; did you "
+                                        "mean mode?"),
+])
+def test_a_bad_sharing_setting_is_refused_at_preview_naming_its_key(sharing, message):
+    use_mocks(stack_config("dev", gpuPools=pools({**T4, "sharing": sharing}), stacks=[]))
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert message in str(err.value)
+
+
+def test_only_an_mps_pool_has_the_mode_in_its_node_env():
+    """node.env changes roll a node: time-slicing pools keep the file they had."""
+    env = dict(gpu=True, gpu_kind="NVIDIA-GPU", instance_type="g6e.12xlarge", image="ubuntu", slots_per_gpu=4,
+               shared_kind="NVIDIA-GPU-SHARED")
+    assert SHARING_MODE_ENV not in node_software.node_env(**env)
+    assert node_software.node_env(**env, sharing_mode="mps")[SHARING_MODE_ENV] == "mps"
+    assert SHARING_MODE_ENV not in node_software.node_env(**{**env, "slots_per_gpu": 0}, sharing_mode="mps")
+
+
+# ---------------------------------------------------------------- spreading: the order of the slots
+
+
+def swarmkit_places(advertised: list[str], replicas: int) -> list[str]:
+    """What swarmkit's scheduler hands `replicas` one-slot tasks on one node: each takes the first
+    free entry in the node's order (selectNodeResources), the free list rebuilt in that order."""
+    free, taken = list(advertised), []
+    for _ in range(replicas):
+        taken.append(free.pop(0).split("=", 1)[1])
+    return taken
+
+
+@pytest.mark.parametrize("gpus, slots, replicas", [(4, 4, 4), (4, 4, 6), (2, 8, 2), (8, 2, 8), (3, 4, 12)])
+def test_slots_are_advertised_so_that_tasks_spread_over_the_gpus_first(gpus, slots, replicas):
+    entries = gpu_resources.slot_entries("K", [uuid(n) for n in range(gpus)], slots)
+    per_gpu = {}
+    for slot in swarmkit_places(entries, replicas):
+        per_gpu[gpu_resources.slot_gpu(slot)] = per_gpu.get(gpu_resources.slot_gpu(slot), 0) + 1
+    assert len(per_gpu) == min(gpus, replicas) and max(per_gpu.values()) - min(per_gpu.values()) <= 1
+    assert sorted(entries) == sorted(f"K={uuid(n)}-s{k}" for n in range(gpus) for k in range(slots))
+
+
+# ---------------------------------------------------------------- the agent on an MPS pool
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    return AgentNode(tmp_path, monkeypatch)
+
+
+def runtime_env(node) -> dict:
+    return dict(line.split("=", 1) for line in node.runtime_config.read_text().splitlines()
+                if line and not line.startswith("#"))
+
+
+def test_an_mps_pool_advertises_slots_of_exclusive_process_gpus_and_tells_the_guard_the_limits(node, capsys):
+    gpus = [inventory_gpu(0, compute_mode=3, memory_mib=81559), inventory_gpu(1, compute_mode=3, memory_mib=81559)]
+    rc, report, _ = node.run(capsys, "--inventory", node.inventory(gpus), "--slots-per-gpu", "4",
+                             "--sharing-mode", "mps", "--mps-dir", "/run/x/mps", "--guard-ledger", "/run/x/claims")
+    assert rc == 0 and len(report["resources"]) == 8
+    assert report["labels"]["gpu.sharing"] == "mps" and report["labels"]["gpu.replicas"] == "4"
+    env = runtime_env(node)
+    assert (env["SHARING"], env["MPS_DIR"], env["LEDGER"]) == ("mps", "/run/x/mps", "/run/x/claims")
+    assert env["MPS_MEMORY_MIB"] == str((81559 - 1024) // 4) and env["MPS_THREAD_PERCENT"] == "25"
+
+
+@pytest.mark.parametrize("mode", [0, None])  # Default, or NVML could not say
+def test_an_mps_pool_refuses_a_gpu_that_is_not_exclusive_process(node, capsys, mode):
+    gpus = [inventory_gpu(0, compute_mode=3), inventory_gpu(1, **({} if mode is None else {"compute_mode": mode}))]
+    rc, report, _ = node.run(capsys, "--inventory", node.inventory(gpus), "--slots-per-gpu", "2",
+                             "--sharing-mode", "mps")
+    assert rc == 0 and report["resources"] == [f"NVIDIA-GPU-SHARED={uuid(0)}-s0", f"NVIDIA-GPU-SHARED={uuid(0)}-s1"]
+    assert report["labels"]["gpu.sharing"] == "refused-compute-mode"
+    assert any(f"GPU {uuid(1)} is in compute mode {mode}, not Exclusive_Process" in w and
+               "systemctl restart gpu-swarm-mps" in w for w in report["warnings"])
+
+
+def test_a_time_slicing_pool_writes_no_mps_settings_but_a_ledger(node, capsys):
+    rc, _, _ = node.run(capsys, "--inventory", node.inventory([inventory_gpu(0)]), "--slots-per-gpu", "2")
+    env = runtime_env(node)
+    assert rc == 0 and "SHARING" not in env and "MPS_DIR" not in env and env["LEDGER"] == GUARD_LEDGER_PATH
+
+
+def test_a_bad_sharing_mode_writes_nothing(node, capsys):
+    rc, _, err = node.run(capsys, "--inventory", node.inventory([inventory_gpu(0)]), "--slots-per-gpu", "2",
+                          "--sharing-mode", "mig")
+    assert rc == 2 and "--sharing-mode 'mig'" in err and not node.daemon_json.exists()
+
+
+def test_the_sharing_mode_comes_from_node_env(node):
+    env = {"PATH": str(node.bin), "PYTHONPATH": str(REPO / "node"), "GPU_SWARM_SLOTS_PER_GPU": "2",
+           SHARING_MODE_ENV: "mps"}
+    done = subprocess.run([sys.executable, str(REPO / "node" / "gpu_agent.py"), *node.paths(), "--json",
+                           "--inventory", node.inventory([inventory_gpu(0, compute_mode=3)]), "--toolkit-version",
+                           "1.19.0"], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["labels"]["gpu.sharing"] == "mps" and runtime_env(node)["SHARING"] == "mps"
+
+
+def test_on_a_node_the_runtime_is_called_without_a_wrapper():
+    """runtimeArgs make dockerd run the runtime through a /bin/sh script of its own, on every call."""
+    warnings = []
+    on_node = agent.merge_daemon_config({}, ["K=x"], {}, {"path": GUARD_PATH, "config": RUNTIME_ENV_PATH}, warnings)
+    assert on_node["runtimes"]["gpu-swarm"] == {"path": GUARD_PATH}
+    elsewhere = agent.merge_daemon_config({}, ["K=x"], {}, {"path": GUARD_PATH, "config": "/r/runtime.env"}, warnings)
+    assert elsewhere["runtimes"]["gpu-swarm"]["runtimeArgs"] == ["--gpu-swarm-config", "/r/runtime.env"]
+
+
+# ---------------------------------------------------------------- the node's MPS daemons
+
+A, B = uuid(10), uuid(11)
+FAKE_MPS = """
+if [ "${1:-}" = -d ]; then  # the control daemon: this script again, in the background, under its name
+  echo "daemon gpu=$CUDA_VISIBLE_DEVICES pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY" >>"$FAKE_CALLS"
+  [ -z "${FAKE_MPS_BROKEN:-}" ] || exit 0
+  "$0" --run </dev/null >/dev/null 2>&1 &
+  echo $! >"$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid"
+  exit 0
+fi
+if [ "${1:-}" = --run ]; then while :; do sleep 0.1; done; fi
+read -r command
+echo "command $command pipe=$CUDA_MPS_PIPE_DIRECTORY" >>"$FAKE_CALLS"
+if [ "$command" = quit ]; then kill "$(cat "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid")"; fi
+"""
+FAKE_SMI = f"""
+case "$*" in --query-gpu=uuid*) printf '%s\\n' {A} {B} ;; esac
+"""
+
+
+@pytest.fixture
+def mps_node(tmp_path):
+    made = ShellNode(tmp_path)
+    # #!/bin/bash, not Node.fake's /usr/bin/env: env's exec of bash would rename the process "bash".
+    made.write(made.bin / "nvidia-cuda-mps-control", "#!/bin/bash\n" + FAKE_MPS)
+    made.fake("nvidia-smi", FAKE_SMI)
+    made.env["GPU_SWARM_MPS_DIR"] = str(tmp_path / "mps")
+    yield made
+    subprocess.run(["bash", str(REPO / "node" / "gpu-swarm-mps"), "stop"], env=made.env, capture_output=True)
+
+
+def mps(node: ShellNode, action: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(REPO / "node" / "gpu-swarm-mps"), action], env={**node.env, **env},
+                          capture_output=True, text=True, timeout=60)
+
+
+def daemon_pid(node: ShellNode, gpu: str) -> int:
+    return int((node.root / "mps" / gpu / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
+
+
+def test_each_gpu_gets_its_own_exclusive_daemon_and_a_server_for_root(mps_node):
+    done = mps(mps_node, "start")
+    assert done.returncode == 0, done.stderr
+    calls = mps_node.called()
+    for gpu in (A, B):
+        pipe, log = mps_node.root / "mps" / gpu / "pipe", mps_node.root / "mps" / gpu / "log"
+        assert stat.S_IMODE(pipe.stat().st_mode) == 0o700 and log.is_dir()
+        # the mode first, then the daemon on that GPU alone, then its server at once
+        order = [calls.index(f"nvidia-smi -i {gpu} -c EXCLUSIVE_PROCESS"),
+                 calls.index(f"daemon gpu={gpu} pipe={pipe} log={log}"),
+                 calls.index(f"command start_server -uid 0 pipe={pipe}")]
+        assert order == sorted(order)
+        assert Path(f"/proc/{daemon_pid(mps_node, gpu)}/comm").read_text().startswith("nvidia-cuda-mps")
+    again = mps(mps_node, "start")  # a restart of the unit's start finds them running
+    assert again.returncode == 0 and again.stdout.count("already running") == 2
+
+
+def test_stop_quits_every_daemon_and_gives_the_gpus_back_in_default_mode(mps_node):
+    assert mps(mps_node, "start").returncode == 0
+    import gpu_guard
+    assert all(gpu_guard.mps_daemon_alive(str(mps_node.root / "mps"), gpu) for gpu in (A, B))
+    done = mps(mps_node, "stop")
+    assert done.returncode == 0, done.stderr
+    assert not any(gpu_guard.mps_daemon_alive(str(mps_node.root / "mps"), gpu) for gpu in (A, B))
+    assert mps_node.called()[-1] == "nvidia-smi -c DEFAULT"
+
+
+def test_a_daemon_that_does_not_start_fails_the_unit(mps_node):
+    done = mps(mps_node, "start", FAKE_MPS_BROKEN="1", GPU_SWARM_MPS_WAIT_S="1")
+    assert done.returncode == 1 and f"{A}: the MPS control daemon did not start" in done.stderr
+
+
+def test_the_scripts_default_is_the_contracts():
+    assert "mps_dir=${GPU_SWARM_MPS_DIR:-" + MPS_DIR + "}" in (REPO / "node" / "gpu-swarm-mps").read_text()
+    unit = (REPO / "node" / MPS_UNIT).read_text()
+    assert "Before=gpu-swarm-agent.service docker.service" in unit and "/opt/gpu-swarm/software/gpu-swarm-mps" in unit
+
+
+@pytest.fixture
+def step_node(tmp_path):
+    made = ShellNode(tmp_path)
+    made.real_step("install-mps")
+    made.fake("systemctl", "")
+    made.fake("nvidia-cuda-mps-control", "")
+    return made
+
+
+def test_the_step_installs_the_unit_on_an_mps_pool(step_node):
+    step_node.node_env.write_text(f"{SHARING_MODE_ENV}=mps\n")
+    done = step_node.bootstrap("install-mps")
+    assert done.returncode == 0, step_node.log.read_text()
+    assert (step_node.root / "units" / MPS_UNIT).read_text() == (REPO / "node" / MPS_UNIT).read_text()
+    assert f"systemctl restart {MPS_UNIT}" in step_node.called()
+
+
+def test_the_step_removes_the_unit_when_the_pool_stops_sharing_by_mps(step_node):
+    (step_node.root / "units" / MPS_UNIT).write_text("old")
+    assert step_node.bootstrap("install-mps").returncode == 0
+    assert not (step_node.root / "units" / MPS_UNIT).exists()
+    assert f"systemctl disable --now {MPS_UNIT}" in step_node.called()
+    assert step_node.bootstrap("install-mps").returncode == 0 and step_node.statuses() == {"install-mps": "skipped"}
+
+
+# ---------------------------------------------------------------- the watcher
+
+
+def test_a_dead_mps_daemon_makes_its_gpu_unhealthy(tmp_path):
+    watcher = WatcherNode(tmp_path)
+    watcher.write_daemon({"node-generic-resources": [f"NVIDIA-GPU-SHARED={uuid(n)}-s{k}" for k in range(2)
+                                                     for n in range(2)]})
+    mps_dir = tmp_path / "mps"
+    binary = tmp_path / "nvidia-cuda-mps-control"
+    binary.write_bytes(Path("/bin/sleep").read_bytes())
+    binary.chmod(0o755)
+    daemons = []
+    for n in range(2):
+        (mps_dir / uuid(n) / "pipe").mkdir(parents=True)
+        daemons.append(subprocess.Popen([str(binary), "600"]))
+        (mps_dir / uuid(n) / "pipe" / "nvidia-cuda-mps-control.pid").write_text(f"{daemons[-1].pid}\n")
+    try:
+        args = ("--sharing-mode", "mps", "--mps-dir", str(mps_dir))
+        report, _ = watcher.once(*args)
+        assert report["condition"] == "healthy"
+        daemons[1].kill()
+        daemons[1].wait()
+        report, _ = watcher.once(*args)
+        assert (report["condition"], report["reason"], report["gpu"]) == \
+            ("unhealthy", f"mps_daemon_down_on_{uuid(1)}", uuid(1))
+        report, _ = watcher.once()  # a time-slicing pool has no daemons to look at
+        assert report["condition"] == "healthy"
+        report, _ = watcher.once(env={SHARING_MODE_ENV: "mps"}, *args[2:])  # the mode from node.env
+        assert report["condition"] == "unhealthy"
+    finally:
+        for daemon in daemons:
+            daemon.kill()
+            daemon.wait()
+
+
+def test_the_mps_script_passes_shellcheck_and_is_strict():
+    shellcheck = require_tool("shellcheck")
+    script = REPO / "node" / "gpu-swarm-mps"
+    result = subprocess.run([shellcheck, "-s", "bash", str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+    assert script.read_text().startswith("#!/usr/bin/env bash\n") and "set -euo pipefail" in script.read_text()
