@@ -204,7 +204,8 @@ class Cluster(pulumi.ComponentResource):
         instance_type = pool.instance_type if gpu else s.managers.instance_type
         env = node_software.node_env(gpu=gpu, gpu_kind=s.gpu_kind, instance_type=instance_type,
                                      image=s.image if gpu else "ubuntu", slots_per_gpu=pool.slots_per_gpu if gpu else 0,
-                                     shared_kind=s.shared_gpu_kind, spot=gpu and pool.spot)
+                                     shared_kind=s.shared_gpu_kind, spot=gpu and pool.spot,
+                                     sharing_mode=pool.sharing_mode if gpu else "time-slicing")
         steps = tuple(node_software.bootstrap_steps(gpu=gpu, instance_type=instance_type))
         sha = self._bundle.sha256
         return _Kind(env=env, steps=steps, expected_gpus=pool.gpus_per_node if gpu else 0,

@@ -72,6 +72,23 @@ def test_only_an_mps_pool_has_the_mode_in_its_node_env():
     assert SHARING_MODE_ENV not in node_software.node_env(**{**env, "slots_per_gpu": 0}, sharing_mode="mps")
 
 
+def test_the_program_boots_an_mps_pool_with_the_mode_and_its_step():
+    """What a node of each pool boots with (its user data): only the MPS pool's node.env names the mode."""
+    from tests.conftest import request_inputs, run_program, unwrap
+    config = stack_config("dev", stacks=[], gpuPools=pools(
+        {**T4, "name": "mps", "sharing": {"slotsPerGpu": 4, "mode": "mps"}},
+        {**T4, "name": "sliced", "sharing": {"slotsPerGpu": 4}}))
+    run = run_program(config, stack="dev")
+    user_data = {}
+    for request in run.monitor.requests.values():
+        if request.type == "aws:ec2/instance:Instance":
+            inputs = request_inputs(request)
+            user_data[inputs["tags"]["gpu-swarm:pool"]] = unwrap(inputs["userData"])
+    assert f"{SHARING_MODE_ENV}=mps" in user_data["mps"] and SHARING_MODE_ENV not in user_data["sliced"]
+    for pool in ("mps", "sliced"):  # every GPU node has the step: it removes the unit where MPS is off
+        assert "install-container-toolkit install-mps install-gpu-agent" in user_data[pool]
+
+
 # ---------------------------------------------------------------- spreading: the order of the slots
 
 
