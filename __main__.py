@@ -10,6 +10,9 @@ cluster = Cluster("gpu-swarm", ClusterArgs(settings=settings))
 pulumi.export("managerPublicIps", cluster.manager_public_ips)
 pulumi.export("managerPrivateIps", cluster.manager_private_ips)
 pulumi.export("sshCommands", cluster.ssh_commands)
+# The nodes' host keys, which every connection of the program pins:
+# `pulumi stack output knownHosts > gpu-swarm.known_hosts`, then ssh -o UserKnownHostsFile=gpu-swarm.known_hosts
+pulumi.export("knownHosts", cluster.known_hosts)
 pulumi.export("inventory", cluster.inventory)
 pulumi.export("bootstrapTimings", cluster.bootstrap_timings)
 pulumi.export("nodeSoftware", cluster.node_software)

@@ -155,6 +155,18 @@ def wait_for_boot(*, env: dict[str, str], expected_gpus: int, timeout_s: int = 2
     )
 
 
+def boot_recorded(root: str = "") -> str:
+    """A booted node's boot wait, run again (an update: a new connection, new settings): it has nothing to wait
+    for, so it only prints the first boot's timings again. Later changes are the rollout's (upgrade)."""
+    at = _paths(root)
+    return script(
+        *_common(at, boot=False),
+        f'[ -e {at["done"]} ] || [ -e {at["failed"]} ] || fail "this node has no record of its first boot"',
+        'say "booted already; changes reach it through its rollout"',
+        *_timings(at),
+    )
+
+
 def upgrade(new: NodeRelease, *, expected_gpus: int, timeout_s: int = 2700, root: str = "") -> str:
     """Bring a running node to `new` in place: the files its boot wrote, then the installer its boot ran.
 

@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from swarm.gpu_kind import validate_kind
+from swarm.node_contract import EFA_ENV
 from swarm.script import sha256_hex
 
 REPO = Path(__file__).resolve().parent
@@ -110,7 +111,7 @@ def bundle_key(sha256: str) -> str:
 def min_versions() -> dict[str, str]:
     """Every KEY=VALUE in node/versions.env (DOCKER_MIN_VERSION, TOOLKIT_MIN_VERSION, ...)."""
     versions = {}
-    for number, line in enumerate(VERSIONS_ENV.read_text().splitlines(), start=1):
+    for number, line in enumerate(VERSIONS_ENV.read_text(encoding="utf-8").splitlines(), start=1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -145,8 +146,8 @@ def kernel_modules(instance_type: str) -> str:
     return "proprietary" if family in PROPRIETARY_MODULE_FAMILIES else "open"
 
 
-def bootstrap_steps(*, gpu: bool, instance_type: str) -> list[str]:
-    """The bootstrap steps for a node, in order; each is node/<step>.sh."""
+def bootstrap_steps(*, gpu: bool, instance_type: str, efa: bool = False) -> list[str]:
+    """The bootstrap steps for a node, in order; each is node/<step>.sh. efa: the pool's nodes have EFA interfaces."""
     if not gpu:  # a manager: it runs the health reconciler, which needs the engine up
         return ["install-docker", "apply-docker-config", "install-reconciler"]
     steps = ["install-docker", "install-nvidia-driver"]
@@ -154,6 +155,8 @@ def bootstrap_steps(*, gpu: bool, instance_type: str) -> list[str]:
         if _instance_family(instance_type)[0] in NVLINK5_FAMILIES:
             steps.append("install-nvlink-subnet-manager")
         steps.append("install-fabric-manager")
+    if efa:  # the EFA kernel driver and libfabric, held like the driver (after it: GPUDirect RDMA needs it)
+        steps.append("install-efa")
     # The health watcher last: it watches the GPUs that the agent made docker advertise.
     # install-mps before the agent: on an MPS pool the agent checks the compute mode its unit sets.
     return steps + ["install-container-toolkit", "install-mps", "install-gpu-agent", "build-check-image",
@@ -180,6 +183,11 @@ def node_env(*, gpu: bool, gpu_kind: str, instance_type: str, image: str, slots_
     if gpu and spot:  # read by the health watcher: it watches for AWS's reclaim notices
         env[SPOT_ENV] = "true"
     return env
+
+
+def efa_env(interfaces: int) -> dict[str, str]:
+    """node.env's EFA setting, on nodes of pools with EFA: install-efa.sh checks the node shows that many."""
+    return {EFA_ENV: str(interfaces)} if interfaces else {}
 
 
 def env_text(env: dict[str, str]) -> str:
@@ -235,8 +243,9 @@ class NodeRelease:
         release_env = {BUNDLE_URL_ENV: self.bundle_url, BUNDLE_SHA256_ENV: sha256_hex(self.bundle_sha),
                        STEPS_ENV: " ".join(self.steps), RELEASE_ENV: self.id}
         return [
-            NodeFile(UNATTENDED_CONFIG, (CLOUD_INIT_DIR / "unattended-upgrades.conf").read_text()),
+            # UTF-8, not the operator's locale: the same bytes from a Windows machine (cp1252).
+            NodeFile(UNATTENDED_CONFIG, (CLOUD_INIT_DIR / "unattended-upgrades.conf").read_text(encoding="utf-8")),
             NodeFile(NODE_ENV_PATH, env_text(self.env)),
             NodeFile(RELEASE_ENV_PATH, env_text(release_env)),
-            NodeFile(INSTALLER_PATH, (CLOUD_INIT_DIR / "install.sh").read_text(), "0755"),
+            NodeFile(INSTALLER_PATH, (CLOUD_INIT_DIR / "install.sh").read_text(encoding="utf-8"), "0755"),
         ]

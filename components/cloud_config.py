@@ -5,8 +5,13 @@ the node's settings, so every change to what a node boots with is a diff of this
 (tests/test_cloud_config.py keeps a snapshot per example stack). The node software itself
 is not here (EC2 caps user data at 16 KiB): the installer downloads its bundle and checks
 it against the sha256 pinned in release.env.
+
+It also hands the node its SSH host key (ssh_keys), which every connection of the program
+pins (components/remote.py): see components/node_pool.py for why, and what that costs.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import yaml
 
@@ -16,9 +21,25 @@ from node_software import INSTALLER_PATH, NodeRelease
 USER_DATA_LIMIT = 16 * 1024
 
 
-def render_cloud_config(release: NodeRelease) -> str:
+@dataclass(frozen=True)
+class HostKey:
+    """A node's SSH host key (ed25519), in OpenSSH encodings, as the program generated it."""
+
+    private_openssh: str
+    public_openssh: str
+
+
+def render_cloud_config(release: NodeRelease, host_key: HostKey | None = None) -> str:
     """The #cloud-config a node of this release boots with: plain text, the same bytes on every operator's machine."""
+    keys = {}
+    if host_key is not None:
+        # cloud-init writes them before sshd first starts (cloud-init.service runs before it);
+        # only ed25519, which it then has, is generated: the node answers with this key and no other.
+        keys = {"ssh_deletekeys": True, "ssh_genkeytypes": ["ed25519"],
+                "ssh_keys": {"ed25519_private": host_key.private_openssh.strip() + "\n",
+                             "ed25519_public": host_key.public_openssh.strip()}}
     config = {
+        **keys,
         "write_files": [{"path": f.path, "owner": "root:root", "permissions": f.mode, "content": f.content}
                         for f in release.files()],
         # runcmd runs once per instance, in cloud-init's final stage: `cloud-init status --wait`

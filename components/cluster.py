@@ -13,7 +13,8 @@ import pulumi
 import pulumi_aws as aws
 
 import node_software
-from components.cloud_config import render_cloud_config
+from components.access import Access
+from components.capacity import pool_capacity_args
 from components.gpu_stack import GpuStack, GpuStackArgs
 from components.monitoring import Monitoring, MonitoringArgs
 from components.network import Network, NetworkArgs
@@ -21,7 +22,7 @@ from components.node_boot import NodeBoot, NodeBootArgs
 from components.node_bundle import NodeBundle, NodeBundleArgs
 from components.node_pool import Node, NodePool, NodePoolArgs
 from components.node_rollout import NodeRollout, NodeRolloutArgs
-from components.remote import BOOT, as_root, connection
+from components.remote import BOOT, LIVE, as_root
 from components.security_groups import SecurityGroups, SecurityGroupsArgs
 from components.ssh_key import SshKey, SshKeyArgs
 from components.swarm_health import SwarmHealth, SwarmHealthArgs
@@ -31,6 +32,7 @@ from components.swarm_reconcile import SwarmReconcile, SwarmReconcileArgs
 from node_commands import authorize_keys
 from node_software import NodeRelease
 from settings import GpuPool, Settings
+from settings.aws_lookups import CLUSTER_TAG, running_instances
 from swarm.gpu_check import GpuCheck
 from swarm.node_contract import (MONITORING_STACK, POOL_GPU_COUNT_LABEL, POOL_GPU_MODEL_LABEL,
                                  POOL_INSTANCE_TYPE_LABEL, POOL_LABEL, POOL_SLOTS_PER_GPU_LABEL, POOL_SPOT_LABEL)
@@ -59,6 +61,7 @@ class Cluster(pulumi.ComponentResource):
     manager_public_ips: pulumi.Output[list[str]]
     manager_private_ips: pulumi.Output[list[str]]
     ssh_commands: pulumi.Output[dict[str, str]]
+    known_hosts: pulumi.Output[str]  # each node's pinned host key, as ssh's known_hosts file has it
     inventory: pulumi.Output[list[dict]]
     bootstrap_timings: pulumi.Output[dict[str, dict]]
     node_software: pulumi.Output[dict]  # the bundle's sha256 and URL
@@ -70,12 +73,13 @@ class Cluster(pulumi.ComponentResource):
         s = args.settings
         self._name, self._s = name, s
         self._child = pulumi.ResourceOptions(parent=self)
-        self._tags = {**s.tag_map, "gpu-swarm:cluster": s.cluster_name}
+        self._tags = {**s.tag_map, CLUSTER_TAG: s.cluster_name}
 
         vpc_id, subnet_ids, route_tables = self._network()
         groups = SecurityGroups(
             f"{name}-sg",
-            SecurityGroupsArgs(vpc_id=vpc_id, allowed_ssh_cidrs=s.allowed_ssh_cidrs, tags=self._tags),
+            SecurityGroupsArgs(vpc_id=vpc_id, allowed_ssh_cidrs=s.allowed_ssh_cidrs, tags=self._tags,
+                               efa=any(p.efa_interfaces for p in s.gpu_pools)),
             opts=self._child,
         )
         self._key = SshKey(
@@ -89,8 +93,10 @@ class Cluster(pulumi.ComponentResource):
         ), opts=self._child)
         # A node's first boot needs the SSH rules (the operator must reach it in this very
         # `pulumi up`) and its bundle, readable through the endpoint.
-        common = dict(subnet_ids=subnet_ids, key_name=self._key.key_name, imds_hop_limit=s.imds_hop_limit,
+        common = dict(key_name=self._key.key_name, imds_hop_limit=s.imds_hop_limit,
                       after=[*groups.ssh_rules, *self._bundle.ready], tags=self._tags)
+        # Each pool goes to the cluster's zones that offer its type (settings/pool_placement.py).
+        subnets = dict(zip(s.network.availability_zones, subnet_ids))
         # Every node takes the same keys: one script for all of them.
         self._access = pulumi.Output.all(self._key.public_key, *s.ssh_authorized_keys).apply(
             lambda keys: as_root(authorize_keys(s.ssh_user, list(keys))))
@@ -101,26 +107,31 @@ class Cluster(pulumi.ComponentResource):
             # nodes use the Deep Learning AMI (built for GPU instances) or a custom image.
             ami_id=s.manager_ami_id, security_group_ids=[groups.cluster_id, groups.managers_id],
             root_volume_gib=s.managers.root_volume_gib, node_name_prefix=f"{s.cluster_name}-manager",
-            user_data=self._user_data("managers"), one_at_a_time=True, **common,
+            release=self._kinds["managers"].release, one_at_a_time=True, stable_address=True,
+            subnet_ids=[subnets[z] for z in s.managers.zones or subnets], **common,
         ), opts=self._child)
         pools = []
         for pool in s.gpu_pools:
             self._kinds[pool.name] = self._kind(pool)
             pools.append((pool, NodePool(f"{name}-{pool.name}", NodePoolArgs(
                 role="worker", pool=pool.name, instance_type=pool.instance_type, count=pool.count,
-                ami_id=s.gpu_ami_id, security_group_ids=[groups.cluster_id, groups.workers_id],
-                root_volume_gib=pool.root_volume_gib, node_name_prefix=f"{s.cluster_name}-{pool.name}",
-                spot=pool.spot, spot_max_price=pool.spot_max_price, user_data=self._user_data(pool.name), **common,
+                ami_id=s.gpu_ami_id, root_volume_gib=pool.root_volume_gib,
+                security_group_ids=[groups.cluster_id, groups.workers_id,
+                                    *([groups.efa_id] if pool.efa_interfaces else [])],
+                node_name_prefix=f"{s.cluster_name}-{pool.name}", release=self._kinds[pool.name].release,
+                **pool_capacity_args(name, pool, subnets, self), **common,
             ), opts=self._child)))
         nodes: list[tuple[Node, GpuPool | None]] = [(n, None) for n in managers.nodes]
         nodes += [(n, pool) for pool, node_pool in pools for n in node_pool.nodes]
 
         first = managers.nodes[0]
-        self._jump_host = first.public_ip
-        self._first_live = self._connection(first)
+        # Workers through the first live manager, which also runs the swarm's steps (components/access.py).
+        self._reach = Access(managers.nodes, running_instances(s.cluster_name, "manager"), s.ssh_user,
+                             self._key.private_key)
+        self._first_live = self._reach.to_live_manager()
         boots = {node.name: self._boot(node) for node, _ in nodes}
         swarm = SwarmInit(f"{name}-swarm", SwarmInitArgs(
-            first=self._first_live, first_live=self._first_live,
+            first=self._connection(first), first_live=self._connection(first),
             first_instance_id=first.instance.id, advertise_address=first.private_ip,
             peers=[(self._connection(n, BOOT), n.private_ip) for n in managers.nodes[1:]],
             address_pool=s.overlay_address_pool, after=[boots[first.name].booted],
@@ -159,6 +170,7 @@ class Cluster(pulumi.ComponentResource):
         self.manager_public_ips = pulumi.Output.all(*[n.public_ip for n in managers.nodes])
         self.manager_private_ips = pulumi.Output.all(*manager_ips)
         self.ssh_commands = self._ssh_commands([node for node, _ in nodes])
+        self.known_hosts = Access.known_hosts([node for node, _ in nodes])
         entries = [self._inventory_entry(node, pool, members[node.name], rollouts[node.name]) for node, pool in nodes]
         # Each node's health is added to the whole list in one step: handing the conditions of
         # every node to each node's entry made the program's cost grow with the square of the nodes.
@@ -177,6 +189,7 @@ class Cluster(pulumi.ComponentResource):
             "manager_public_ips": self.manager_public_ips,
             "manager_private_ips": self.manager_private_ips,
             "ssh_commands": self.ssh_commands,
+            "known_hosts": self.known_hosts,
             "inventory": self.inventory,
             "bootstrap_timings": self.bootstrap_timings,
             "node_software": self.node_software,
@@ -206,22 +219,17 @@ class Cluster(pulumi.ComponentResource):
                                      image=s.image if gpu else "ubuntu", slots_per_gpu=pool.slots_per_gpu if gpu else 0,
                                      shared_kind=s.shared_gpu_kind, spot=gpu and pool.spot,
                                      sharing_mode=pool.sharing_mode if gpu else "time-slicing")
-        steps = tuple(node_software.bootstrap_steps(gpu=gpu, instance_type=instance_type))
+        env.update(node_software.efa_env(pool.efa_interfaces if gpu else 0))
+        steps = tuple(node_software.bootstrap_steps(gpu=gpu, instance_type=instance_type,
+                                                    efa=bool(gpu and pool.efa_interfaces)))
         sha = self._bundle.sha256
         return _Kind(env=env, steps=steps, expected_gpus=pool.gpus_per_node if gpu else 0,
                      release_id=node_software.release(sha, env, list(steps)),
                      release=self._bundle.url.apply(lambda url: NodeRelease(url, sha, env, steps)))
 
-    def _user_data(self, pool: str) -> pulumi.Output[str]:
-        return self._kinds[pool].release.apply(render_cloud_config)
-
-    def _connection(self, node: Node, budget=None):
-        """Managers are reached directly; workers only through the first manager (see SecurityGroups)."""
-        extra = {"budget": budget} if budget else {}
-        user, key = self._s.ssh_user, self._key.private_key
-        if node.role == "manager":
-            return connection(host=node.public_ip, user=user, private_key=key, **extra)
-        return connection(host=node.private_ip, user=user, private_key=key, jump_host=self._jump_host, **extra)
+    def _connection(self, node: Node, budget=LIVE):
+        """Managers are reached directly; workers only through a live manager (see SecurityGroups)."""
+        return self._reach.to(node, budget)
 
     def _boot(self, node: Node) -> NodeBoot:
         kind = self._kinds[node.pool]
@@ -256,15 +264,8 @@ class Cluster(pulumi.ComponentResource):
         ), opts=self._child)
 
     def _ssh_commands(self, nodes: list[Node]) -> pulumi.Output[dict[str, str]]:
-        user = self._s.ssh_user
-
-        def command_for(node: Node) -> pulumi.Output[str]:
-            if node.role == "manager":
-                return pulumi.Output.concat("ssh ", user, "@", node.public_ip)
-            # Workers take SSH only from the managers: hop through the first manager.
-            return pulumi.Output.concat("ssh -J ", user, "@", self._jump_host, " ", user, "@", node.private_ip)
-
-        return pulumi.Output.all(*[command_for(n) for n in nodes]).apply(
+        # Workers take SSH only from the managers: hop through the live manager.
+        return pulumi.Output.all(*[self._reach.ssh_command(n) for n in nodes]).apply(
             lambda commands: {n.name: c for n, c in zip(nodes, commands)}
         )
 

@@ -40,6 +40,9 @@ class NodeBoot(pulumi.ComponentResource):
             f"{name}-wait",
             connection=args.node,
             create=as_root(node_commands.wait_for_boot(env=args.env, expected_gpus=args.expected_gpus)),
+            # A node boots once: a new connection (another live manager to go through) or new settings
+            # change nothing here, and pulumi-command would run `create` again for them without this.
+            update=as_root(node_commands.boot_recorded()),
             triggers=fresh,
             opts=pulumi.ResourceOptions(parent=self),
         )

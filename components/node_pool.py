@@ -1,4 +1,20 @@
-"""A pool of identical EC2 instances: the managers, or the nodes of one GPU pool."""
+"""A pool of identical EC2 instances: the managers, or the nodes of one GPU pool.
+
+Each node is generated an SSH host key here (pulumi-tls, ed25519) and boots with it from its
+user data (cloud-init ssh_keys), so every connection of the program can pin it from the
+first dial (components/remote.py) instead of trusting whoever answers. What that costs: the
+node's private host key is in its user data, which anyone allowed ec2:DescribeInstanceAttribute
+on it can read, and which root on the node (and any process that reaches IMDS: containers on
+bridge and overlay networks cannot, the hop limit is 1) can read again; and it is in the Pulumi
+state, encrypted as a secret. Someone who reads it can pose as that node only to a client on a
+path they control. The alternatives were worse: the console output arrives minutes late and
+needs the AWS CLI on the operator's machine, and learning the key on first use trusts exactly
+the answer a pinned key is meant to check.
+
+Managers (and EFA nodes, which AWS gives no automatic public address) get an Elastic IP:
+their address survives a stop and start, a resize and a replacement, so no connection to them
+changes, and so no command on them runs again for an address.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -6,8 +22,13 @@ from typing import Mapping, Sequence
 
 import pulumi
 import pulumi_aws as aws
+import pulumi_tls as tls
 
+from components.cloud_config import HostKey, render_cloud_config
+from components.efa import efa_launch_template
 from components.provider_facts import INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES
+from node_software import NodeRelease
+from settings.aws_lookups import ROLE_TAG
 
 
 @dataclass
@@ -20,12 +41,19 @@ class NodePoolArgs:
     subnet_ids: Sequence[pulumi.Input[str]]  # new nodes go round-robin over them
     security_group_ids: Sequence[pulumi.Input[str]]
     key_name: pulumi.Input[str]
-    user_data: pulumi.Input[str]  # the #cloud-config a new node boots with; running nodes keep theirs
+    release: pulumi.Input[NodeRelease]  # what a new node boots with (its #cloud-config); running nodes keep theirs
     root_volume_gib: pulumi.Input[int]
     node_name_prefix: str
     imds_hop_limit: pulumi.Input[int] = 1
+    # Capacity (components/capacity.py): spot or a Capacity Block, and a reservation to run in.
+    market: pulumi.Input[aws.ec2.InstanceInstanceMarketOptionsArgs] | None = None
+    capacity: pulumi.Input[aws.ec2.InstanceCapacityReservationSpecificationArgs] | None = None
     spot: bool = False
-    spot_max_price: pulumi.Input[str] | None = None
+    placement_group: pulumi.Input[str] | None = None  # a reservation's own cluster placement group
+    cluster_placement: bool = False  # a cluster placement group of the pool's own
+    efa_interfaces: int = 0  # > 0: a launch template with that many EFA interfaces (components/efa.py)
+    stable_address: bool = False  # an Elastic IP per node
+    error_hook: pulumi.ErrorHook | None = None  # says what to try when AWS has no capacity
     # Managers hold the swarm's Raft quorum: change them one after the other (a resize
     # stops and starts each), never all at once.
     one_at_a_time: bool = False
@@ -42,6 +70,8 @@ class Node:
     pool: str
     index: int
     instance: aws.ec2.Instance
+    host_key: pulumi.Output[str]  # its public SSH host key, "ssh-ed25519 AAAA..."
+    stable_ip: pulumi.Output[str] | None = None  # its Elastic IP, once associated
 
     @property
     def private_ip(self) -> pulumi.Output[str]:
@@ -49,7 +79,7 @@ class Node:
 
     @property
     def public_ip(self) -> pulumi.Output[str]:
-        return self.instance.public_ip
+        return self.stable_ip if self.stable_ip is not None else self.instance.public_ip
 
 
 class NodePool(pulumi.ComponentResource):
@@ -59,38 +89,46 @@ class NodePool(pulumi.ComponentResource):
         super().__init__("gpu-swarm:aws:NodePool", name, None, opts)
         if args.role not in ("manager", "worker"):
             raise ValueError(f"role must be 'manager' or 'worker', got {args.role!r}")
+        if args.efa_interfaces and len(args.subnet_ids) != 1:
+            raise ValueError("an EFA pool has one subnet: EFA traffic does not leave it")
+        child = pulumi.ResourceOptions(parent=self)
 
-        market = None
-        replace_on = []
-        if args.spot:
-            # One-time requests that terminate on interruption: a node lost to spot is
-            # replaced by the next `pulumi up` (which refreshes first, see Pulumi.yaml).
-            market = aws.ec2.InstanceInstanceMarketOptionsArgs(
-                market_type="spot",
-                spot_options=aws.ec2.InstanceInstanceMarketOptionsSpotOptionsArgs(
-                    spot_instance_type="one-time",
-                    instance_interruption_behavior="terminate",
-                    max_price=args.spot_max_price,
-                ),
-            )
-            # A one-time spot instance cannot be stopped, so it cannot be resized in place.
-            replace_on = ["instanceType"]
+        # A one-time spot instance cannot be stopped, so it cannot be resized in place.
+        replace_on = ["instanceType"] if args.spot else []
+        group = args.placement_group
+        if args.cluster_placement:
+            group = aws.ec2.PlacementGroup(f"{name}-placement", strategy="cluster",
+                                           tags={**args.tags, "Name": f"{name}-placement"}, opts=child).name
+        template = None
+        if args.efa_interfaces:
+            template = efa_launch_template(name, args.efa_interfaces, args.subnet_ids[0], args.security_group_ids,
+                                           args.tags, self)
+        hooks = pulumi.ResourceHookBinding(on_error=[args.error_hook]) if args.error_hook else None
 
         self.nodes = []
         previous: list[pulumi.Resource] = []
         for i in range(args.count):
             node_name = f"{args.node_name_prefix}-{i}"
-            tags = {**args.tags, "Name": node_name, "gpu-swarm:role": args.role, "gpu-swarm:pool": args.pool}
+            tags = {**args.tags, "Name": node_name, ROLE_TAG: args.role, "gpu-swarm:pool": args.pool}
+            key = tls.PrivateKey(f"{name}-{i}-host-key", algorithm="ED25519", opts=child)
+            # Secret in the state: it holds the node's private host key.
+            user_data = pulumi.Output.secret(pulumi.Output.all(
+                args.release, key.private_key_openssh, key.public_key_openssh).apply(
+                lambda v: render_cloud_config(v[0], HostKey(v[1], v[2]))))
+            # An EFA node's interfaces, subnet and groups are its template's (RunInstances takes them
+            # from one place only).
+            network = {} if template else dict(
+                subnet_id=args.subnet_ids[i % len(args.subnet_ids)],
+                vpc_security_group_ids=list(args.security_group_ids),
+                # Egress without a NAT gateway; inbound is closed by the security groups.
+                associate_public_ip_address=True,
+            )
             instance = aws.ec2.Instance(
                 f"{name}-{i}",
                 ami=args.ami_id,
                 instance_type=args.instance_type,
-                subnet_id=args.subnet_ids[i % len(args.subnet_ids)],
-                vpc_security_group_ids=list(args.security_group_ids),
                 key_name=args.key_name,
-                # Egress without a NAT gateway; inbound is closed by the security groups.
-                associate_public_ip_address=True,
-                user_data=args.user_data,
+                user_data=user_data,
                 user_data_replace_on_change=False,
                 metadata_options=aws.ec2.InstanceMetadataOptionsArgs(
                     http_endpoint="enabled",
@@ -106,21 +144,28 @@ class NodePool(pulumi.ComponentResource):
                     delete_on_termination=True,
                     tags=tags,
                 ),
-                instance_market_options=market,
+                instance_market_options=args.market,
+                capacity_reservation_specification=args.capacity,
+                placement_group=group,
+                launch_template=aws.ec2.InstanceLaunchTemplateArgs(
+                    id=template.id, version=template.latest_version.apply(str)) if template else None,
                 tags=tags,
                 opts=pulumi.ResourceOptions(
                     parent=self,
-                    # Inputs that a running node keeps when they change (a new AMI release,
-                    # a rotated key, another zone list, new user data): only new or
-                    # replaced nodes take them. See components/provider_facts.py.
+                    # Inputs that a running node keeps when they change (a new AMI release, a
+                    # rotated key, another zone list, new user data, another market, reservation
+                    # or placement): only new or replaced nodes take them. components/provider_facts.py.
                     ignore_changes=list(INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES),
                     replace_on_changes=replace_on,
                     depends_on=[*args.after, *(previous if args.one_at_a_time else [])],
+                    hooks=hooks,
                 ),
+                **network,
             )
             if args.one_at_a_time:
                 previous = [instance]
-            self.nodes.append(Node(node_name, args.role, args.pool, i, instance))
+            stable_ip = self._address(f"{name}-{i}", instance, tags) if args.stable_address else None
+            self.nodes.append(Node(node_name, args.role, args.pool, i, instance, key.public_key_openssh, stable_ip))
 
         self.register_outputs(
             {
@@ -129,3 +174,13 @@ class NodePool(pulumi.ComponentResource):
                 "public_ips": [n.public_ip for n in self.nodes],
             }
         )
+
+    def _address(self, name: str, instance: aws.ec2.Instance, tags: Mapping) -> pulumi.Output[str]:
+        """An Elastic IP for the node: the same address across stop/start, resize and replacement."""
+        eip = aws.ec2.Eip(f"{name}-ip", domain="vpc", tags=tags, opts=pulumi.ResourceOptions(parent=self))
+        # A replaced instance gets the same address: the old association goes first.
+        association = aws.ec2.EipAssociation(
+            f"{name}-ip-association", allocation_id=eip.allocation_id, instance_id=instance.id,
+            opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True))
+        # Through the association, so that whoever connects waits until the address is the node's.
+        return pulumi.Output.all(eip.public_ip, association.id).apply(lambda v: v[0])

@@ -2,22 +2,50 @@
 
 The program's day-2 promises rest on these facts, and the plan tests (tests/test_plan.py)
 use them to tell, from two runs of the program under mocks, which change would replace
-which resource.
+which resource. tests/test_provider_facts.py keeps them honest: it reads every input of
+aws.ec2.Instance from the pulumi-aws SDK that requirements.txt pins (the SDK is generated from
+the provider's schema) and fails when one is not classified below, or when the installed
+pulumi-aws is not the version these facts were checked against.
 """
 from __future__ import annotations
 
-# aws.ec2.Instance (pulumi-aws 7.x, bridged from the Terraform AWS provider's aws_instance,
-# internal/service/ec2/ec2_instance.go): the arguments marked ForceNew. A change to any of
-# them replaces the instance. instance_type is not among them: the provider stops the
-# instance, changes the type and starts it again (a ForceNewIf replaces it only when the new
-# type has another CPU architecture, which settings refuse). vpc_security_group_ids,
-# metadata_options, tags and the root volume's size and type are updated in place.
+# The pulumi-aws release whose aws.ec2.Instance these facts describe (requirements.txt pins it).
+# It bridges a terraform-provider-aws 6.x recent enough that its SDK has cpuOptions.nestedVirtualization,
+# placementGroupId and secondaryNetworkInterfaces (6.3x, early 2026): after #46568 below.
+PULUMI_AWS_VERSION = "7.51.1"
+
+# aws.ec2.Instance, bridged from the Terraform AWS provider's aws_instance
+# (internal/service/ec2/ec2_instance.go): the arguments marked ForceNew. A change to any of
+# them replaces the instance. Since hashicorp/terraform-provider-aws#46568 (February 2026; 6.35
+# has it, see #46821), cpu_options' core_count, threads_per_core and nested_virtualization change
+# in place (ModifyInstanceCpuOptions, with a stop and start); amd_sev_snp still replaces.
+# instance_type is not ForceNew: the provider stops the instance, changes the type and starts it
+# (a ForceNewIf replaces it only for another CPU architecture, which settings refuse).
+# private_dns_name_options changes in place (ModifyPrivateDnsNameOptions). Checked against the
+# schema of the last source that could be read here, plus the PRs since; placementGroupId,
+# secondaryNetworkInterfaces, primaryNetworkInterface and region are new in 6.x and counted as
+# replacing (they are launch-time choices), so a plan test errs towards showing a replacement,
+# never towards hiding one.
 INSTANCE_FORCE_NEW = frozenset({
-    "ami", "associatePublicIpAddress", "availabilityZone", "cpuOptions", "ebsBlockDevices",
-    "ebsOptimized", "enclaveOptions", "ephemeralBlockDevices", "hibernation", "hostId",
-    "instanceMarketOptions", "ipv6Addresses", "keyName", "launchTemplate", "placementGroup",
-    "placementPartitionNumber", "privateDnsNameOptions", "privateIp", "rootBlockDevice.encrypted",
-    "rootBlockDevice.kmsKeyId", "securityGroups", "subnetId", "tenancy",
+    "ami", "associatePublicIpAddress", "availabilityZone", "cpuOptions.amdSevSnp", "ebsBlockDevices",
+    "ebsOptimized", "enablePrimaryIpv6", "enclaveOptions", "ephemeralBlockDevices", "hibernation", "hostId",
+    "instanceMarketOptions", "ipv6AddressCount", "ipv6Addresses", "keyName", "launchTemplate", "networkInterfaces",
+    "placementGroup", "placementGroupId", "placementPartitionNumber", "primaryNetworkInterface", "privateIp",
+    "region", "rootBlockDevice.encrypted", "rootBlockDevice.kmsKeyId", "secondaryNetworkInterfaces",
+    "securityGroups", "subnetId", "tenancy",
+})
+# Every other input of aws.ec2.Instance: updated in place, some with a stop and start (the instance
+# type, cpuOptions, capacityReservationSpecification, user data). tests/test_provider_facts.py
+# checks that the two sets cover the SDK's inputs exactly.
+INSTANCE_UPDATED_IN_PLACE = frozenset({
+    "capacityReservationSpecification", "cpuOptions.coreCount", "cpuOptions.nestedVirtualization",
+    "cpuOptions.threadsPerCore", "creditSpecification", "disableApiStop", "disableApiTermination", "forceDestroy",
+    "getPasswordData", "hostResourceGroupArn", "iamInstanceProfile", "instanceInitiatedShutdownBehavior",
+    "instanceType", "maintenanceOptions", "metadataOptions", "monitoring", "privateDnsNameOptions",
+    "rootBlockDevice.deleteOnTermination", "rootBlockDevice.deviceName", "rootBlockDevice.iops",
+    "rootBlockDevice.tags", "rootBlockDevice.tagsAll", "rootBlockDevice.throughput", "rootBlockDevice.volumeId",
+    "rootBlockDevice.volumeSize", "rootBlockDevice.volumeType", "secondaryPrivateIps", "sourceDestCheck", "tags",
+    "userData", "userDataBase64", "userDataReplaceOnChange", "volumeTags", "vpcSecurityGroupIds",
 })
 # The same schema's CustomizeDiff: user data replaces the instance only when
 # user_data_replace_on_change is true; otherwise the provider stops the instance, writes
@@ -25,14 +53,18 @@ INSTANCE_FORCE_NEW = frozenset({
 INSTANCE_USER_DATA = frozenset({"userData", "userDataBase64"})
 
 # Inputs that only matter when an instance is created, which the node pools tell Pulumi to
-# ignore on running nodes (ResourceOptions.ignore_changes): a new "latest" AMI, a rotated
-# SSH key pair, a new zone list or new user data reach new and replaced nodes only, and
-# never replace or reboot a running one.
-INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES = ("ami", "keyName", "subnetId", "userData", "userDataBase64")
+# ignore on running nodes (ResourceOptions.ignore_changes): a new "latest" AMI, a rotated SSH
+# key pair, a new zone list, new user data, another market (spot, interruption), reservation,
+# placement group or EFA template reach new and replaced nodes only, and never replace,
+# stop or reboot a running one. To move a running node, replace it (pulumi up --replace).
+INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES = (
+    "ami", "keyName", "subnetId", "userData", "userDataBase64", "launchTemplate", "placementGroup",
+    "capacityReservationSpecification", "instanceMarketOptions",
+)
 
 # pulumi-command 1.x (remote.Command, remote.CopyToRemote): only `triggers` replaces a
 # command (pulumi-command#855). Any other change, a new connection included, is an update,
-# and an update of a Command without an `update` script runs `create` again.
+# and an update of a Command runs its `update` script, or `create` again when it has none.
 # CopyToRemote copies again on an update only when the asset or remote path changed
 # (provider/pkg/provider/remote/copyController.go), so a node software copy carries the
 # instance ID in its triggers: a replaced instance gets its copy.
@@ -42,8 +74,13 @@ COMMAND_FORCE_NEW = frozenset({"triggers"})
 # makes a new key pair, which running nodes ignore (keyName, above).
 KEY_PAIR_FORCE_NEW = frozenset({"publicKey", "keyName", "keyNamePrefix"})
 
-KNOWN_TYPES = ("aws:ec2/instance:Instance", "aws:ec2/keyPair:KeyPair", "command:remote:Command",
-               "command:remote:CopyToRemote")
+# aws.ec2.EipAssociation (aws_eip_association): every argument is ForceNew, so a replaced
+# instance gets a new association of the same Elastic IP (node_pool.py deletes the old first).
+EIP_ASSOCIATION_FORCE_NEW = frozenset({"allocationId", "allowReassociation", "instanceId", "networkInterfaceId",
+                                       "privateIpAddress", "publicIp"})
+
+KNOWN_TYPES = ("aws:ec2/instance:Instance", "aws:ec2/keyPair:KeyPair", "aws:ec2/eipAssociation:EipAssociation",
+               "command:remote:Command", "command:remote:CopyToRemote")
 
 
 def replaced_by(typ: str, old: dict, new: dict) -> set[str]:
@@ -54,6 +91,8 @@ def replaced_by(typ: str, old: dict, new: dict) -> set[str]:
             forcing |= INSTANCE_USER_DATA
     elif typ == "aws:ec2/keyPair:KeyPair":
         forcing = set(KEY_PAIR_FORCE_NEW)
+    elif typ == "aws:ec2/eipAssociation:EipAssociation":
+        forcing = set(EIP_ASSOCIATION_FORCE_NEW)
     elif typ.startswith("command:remote:"):
         forcing = set(COMMAND_FORCE_NEW)
     else:

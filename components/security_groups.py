@@ -31,6 +31,7 @@ class SecurityGroupsArgs:
     # Plain strings: each CIDR is a rule of its own, named after it.
     allowed_ssh_cidrs: Sequence[str]
     tags: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
+    efa: bool = False  # a pool uses EFA: an `efa` group for its nodes (see below)
 
 
 class SecurityGroups(pulumi.ComponentResource):
@@ -45,6 +46,7 @@ class SecurityGroups(pulumi.ComponentResource):
     managers_id: pulumi.Output[str]
     workers_id: pulumi.Output[str]
     ssh_rules: list[aws.vpc.SecurityGroupIngressRule]  # what `pulumi up` needs before it can reach a node
+    efa_id: pulumi.Output[str] | None  # the EFA nodes' group, when a pool uses EFA
 
     def __init__(self, name: str, args: SecurityGroupsArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-swarm:aws:SecurityGroups", name, None, opts)
@@ -78,10 +80,21 @@ class SecurityGroups(pulumi.ComponentResource):
                                         ip_protocol="-1", cidr_ipv6="::/0", description="all outbound IPv6",
                                         tags=args.tags, opts=self._child)
 
+        self.efa_id = self._efa(args.vpc_id) if args.efa else None
         self.cluster_id, self.managers_id, self.workers_id = cluster.id, managers.id, workers.id
         self.register_outputs(
             {"cluster_id": self.cluster_id, "managers_id": self.managers_id, "workers_id": self.workers_id}
         )
+
+    def _efa(self, vpc_id: pulumi.Input[str]) -> pulumi.Output[str]:
+        """EFA needs every protocol, in and out, between the interfaces that talk (its SRD traffic is not IP):
+        a group of the EFA nodes only, that admits itself; the swarm ports stay narrow for every other node."""
+        efa = self._group("efa", vpc_id, "EFA nodes: all traffic to and from each other, as EFA requires")
+        self._ingress("efa-all-in", efa, "-1", None, "all traffic between EFA nodes", source_group=efa)
+        aws.vpc.SecurityGroupEgressRule(f"{self._name}-efa-all-out", security_group_id=efa.id, ip_protocol="-1",
+                                        referenced_security_group_id=efa.id,
+                                        description="all traffic between EFA nodes", tags=self._tags, opts=self._child)
+        return efa.id
 
     def _group(self, role: str, vpc_id: pulumi.Input[str], description: str) -> aws.ec2.SecurityGroup:
         # No inline rules: mixed with the rule resources below, they would fight over the group.

@@ -2,11 +2,14 @@
 
 One catalogue for the unit tests (tests/conftest.py) and the rehearsal's `program up`
 (localswarm/program.py). A lookup that AWS would refuse raises, with the provider's words,
-as a failing invoke does; nothing here is reached over a network.
+as a failing invoke does; nothing here is reached over a network. What the program made in
+an earlier run (its subnets, its instances and their state) is an Account: the plural
+lookups answer from it, as AWS answers a second `pulumi up` from what the first one made.
 """
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass, field
 
 from settings import aws_lookups
 
@@ -31,6 +34,8 @@ INSTANCE_TYPES = {
     "g4ad.xlarge": ("x86_64", [("AMD", "Radeon Pro V520", 1)]),
 }
 GPU_MEMORY_MIB = {"T4": 15360, "A10G": 23028, "L4": 23034, "L40S": 46068, "A100": 40960, "H100": 81559, "T4g": 15360}
+# EFA: instance type -> (efa_maximum_interfaces, maximum_network_cards), for the types that have it.
+EFA = {"p5.48xlarge": (32, 32), "p4d.24xlarge": (4, 4), "g6e.12xlarge": (1, 1), "g4dn.12xlarge": (1, 1)}
 # Where a type is offered, when not in every zone.
 OFFERED_IN = {"p5.48xlarge": {"us-east-1a", "us-east-1c"}, "p4d.24xlarge": {"us-east-1b"}}
 UBUNTU_AMI = "ami-0a1b2c3d4e5f60718"
@@ -56,13 +61,55 @@ MAIN_ROUTE_TABLES = {VPC: "rtb-0main000000000001", OTHER_VPC: "rtb-0main00000000
 S3_ENDPOINTS = {VPC: ("vpce-0abc0000000000001", ("rtb-0aaaaaaaaaaaaaaaa",))}
 
 
+# Capacity reservations (DescribeCapacityReservations), as aws.ec2.CapacityReservation.get reads them.
+RESERVATION = "cr-0a5a0000000000001"  # On-Demand, p5.48xlarge in us-east-1a
+BLOCK_RESERVATION = "cr-0b10c000000000002"  # a Capacity Block, p5.48xlarge in us-east-1c
+RESERVATIONS = {
+    RESERVATION: {"instanceType": "p5.48xlarge", "availabilityZone": "us-east-1a", "instanceCount": 2,
+                  "instanceMatchCriteria": "targeted", "endDateType": "unlimited", "placementGroupArn": ""},
+    BLOCK_RESERVATION: {"instanceType": "p5.48xlarge", "availabilityZone": "us-east-1c", "instanceCount": 2,
+                        "instanceMatchCriteria": "targeted", "endDateType": "limited", "placementGroupArn": ""},
+    "cr-0d0000000000000d1": {"instanceType": "g6e.12xlarge", "availabilityZone": "us-east-1d", "instanceCount": 1,
+                             "instanceMatchCriteria": "open", "endDateType": "unlimited", "placementGroupArn": ""},
+}
+ACCOUNT_ID = "123456789012"
+
+
+@dataclass
+class Account:
+    """What exists in the fake account besides the catalogue: what earlier runs of the program made."""
+
+    subnets: dict = field(default_factory=dict)  # id -> {"vpcId", "availabilityZone", "tags"}
+    instances: dict = field(default_factory=dict)  # id -> {"state", "tags", "privateIp", "publicIp"}
+
+    def stop(self, tag_name: str) -> str:
+        """Stop the instance whose Name tag is tag_name (a spot reclaim, an operator): its id."""
+        found = next(i for i, inst in self.instances.items() if inst["tags"].get("Name") == tag_name)
+        self.instances[found]["state"] = "stopped"
+        return found
+
+
+ACCOUNT = Account()
+
+
+def reset_account() -> Account:
+    """A fresh account for a fresh stack; the object stays the same, so every importer sees it."""
+    ACCOUNT.subnets.clear()
+    ACCOUNT.instances.clear()
+    return ACCOUNT
+
+
 def _instance_type(a: dict) -> dict:
     if a["instanceType"] not in INSTANCE_TYPES:
         raise Exception("InvalidInstanceType: The following supplied instance types do not exist")
     arch, gpus = INSTANCE_TYPES[a["instanceType"]]
+    efa, cards = EFA.get(a["instanceType"], (0, 1))
     return {"instanceType": a["instanceType"], "supportedArchitectures": [arch],
             "gpuses": [{"manufacturer": m, "name": n, "count": c, "memorySize": GPU_MEMORY_MIB.get(n, 24576)}
-                       for m, n, c in gpus]}
+                       for m, n, c in gpus],
+            "efaSupported": bool(efa), "efaMaximumInterfaces": efa, "maximumNetworkCards": cards,
+            "networkCards": [{"index": i, "maximumInterfaces": 2, "baselineBandwidth": 100.0, "peakBandwidth": 100.0,
+                              "performance": "100 Gigabit"} for i in range(cards)]}
 
 
 def _offerings(a: dict) -> dict:
@@ -97,10 +144,48 @@ def _vpc(a: dict) -> dict:
 
 
 def _subnet(a: dict) -> dict:
+    if a["id"] in ACCOUNT.subnets:
+        made = ACCOUNT.subnets[a["id"]]
+        return {"id": a["id"], "vpcId": made["vpcId"], "availabilityZone": made["availabilityZone"]}
     if a["id"] not in SUBNETS:
         raise Exception(f"no matching EC2 Subnet found: {a['id']}")
     vpc, zone = SUBNETS[a["id"]]
     return {"id": a["id"], "vpcId": vpc, "availabilityZone": zone}
+
+
+def _tag_filters(a: dict) -> dict[str, list[str]]:
+    wanted = {f"tag:{k}": [v] for k, v in (a.get("tags") or a.get("instanceTags") or {}).items()}
+    wanted.update({f["name"]: f["values"] for f in a.get("filters") or []})
+    return wanted
+
+
+def _matches(tags: dict, wanted: dict[str, list[str]]) -> bool:
+    return all(tags.get(name[4:]) in values for name, values in wanted.items() if name.startswith("tag:"))
+
+
+def _subnets(a: dict) -> dict:
+    """aws.ec2.get_subnets: an empty list when nothing matches, as the provider answers."""
+    wanted = _tag_filters(a)
+    ids = [i for i, s in ACCOUNT.subnets.items() if _matches(s["tags"], wanted)]
+    return {"id": REGION, "ids": ids}
+
+
+def _instances(a: dict) -> dict:
+    """aws.ec2.get_instances: ids and addresses of the matching instances in the wanted states; empty lists if none."""
+    wanted, states = _tag_filters(a), a.get("instanceStateNames") or ["running"]
+    found = [(i, inst) for i, inst in ACCOUNT.instances.items()
+             if inst["state"] in states and _matches(inst["tags"], wanted)]
+    return {"id": REGION, "ids": [i for i, _ in found], "privateIps": [inst["privateIp"] for _, inst in found],
+            "publicIps": [inst.get("publicIp") or "" for _, inst in found], "ipv6Addresses": []}
+
+
+def capacity_reservation_state(reservation_id: str) -> dict:
+    """What aws.ec2.CapacityReservation.get reads; raises as the provider does for an id it cannot find."""
+    if reservation_id not in RESERVATIONS:
+        raise Exception(f"reading EC2 Capacity Reservation ({reservation_id}): couldn't find resource")
+    return {**RESERVATIONS[reservation_id], "id": reservation_id, "instancePlatform": "Linux/UNIX",
+            "tenancy": "default", "ownerId": ACCOUNT_ID,
+            "arn": f"arn:aws:ec2:{REGION}:{ACCOUNT_ID}:capacity-reservation/{reservation_id}"}
 
 
 def _route_tables(a: dict) -> dict:
@@ -132,6 +217,8 @@ ANSWERS = {
     "aws:ec2/getAmi:getAmi": _ami,
     "aws:ec2/getVpc:getVpc": _vpc,
     "aws:ec2/getSubnet:getSubnet": _subnet,
+    "aws:ec2/getSubnets:getSubnets": _subnets,
+    "aws:ec2/getInstances:getInstances": _instances,
     "aws:ec2/getRouteTables:getRouteTables": _route_tables,
     "aws:ec2/getVpcEndpoint:getVpcEndpoint": _vpc_endpoint,
 }

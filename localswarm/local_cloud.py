@@ -31,7 +31,7 @@ from pulumi.runtime import mocks as pulumi_mocks, rpc
 
 from components.provider_facts import replaced_by
 from localswarm import fake_aws, machines, object_store, ssh
-from localswarm.network import BRIDGE_ADDR
+from localswarm.network import BRIDGE_ADDR, SUBNET
 
 INSTANCE = "aws:ec2/instance:Instance"
 COMMAND = "command:remote:Command"
@@ -64,7 +64,22 @@ class LocalCloud(pulumi_mocks.Mocks):
     # ------------------------------------------------------------------ the engine's part
 
     def call(self, args: pulumi_mocks.MockCallArgs):
+        if args.token == "aws:ec2/getInstances:getInstances":
+            return self._instances_running(args.args)
         return fake_aws.answer(args.token, args.args)
+
+    def _instances_running(self, args: dict) -> dict:
+        """aws.ec2.get_instances as AWS answers it here: the instances of the last run whose machine runs now."""
+        wanted = {k: v for k, v in (args.get("instanceTags") or {}).items()}
+        found = []
+        for name, r in self.previous.items():
+            record = self.machines_by_instance.get(r["id"]) if r["type"] == INSTANCE else None
+            tags = r["inputs"].get("tags") or {}
+            if record and all(tags.get(k) == v for k, v in wanted.items()) and \
+                    machines.running(machines.Machine(record["machine"], record["index"])):
+                found.append((r["id"], r["outputs"]))
+        return {"id": self.region, "ids": [i for i, _ in found], "privateIps": [o.get("privateIp") for _, o in found],
+                "publicIps": [o.get("publicIp") or "" for _, o in found], "ipv6Addresses": []}
 
     def new_resource(self, args: pulumi_mocks.MockResourceArgs):
         inputs = _plain(args.inputs)
@@ -80,7 +95,8 @@ class LocalCloud(pulumi_mocks.Mocks):
                     inputs.pop(key, None)
         handler = {INSTANCE: self._instance, COMMAND: self._command,
                    "aws:s3/bucketObjectv2:BucketObjectv2": self._object, "aws:s3/bucket:Bucket": self._bucket,
-                   "aws:ec2/keyPair:KeyPair": self._key_pair,
+                   "aws:ec2/keyPair:KeyPair": self._key_pair, "aws:ec2/eip:Eip": self._eip,
+                   "aws:ec2/eipAssociation:EipAssociation": self._eip_association,
                    "tls:index/privateKey:PrivateKey": self._private_key}.get(args.typ, self._other)
         rid, outputs = handler(args.name, inputs, before)
         with self.lock:
@@ -117,8 +133,10 @@ class LocalCloud(pulumi_mocks.Mocks):
         secret = inputs.get("logging") == "none"
         self.say(f"{name}: running on {conn['host']}" + (f" (through {conn['proxy']['host']})"
                                                          if conn.get("proxy") else ""))
+        # pulumi-command runs `update` for an update, when the command has one, and `create` otherwise.
+        script = inputs["update"] if change == "update" and inputs.get("update") else inputs["create"]
         try:
-            result = ssh.run(conn, inputs["create"], stdin=inputs.get("stdin"))
+            result = ssh.run(conn, script, stdin=inputs.get("stdin"))
         except ssh.CommandFailed as e:
             self._record(name, COMMAND, f"{change}-failed", host=conn["host"])
             raise Exception(f"{name}: {e}") from None
@@ -208,6 +226,31 @@ class LocalCloud(pulumi_mocks.Mocks):
         key_name = f"{name}-{uuid.uuid4().hex[:7]}"  # auto-named, as the provider names it
         return key_name, {**inputs, "keyName": key_name}
 
+    def _eip(self, name: str, inputs: dict, before: dict | None):
+        """An Elastic IP: an address of the bridge's subnet, above the machines' own, kept across runs."""
+        if before:
+            return before["id"], before["outputs"]
+        with self.lock:
+            taken = {r["outputs"].get("publicIp") for r in (*self.previous.values(), *self.current.values())
+                     if r["type"] == "aws:ec2/eip:Eip"}
+            address = next(a for a in (str(SUBNET.network_address + 200 + k) for k in range(50)) if a not in taken)
+            self.current[name] = {"type": "aws:ec2/eip:Eip", "id": "", "inputs": inputs,
+                                  "outputs": {"publicIp": address}}  # taken, while this call returns
+        allocation = f"eipalloc-{hashlib.sha1(f'{name}/{address}'.encode()).hexdigest()[:17]}"
+        return allocation, {**inputs, "publicIp": address, "allocationId": allocation}
+
+    def _eip_association(self, name: str, inputs: dict, before: dict | None):
+        """The address added to the machine's interface, as AWS routes an associated Elastic IP to the instance."""
+        with self.lock:
+            address = next(r["outputs"]["publicIp"] for r in (*self.current.values(), *self.previous.values())
+                           if r["type"] == "aws:ec2/eip:Eip" and r["id"] == inputs["allocationId"])
+            record = self.machines_by_instance.get(inputs["instanceId"])
+        if record:  # `addr replace`: the same again changes nothing
+            run_quiet(["ip", "-n", machines.Machine(record["machine"], record["index"]).netns, "addr", "replace",
+                       f"{address}/{SUBNET.prefixlen}", "dev", "eth0"])
+        self._record(name, "aws:ec2/eipAssociation:EipAssociation", "same" if before else "create", host=address)
+        return (before["id"] if before else f"eipassoc-{uuid.uuid4().hex[:17]}"), {**inputs, "publicIp": address}
+
     def _other(self, name: str, inputs: dict, before: dict | None):
         return (before["id"] if before else f"{name}-{uuid.uuid4().hex[:8]}"), dict(inputs)
 
@@ -224,6 +267,10 @@ class LocalCloud(pulumi_mocks.Mocks):
                 object_store.object_path(resource["outputs"]["bucket"], resource["inputs"]["key"]).unlink(missing_ok=True)
             self._record(name, resource["type"], "delete")
         return gone
+
+
+def run_quiet(command: list[str]) -> None:
+    subprocess.run(command, check=True, capture_output=True, text=True)
 
 
 def _plain(value):

@@ -21,7 +21,9 @@ from pathlib import Path
 # which the provider retries (sshd not up yet, a key not yet installed by cloud-init).
 _DIAL_ERRORS = ("connection refused", "connection timed out", "no route to host", "timed out",
                 "connection closed", "connection reset", "kex_exchange_identification", "permission denied",
-                "network is unreachable", "broken pipe", "could not resolve")
+                "network is unreachable", "broken pipe", "could not resolve",
+                # The provider retries a handshake that fails on a pinned host key like any other dial.
+                "host key verification failed")
 
 
 class CommandFailed(Exception):

@@ -54,6 +54,11 @@ GPU_CUDA_LABEL = "gpu.cuda"  # the CUDA version the driver supports, when NVML s
 GPU_COMPUTE_LABEL = "gpu.compute"  # the first GPU's compute capability, when NVML says
 GPU_SHARING_LABEL = "gpu.sharing"  # time-slicing, or refused-compute-mode; only on a pool that shares GPUs
 GPU_REPLICAS_LABEL = "gpu.replicas"  # slots per GPU; only on a pool that shares GPUs
+# The node's EFA interfaces: node/gpu_agent.py (efa_detect.py) writes it at every boot, only on a
+# node that has EFA, and owns every label that starts with EFA_LABEL_PREFIX; multi-node jobs
+# place on it (engine.labels.efa.count == 32).
+EFA_LABEL_PREFIX = "efa."
+EFA_COUNT_LABEL = "efa.count"  # EFA devices the kernel shows (/sys/class/infiniband, driver efa)
 
 # ---------------------------------------------------------------- labels on other swarm objects
 # The program's own; no node program reads them, but every gpu-swarm label lives here.
@@ -76,6 +81,8 @@ SHARED_KIND_ENV = "GPU_SWARM_SHARED_KIND"  # the shared slots' kind (with the ab
 SHARING_MODE_ENV = "GPU_SWARM_SHARING_MODE"  # "mps" on pools that share by MPS (unset: time-slicing): install-mps.sh,
 # the agent and the watcher read
 SPOT_ENV = "GPU_SWARM_SPOT"  # "true" on spot nodes: the watcher then watches for reclaim notices
+EFA_ENV = "GPU_SWARM_EFA_INTERFACES"  # EFA interfaces the instance type has (EFA pools): install-efa.sh checks the
+# node shows that many
 AGENT_ARGS_ENV = "GPU_SWARM_AGENT_ARGS"  # extra agent flags: an operator's unit drop-in sets it; the agent's unit reads
 
 # ---------------------------------------------------------------- health.env: the health settings
@@ -143,6 +150,8 @@ DOCKER_TASK_NAME = "com.docker.swarm.task.name"  # dockerd sets it: <service>.<s
 DOCKER_TASK_ID = "com.docker.swarm.task.id"  # dockerd sets it on task containers only: the exporter filters on it
 DOCKERD_PIDFILE = "/var/run/docker.pid"  # dockerd writes; the watcher reads, to SIGHUP it after a label change
 TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"  # the agent sets swarm-resource; the toolkit reads
+EFA_SYSFS = "/sys/class/infiniband"  # the kernel lists RDMA devices, EFA among them: efa_detect.py reads
+EFA_INSTALLER_DIR = "/opt/amazon/efa"  # aws-efa-installer installs libfabric and its tools here: install-efa.sh reads
 CLOUD_INIT_LOG = "/var/log/cloud-init-output.log"  # cloud-init writes the first boot's output; the program tails it
 CLOUD_INIT_STATUS = "/var/lib/cloud/data/status.json"  # cloud-init writes; the program waits for the first boot on it
 

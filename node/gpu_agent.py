@@ -23,10 +23,12 @@ import shutil
 import subprocess
 import sys
 
+from contract import EFA_COUNT_LABEL, EFA_LABEL_PREFIX, EFA_SYSFS
 from contract import (DOCKER_DAEMON_JSON, GPU_LABEL_PREFIX, GPU_REPLICAS_LABEL, GPU_SHARING_LABEL, GUARD_LEDGER_PATH,
                       GUARD_PATH, KIND_ENV, MPS_DIR, RUNTIME_ENV_PATH, SHARED_KIND_ENV, SHARING_MODE_ENV,
                       SLOTS_PER_GPU_ENV, TOOLKIT_CONFIG)
 from daemon_json import locked, read_daemon_json, set_labels, write_atomic
+from efa_detect import efa_labels
 from gpu_detect import BadInput, DetectionFailed, detect_gpus, gpu_labels, load_inventory
 from gpu_resources import (DEFAULT_KIND, MAX_SLOTS_PER_GPU, SHARING_MODES, default_shared_kind, mps_slot_memory_mib,
                            mps_thread_percent, resource_entries, resource_env_name, slot_entries, validate_kind)
@@ -70,7 +72,10 @@ def merge_daemon_config(config: dict, resources: list[str], labels: dict, guard:
     else:
         new.pop("node-generic-resources", None)
     if "labels" in new or labels:
-        new["labels"] = set_labels(new.get("labels", []), GPU_LABEL_PREFIX, labels)
+        current = new.get("labels", [])
+        for prefix in (GPU_LABEL_PREFIX, EFA_LABEL_PREFIX):  # the agent's labels: gpu.* and efa.*
+            current = set_labels(current, prefix, {k: v for k, v in labels.items() if k.startswith(prefix)})
+        new["labels"] = current
     if resources and guard:
         runtimes = new.setdefault("runtimes", {})
         # nvidia stays registered for `docker run --runtime=nvidia`; tasks get the guard.
@@ -269,7 +274,7 @@ def run(args: argparse.Namespace, warnings: list[str]) -> dict:
     if not gpus:
         warnings.append("no GPUs found: removing node-generic-resources and gpu.* labels from daemon.json")
     resources, sharing = advertised(kind, shared_kind, args.slots_per_gpu, gpus, warnings, args.sharing_mode)
-    labels = {**gpu_labels(gpus, extra, warnings), **sharing}
+    labels = {**gpu_labels(gpus, extra, warnings), **sharing, **efa_labels(args.efa_sysfs)}
     guard = None if args.no_runtime else {"path": args.guard, "config": args.runtime_config}
 
     new_daemon = merge_daemon_config(old_daemon or {}, resources, labels, guard if gpus else None, warnings)
@@ -332,6 +337,9 @@ def parse_args(argv) -> argparse.Namespace:
                         help=f"where the GPUs' MPS daemons keep their pipes (default {MPS_DIR})")
     parser.add_argument("--guard-ledger", default=GUARD_LEDGER_PATH, metavar="PATH",
                         help=f"the guard's record of which container holds which GPU (default {GUARD_LEDGER_PATH})")
+    parser.add_argument("--efa-sysfs", default=EFA_SYSFS, metavar="PATH",
+                        help=f"where the kernel lists EFA devices, for the {EFA_COUNT_LABEL} label "
+                             f"(default {EFA_SYSFS})")
     parser.add_argument("--guard", default=GUARD_PATH, metavar="PATH",
                         help=f"the runtime guard made the default runtime (default {GUARD_PATH})")
     parser.add_argument("--runtime-config", default=RUNTIME_ENV_PATH, metavar="PATH",

@@ -7,6 +7,7 @@ resource exists.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import pulumi
@@ -18,6 +19,8 @@ from settings.config_checks import (read_authorized_keys, read_image, read_manag
                                     read_ssh_cidrs, read_stacks, read_tags)
 from settings.model import PROJECT, GpuPool, Health, Managers, Monitoring, Network, Settings, SettingsError, StackFile
 from settings.monitoring_checks import read_monitoring
+from settings.model import cluster_name
+from settings.pool_placement import place
 from settings.reader import DEFAULTS, Reader, suggest
 from settings.swarm_checks import read_health, read_overlay_pool, read_shared_kind
 from swarm.gpu_kind import validate_kind
@@ -64,15 +67,21 @@ def load_settings() -> Settings:
         types = list(dict.fromkeys(([manager_type] if manager_type else []) + [p.instance_type for p in pools]))
         if all(facts.get(t) for t in types):
             network = resolve_network(r, network_cfg, types)
+        placed = {}  # pool index -> its zones and EFA interfaces (settings/pool_placement.py)
+        if network:
+            manager_zones, placed = place(r, network, manager_type, pools, facts, pinned=bool(network_cfg["zones"]))
+            managers = managers and dataclasses.replace(managers, zones=manager_zones)
         if overlay_pool:
             check_overlay_pool(r, overlay_pool, network_cfg)
         for p in pools:
             found = facts.get(p.instance_type)
-            if p.valid and found and found.nvidia_gpus:
+            if p.valid and found and found.nvidia_gpus and p.index in placed:
                 resolved_pools.append(
                     GpuPool(p.name, p.instance_type, p.count, p.spot, p.spot_max_price, p.root_volume_gib,
                             gpus_per_node=found.nvidia_gpus, gpu_model=found.gpu_model, slots_per_gpu=p.slots_per_gpu,
-                            sharing_mode=p.sharing_mode)
+                            sharing_mode=p.sharing_mode,
+                            options=p.options, zones=placed[p.index].zones,
+                            efa_interfaces=placed[p.index].efa_interfaces, offered_in=placed[p.index].offered_in)
                 )
         if image:
             manager_ami, gpu_ami = resolve_amis(r, image, ami_id, managers, pools)
@@ -82,7 +91,7 @@ def load_settings() -> Settings:
         max_whole = max((p.gpus_per_node for p in resolved_pools if not p.slots_per_gpu), default=0)
         sharing = shared_kind if any(p.slots_per_gpu for p in resolved_pools) else None
         for i, name, file in stack_cfgs:
-            text = (reader.PROJECT_DIR / file).read_text()
+            text = (reader.PROJECT_DIR / file).read_text(encoding="utf-8")  # not the operator's locale (Windows)
             try:
                 info = validate_stack_file(text, kind=kind, max_gpus_per_node=max_whole, shared_kind=sharing,
                                            source=file)
@@ -97,7 +106,7 @@ def load_settings() -> Settings:
     assert network and managers and manager_ami and gpu_ami and shared_kind and health, \
         "every missing value has a problem"
     return Settings(
-        cluster_name=f"{PROJECT}-{pulumi.get_stack()}",
+        cluster_name=cluster_name(),
         allowed_ssh_cidrs=cidrs,
         network=network,
         managers=managers,

@@ -12,7 +12,7 @@ import pulumi
 
 from settings import aws_lookups
 from settings.config_checks import PoolConfig
-from settings.model import Managers, Network
+from settings.model import Managers, Network, cluster_name
 from settings.reader import Reader, key
 
 def resolve_instance_types(r: Reader, managers_type: str | None, pools: list[PoolConfig]) -> dict:
@@ -47,17 +47,16 @@ def resolve_instance_types(r: Reader, managers_type: str | None, pools: list[Poo
 
 
 def resolve_network(r: Reader, cfg: dict, instance_types: list[str]) -> Network | None:
+    """The cluster's subnets: an existing VPC's, or zones for the VPC the program makes.
+
+    Zones are chosen once and kept: the subnets this cluster already has stay (a subnet with
+    instances in it cannot be deleted), whatever the zone list or the instance types become.
+    New nodes go to the active zones: availabilityZones when set, else the kept ones, else (a
+    new cluster) every zone that offers all the instance types. Each pool then takes those of
+    them that offer its type (settings/pool_placement.py).
+    """
     if not instance_types or ("vpc_cidr" not in cfg and "vpc_id" not in cfg):
         return None
-    try:
-        offered = aws_lookups.zones_offering(instance_types)
-    except LookupError as exc:
-        r.error("gpuPools", f"could not list where the instance types are offered ({exc})")
-        return None
-
-    def missing_in(zone: str) -> list[str]:
-        return [t for t in instance_types if zone not in offered.get(t, ())]
-
     if "vpc_id" in cfg:
         zones = []
         for subnet_id in cfg["subnet_ids"]:
@@ -68,58 +67,61 @@ def resolve_network(r: Reader, cfg: dict, instance_types: list[str]) -> Network 
                 continue
             if subnet.vpc_id != cfg["vpc_id"]:
                 r.error("subnetIds", f"{subnet_id} is in {subnet.vpc_id}, not in {key('vpcId')} {cfg['vpc_id']}")
-            elif missing_in(subnet.availability_zone):
-                good = _zones_offering_all(offered, instance_types)
-                r.error(
-                    "subnetIds",
-                    f"{subnet_id} is in {subnet.availability_zone}, which does not offer "
-                    f"{', '.join(missing_in(subnet.availability_zone))}; use subnets in "
-                    f"{', '.join(good) or 'a zone that offers them'}",
-                )
             zones.append(subnet.availability_zone)
         if len(zones) != len(cfg["subnet_ids"]):
             return None
         return _existing_vpc_routes(r, Network(availability_zones=tuple(zones), vpc_id=cfg["vpc_id"],
                                                subnet_ids=tuple(cfg["subnet_ids"])), cfg.get("s3_endpoint_id"))
-
     try:
         region_zones = aws_lookups.available_zones()
+        kept = aws_lookups.cluster_subnet_zones(cluster_name())
     except LookupError as exc:
-        r.error("availabilityZones", f"could not list this region's availability zones ({exc})")
+        r.error("availabilityZones", f"could not list this region's zones or the cluster's subnets ({exc})")
         return None
     if cfg["zones"]:
-        zones = []
+        active = []
         for zone in cfg["zones"]:
             if zone not in region_zones:
                 r.error("availabilityZones",
                         f"{zone} is not an available zone of this region ({', '.join(region_zones)})")
-            elif missing_in(zone):
-                r.error("availabilityZones", f"{zone} does not offer {', '.join(missing_in(zone))}; "
-                                             "remove it or change the instance types")
             else:
-                zones.append(zone)
-        zones = sorted(set(zones))
-        if len(zones) != len(set(cfg["zones"])):
+                active.append(zone)
+        active = sorted(set(active))
+        if len(active) != len(set(cfg["zones"])):
             return None
+    elif kept:
+        active = sorted(kept)
     else:
-        zones = [z for z in region_zones if not missing_in(z)]
-        if not zones:
+        try:
+            offered = aws_lookups.zones_offering(instance_types)
+        except LookupError as exc:
+            r.error("gpuPools", f"could not list where the instance types are offered ({exc})")
+            return None
+        active = [z for z in region_zones if all(z in offered.get(t, ()) for t in instance_types)]
+        if not active:
             where = "; ".join(f"{t}: {', '.join(sorted(offered.get(t, ()))) or 'nowhere'}" for t in instance_types)
             r.error(
                 "gpuPools",
                 f"no availability zone of this region offers all of {', '.join(instance_types)} ({where}); "
-                "choose instance types offered in a common zone, or run the pools as separate stacks",
+                f"choose instance types offered in a common zone, or name zones in {key('availabilityZones')}: each "
+                "pool then uses those of them that offer its type",
             )
             return None
         pulumi.log.info(
-            f"nodes go to {', '.join(zones)}, the zones that offer every instance type; pin them with "
-            f"{key('availabilityZones')} so that a new pool's type cannot shrink the list and move nodes"
+            f"nodes go to {', '.join(active)}, the zones that offer every instance type; the cluster keeps them "
+            f"(a new pool whose type is offered in fewer zones uses those of them that offer it)"
         )
+    left = sorted(set(kept) - set(active))
+    if left:
+        pulumi.log.info(f"the subnets in {', '.join(left)} stay (nodes may run there); new nodes go to "
+                        f"{', '.join(active)}")
+    zones = sorted(set(active) | set(kept))
     net = ipaddress.ip_network(cfg["vpc_cidr"])
     slots = list(net.subnets(prefixlen_diff=4))
     # Each zone keeps the slot of its letter, so adding or dropping a zone never renumbers the others.
     cidrs = tuple(str(slots[ord(z[-1]) - ord("a")]) for z in zones)
-    return Network(availability_zones=tuple(zones), vpc_cidr=cfg["vpc_cidr"], subnet_cidrs=cidrs)
+    return Network(availability_zones=tuple(zones), vpc_cidr=cfg["vpc_cidr"], subnet_cidrs=cidrs,
+                   active_zones=tuple(active))
 
 
 def _existing_vpc_routes(r: Reader, network: Network, endpoint_id: str | None) -> Network | None:
@@ -159,11 +161,6 @@ def _existing_vpc_routes(r: Reader, network: Network, endpoint_id: str | None) -
                                            f"--add-route-table-ids {' '.join(missing)}")
             return None
     return dataclasses.replace(network, route_table_ids=tuple(tables), s3_endpoint_id=endpoint_id or None)
-
-
-def _zones_offering_all(offered: dict[str, frozenset[str]], types: list[str]) -> list[str]:
-    zones = set.intersection(*(set(offered.get(t, ())) for t in types)) if types else set()
-    return sorted(zones)
 
 
 def resolve_amis(r: Reader, image: str, ami_id: str | None, managers: Managers | None, pools: list[PoolConfig]):

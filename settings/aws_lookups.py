@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 import pulumi_aws as aws
 
+# Tags the program puts on everything it makes (components/cluster.py, node_pool.py); lookups find them by it.
+CLUSTER_TAG = "gpu-swarm:cluster"
+ROLE_TAG = "gpu-swarm:role"
 # Public SSM parameters that always name the newest image of each kind (amd64).
 UBUNTU_AMI_PARAMETER = "/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id"
 DEEP_LEARNING_AMI_PARAMETER = (
@@ -25,6 +28,9 @@ class InstanceTypeFacts:
     nvidia_gpus: int  # per instance; 0 when the type has no NVIDIA GPU
     gpu_model: str  # e.g. "L40S"; "" without NVIDIA GPUs
     other_gpus: str  # non-NVIDIA GPUs, named for error messages (e.g. "AMD Radeon Pro V520")
+    # EFA, as DescribeInstanceTypes has it: how many EFA interfaces an instance takes, one per
+    # network card (p5.48xlarge: 32 cards, 32 EFA). 0: the type has no EFA.
+    efa_interfaces: int = 0
 
 
 @dataclass(frozen=True)
@@ -53,12 +59,15 @@ def describe_instance_type(name: str) -> InstanceTypeFacts:
         raise _aws_error(exc) from None
     gpus = result.gpuses or []
     nvidia = [g for g in gpus if g.manufacturer == "NVIDIA"]
+    cards = result.maximum_network_cards or len(result.network_cards or []) or 1
+    efa = min(result.efa_maximum_interfaces or 0, cards) if result.efa_supported else 0
     return InstanceTypeFacts(
         name=name,
         architectures=tuple(result.supported_architectures or ()),
         nvidia_gpus=sum(g.count for g in nvidia),
         gpu_model="+".join(sorted({g.name for g in nvidia})),
         other_gpus=", ".join(f"{g.manufacturer} {g.name}" for g in gpus if g.manufacturer != "NVIDIA"),
+        efa_interfaces=efa,
     )
 
 
@@ -155,3 +164,25 @@ def vpc_endpoint(endpoint_id: str) -> tuple[str, str, str, tuple[str, ...]]:
     except Exception as exc:
         raise _aws_error(exc) from None
     return result.vpc_id, result.service_name, result.vpc_endpoint_type, tuple(result.route_table_ids or ())
+
+
+def cluster_subnet_zones(cluster: str) -> dict[str, str]:
+    """Zone -> subnet id of the subnets this cluster's VPC already has (tag gpu-swarm:cluster), {} for a new one.
+
+    The program keeps them: a subnet with instances in it cannot be deleted (DependencyViolation).
+    get_subnets answers an empty list, not an error, when there are none.
+    """
+    try:
+        ids = aws.ec2.get_subnets(tags={CLUSTER_TAG: cluster}).ids or []
+        return {describe_subnet(i).availability_zone: i for i in sorted(ids)}
+    except Exception as exc:
+        raise _aws_error(exc) from None
+
+
+def running_instances(cluster: str, role: str) -> tuple[str, ...]:
+    """IDs of this cluster's instances of `role` that are running now; () when none (a new cluster)."""
+    try:
+        return tuple(aws.ec2.get_instances(instance_tags={CLUSTER_TAG: cluster, ROLE_TAG: role},
+                                           instance_state_names=["running"]).ids or ())
+    except Exception as exc:
+        raise _aws_error(exc) from None

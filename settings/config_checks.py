@@ -12,6 +12,7 @@ import pulumi.runtime.config as runtime_config
 
 from settings import reader
 from settings.model import PROJECT, Managers
+from settings.pool_options import PoolOptions, read_pool_options
 from settings.pool_sharing import NOT_SHARED, read_sharing
 from settings.reader import (DEFAULTS, POOL_DEFAULTS, STACK_DEFAULTS, Reader, boolean, integer, key,
                              suggest)
@@ -129,6 +130,7 @@ class PoolConfig:
     index: int
     valid: bool  # False: a problem is reported, but the instance type is still checked
     slots_per_gpu: int = 0
+    options: PoolOptions = PoolOptions()  # market, reservation, placement, EFA, zone
     sharing_mode: str = "time-slicing"  # with slots_per_gpu: time-slicing or mps (settings/pool_sharing.py)
 
 
@@ -182,7 +184,8 @@ def read_pools(r: Reader) -> list[PoolConfig]:
             if "count" not in entry:
                 error("count", "required: how many nodes the pool has (0 or more)")
             ok = False
-        spot = boolean(entry.get("spot"), False, lambda m: error("spot", m))
+        options = read_pool_options(entry, entry.get("spot"), error)  # settings/pool_options.py
+        ok, spot = ok and options is not None, bool(options and options.spot)
         price = str(entry.get("spotMaxPrice") or "").strip() or None
         if price is not None:
             if not spot:
@@ -207,7 +210,7 @@ def read_pools(r: Reader) -> list[PoolConfig]:
         type_ok = bool(instance_type) and _INSTANCE_TYPE_RE.match(instance_type)
         if type_ok:
             pools.append(PoolConfig(name, instance_type, count, spot, price, volume, i, ok, slots,
-                                    sharing_mode=sharing_mode))
+                                    options or PoolOptions(), sharing_mode=sharing_mode))
         elif ok:
             raise AssertionError("a pool without a valid instance type must have a problem")
     return pools
@@ -366,10 +369,6 @@ def read_stacks(r: Reader) -> list[tuple[int, str, str]]:
     return out
 
 
-
-
-# Docker's own local networks (docker0, docker_gwbridge and user bridges) come from these
-# ranges on every node; an overlay subnet inside them would shadow a bridge's routes.
 def read_authorized_keys(r: Reader) -> tuple[str, ...]:
     raw = r.json("sshAuthorizedKeys", list, "pulumi config set --path 'sshAuthorizedKeys[0]' \"$(cat key.pub)\"")
     keys = []

@@ -7,9 +7,15 @@ import pulumi
 
 from swarm.node_contract import (HEALTH_CRITICAL_XIDS_ENV, HEALTH_IGNORE_XIDS_ENV, HEALTH_INTERVAL_ENV,
                                  HEALTH_MAX_DRAINED_PERCENT_ENV, HEALTH_RECOVERY_ENV)
+from settings.pool_options import PoolOptions
 from swarm.stack_files import StackInfo
 
 PROJECT = "gpu-swarm"
+
+
+def cluster_name() -> str:
+    """The cluster's name, tag and resource prefix: one per stack."""
+    return f"{PROJECT}-{pulumi.get_stack()}"
 
 
 class SettingsError(pulumi.RunError, ValueError):
@@ -35,6 +41,11 @@ class GpuPool:
     gpu_model: str
     slots_per_gpu: int = 0  # > 0: each GPU is shared by this many tasks, by sharing_mode
     sharing_mode: str = "time-slicing"  # or mps: each task an MPS client with a memory limit
+    # Capacity and placement (settings/pool_options.py, pool_placement.py).
+    options: PoolOptions = PoolOptions()
+    zones: tuple[str, ...] = ()  # where its nodes go, in the network's order; empty: every zone
+    efa_interfaces: int = 0  # EFA interfaces per node (one per network card); 0: no EFA
+    offered_in: tuple[str, ...] = ()  # every zone of the region that offers its type (for capacity advice)
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,7 @@ class Managers:
     count: int
     instance_type: str
     root_volume_gib: int
+    zones: tuple[str, ...] = ()  # where they go (zones that offer their type); empty: every zone
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,9 @@ class Network:
     # bucket through an S3 gateway endpoint on them (components/node_bundle.py).
     route_table_ids: tuple[str, ...] = ()
     s3_endpoint_id: str | None = None  # the VPC's own S3 gateway endpoint, when it has one that serves them
+    # Where new nodes go (availabilityZones, else the kept zones); empty: all of availability_zones. A
+    # zone dropped from availabilityZones keeps its subnet, which running nodes may still use.
+    active_zones: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,14 @@ POOL_DEFAULTS: dict[str, Any] = {
     "spot": False,
     "spotMaxPrice": "",
     "rootVolumeGiB": 200,
+    # Capacity and placement (settings/pool_options.py).
+    "marketType": "on-demand",  # spot, or capacity-block (an EC2 Capacity Block for ML)
+    "interruption": "terminate",  # spot: or stop (a persistent request; the node resumes on the same disk)
+    "capacityReservation": "",  # cr-... (On-Demand or a Capacity Block) or a resource group's ARN
+    "capacityReservationPreference": "",  # open or none; AWS's default is open
+    "placement": "",  # cluster: a cluster placement group of the pool's own
+    "efa": False,  # every EFA interface the type has
+    "availabilityZone": "",  # all of the pool's nodes in this zone
     "sharing": None,  # {slotsPerGpu: K, mode}: the pool's GPUs are shared by K tasks each (settings/pool_sharing.py)
 }
 SHARING_DEFAULTS: dict[str, Any] = {"slotsPerGpu": None, "mode": "time-slicing"}

@@ -8,6 +8,7 @@ from swarm.node_contract import (  # noqa: F401 (re-exported)
     GPU_SHARING_LABEL, HEALTH_LABEL, HEALTH_LAST_LABEL, LABEL_PREFIX, MAINTENANCE_LABEL, POOL_GPU_COUNT_LABEL,
     POOL_GPU_MODEL_LABEL, POOL_INSTANCE_TYPE_LABEL, POOL_LABEL, POOL_SLOTS_PER_GPU_LABEL, POOL_SPOT_LABEL,
     SOFTWARE_LABEL, STACK_LABEL, VERIFIED_LABEL)
+from swarm.node_contract import EFA_COUNT_LABEL, EFA_LABEL_PREFIX  # noqa: F401 (re-exported)
 
 
 def node_label_function() -> str:

@@ -46,6 +46,10 @@ def cordon_node(node: str, *, pool: str, software: str, drain_timeout_s: int = 3
         f'set -- --label-add {MAINTENANCE_LABEL}="$(date +%s):{want[:12]}"',
         f"if [ \"$(docker node inspect --format '{{{{.Spec.Availability}}}}' {node})\" = active ]; then",
         f'  set -- "$@" --availability drain --label-add {DRAINED_BY_LABEL}=rollout',
+        # A node joins drained (swarm/script.py's join) and has no release until its first admit:
+        # that drain is the program's to give back, as one it made here would be.
+        f'elif [ -z "$(node_label {node} {SOFTWARE_LABEL})" ] && [ -z "$(node_label {node} {DRAINED_BY_LABEL})" ]; then',
+        f'  set -- "$@" --label-add {DRAINED_BY_LABEL}=rollout',
         "fi",
         f'docker node update "$@" {node} >/dev/null',
         *wait_until(f'[ -z "$(docker node ps {node} --filter desired-state=running -q)" ]', drain_timeout_s,
@@ -77,6 +81,10 @@ def admit_node(node: str, labels: dict[str, str], *, expected_gpus: int, kind: s
     return script(
         *manager_ready(),
         node_label_function(),
+        # Never admitted and drained by nobody: it joined drained (swarm/script.py), and is ours to give back.
+        "joined_drained=''",
+        f'if [ -z "$(node_label {node} {SOFTWARE_LABEL})" ] && [ -z "$(node_label {node} {DRAINED_BY_LABEL})" ] && '
+        f"[ \"$(docker node inspect --format '{{{{.Spec.Availability}}}}' {node})\" = drain ]; then joined_drained=1; fi",
         f"docker node update {' '.join(adds)} {node} >/dev/null",
         f"res=$(docker node inspect {node} --format '{{{{json .Description.Resources.GenericResources}}}}')",
         f"n=$(printf '%s' \"$res\" | grep -o {kind_field} | wc -l)",
@@ -88,6 +96,7 @@ def admit_node(node: str, labels: dict[str, str], *, expected_gpus: int, kind: s
         f'if [ -n "$(node_label {node} {MAINTENANCE_LABEL})" ]; then set -- --label-rm {MAINTENANCE_LABEL}; fi',
         f'case "$(node_label {node} {DRAINED_BY_LABEL})" in',
         f'  rollout|gpu-check) set -- "$@" --availability active --label-rm {DRAINED_BY_LABEL} ;;',
+        '  *) if [ -n "$joined_drained" ]; then set -- "$@" --availability active; fi ;;',
         "esac",
         f'if [ $# -gt 0 ]; then docker node update "$@" {node} >/dev/null; fi',
         "check=null",

@@ -95,6 +95,9 @@ CLUSTER_OF_THIS_NODE = (
 # token read from stdin, and fails as the CLI does: exit 1 and "Error response from daemon:
 # <its message>", or "Cannot connect to the Docker daemon at ...". It talks to DOCKER_HOST's
 # unix socket when that is set (the rehearsal's engines), else to dockerd's own.
+# The node joins drained (`docker swarm join --availability drain`): it takes no task until
+# swarm/rollout.py's admit has checked it, even when `pulumi up` stops between the join and
+# the admit (another pool's capacity error), so the swarm is never half-joined.
 _JOIN_REQUEST = f"""import http.client, json, socket, sys
 addr, remote, path = sys.argv[1:4]
 token = sys.stdin.readline().strip()
@@ -103,7 +106,7 @@ class Engine(http.client.HTTPConnection):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(path)
 body = json.dumps({{"ListenAddr": "0.0.0.0:{SWARM_PORT}", "AdvertiseAddr": addr, "RemoteAddrs": [remote],
-                   "JoinToken": token}})
+                   "JoinToken": token, "Availability": "drain"}})
 try:
     engine = Engine("localhost")
     engine.request("POST", "/swarm/join", body, {{"Content-Type": "application/json"}})

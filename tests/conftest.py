@@ -26,9 +26,10 @@ from pulumi.runtime import rpc
 REPO = Path(__file__).resolve().parent.parent
 # The node programs import their siblings (gpu_agent imports gpu_detect), as they do on a node.
 sys.path.insert(0, str(REPO / "node"))
+from localswarm import fake_aws
 from localswarm.fake_aws import (  # noqa: F401  (the tests import these from here)
-    AMIS, ARM_AMI, CUSTOM_AMI, CUSTOM_AMI_NEXT, DEEP_LEARNING_AMI, INSTANCE_TYPES, OFFERED_IN, OTHER_VPC, REGION,
-    SUBNETS, UBUNTU_AMI, VPC, VPC_CIDRS, ZONES, answer, bucket_state,
+    ACCOUNT, AMIS, ARM_AMI, BLOCK_RESERVATION, CUSTOM_AMI, CUSTOM_AMI_NEXT, DEEP_LEARNING_AMI, INSTANCE_TYPES,
+    OFFERED_IN, OTHER_VPC, REGION, RESERVATION, SUBNETS, UBUNTU_AMI, VPC, VPC_CIDRS, ZONES, answer, bucket_state,
 )
 from localswarm.stack_config import config_text as _config_text, project_defaults, stack_config  # noqa: F401
 
@@ -48,16 +49,41 @@ class AwsMocks(pulumi_mocks.Mocks):
 
     def new_resource(self, args: pulumi_mocks.MockResourceArgs):
         state = dict(args.inputs)
+        if args.resource_id:  # a read of something that exists (Resource.get)
+            if args.typ == "aws:ec2/capacityReservation:CapacityReservation":
+                return args.resource_id, fake_aws.capacity_reservation_state(args.resource_id)
+            raise Exception(f"no fake AWS state to read for {args.typ} {args.resource_id}")
         if args.typ == "aws:ec2/instance:Instance":
             # Addresses follow the name, so two runs of the program (the plan tests) agree.
             n = int(hashlib.sha1(args.name.encode()).hexdigest()[:8], 16)
             state["privateIp"] = f"10.42.{n // 250 % 250}.{n % 250 + 4}"
             if state.get("associatePublicIpAddress"):
                 state["publicIp"] = f"54.{n // 65536 % 256}.{n // 256 % 256}.{n % 256}"
-            return f"i-{hashlib.sha1(args.name.encode()).hexdigest()[:17]}", state
+            instance_id = f"i-{hashlib.sha1(args.name.encode()).hexdigest()[:17]}"
+            known = ACCOUNT.instances.get(instance_id, {})
+            ACCOUNT.instances[instance_id] = {"state": known.get("state", "running"), "tags": dict(state.get("tags") or {}),
+                                              "privateIp": state["privateIp"], "publicIp": state.get("publicIp")}
+            return instance_id, state
+        if args.typ == "aws:ec2/eip:Eip":
+            n = int(hashlib.sha1(args.name.encode()).hexdigest()[:8], 16)
+            state.update(publicIp=f"3.{n // 65536 % 256}.{n // 256 % 256}.{n % 256}",
+                         allocationId=f"eipalloc-{hashlib.sha1(args.name.encode()).hexdigest()[:17]}")
+            return state["allocationId"], state
+        if args.typ == "aws:ec2/subnet:Subnet":
+            subnet_id = f"{args.name}-id"
+            ACCOUNT.subnets[subnet_id] = {"vpcId": state.get("vpcId"), "availabilityZone": state["availabilityZone"],
+                                          "tags": dict(state.get("tags") or {})}
+            return subnet_id, state
+        if args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
+            return f"lt-{hashlib.sha1(args.name.encode()).hexdigest()[:17]}", {**state, "latestVersion": 1}
+        if args.typ == "aws:ec2/placementGroup:PlacementGroup":
+            return args.name, {**state, "name": state.get("name") or f"{args.name}-pg"}
         if args.typ == "tls:index/privateKey:PrivateKey":
-            state["privateKeyOpenssh"] = "-----BEGIN OPENSSH PRIVATE KEY-----\nZmFrZQ==\n-----END OPENSSH PRIVATE KEY-----\n"
-            state["publicKeyOpenssh"] = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeFakeFake\n"
+            if args.name.endswith("-host-key"):  # each node its own: tests check that each pins its own
+                state["privateKeyOpenssh"], state["publicKeyOpenssh"] = fake_host_key(args.name)
+            else:
+                state["privateKeyOpenssh"] = "-----BEGIN OPENSSH PRIVATE KEY-----\nZmFrZQ==\n-----END OPENSSH PRIVATE KEY-----\n"
+                state["publicKeyOpenssh"] = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeFakeFake\n"
         if args.typ == "aws:s3/bucket:Bucket":
             bucket, extra = bucket_state(args.name)
             return bucket, {**state, **extra}
@@ -71,6 +97,17 @@ class AwsMocks(pulumi_mocks.Mocks):
 
 
 FAKE_CLUSTER_ID = "fakeclusterid000000000001"
+
+
+def fake_host_key(name: str) -> tuple[str, str]:
+    """A node's host key pair as pulumi-tls encodes it: the public half is a well-formed ssh-ed25519 key."""
+    import base64
+    import struct
+    point = hashlib.sha256(name.encode()).digest()
+    blob = struct.pack(">I", 11) + b"ssh-ed25519" + struct.pack(">I", 32) + point
+    private = ("-----BEGIN OPENSSH PRIVATE KEY-----\n" + base64.b64encode(b"host:" + point).decode()
+               + "\n-----END OPENSSH PRIVATE KEY-----\n")
+    return private, f"ssh-ed25519 {base64.b64encode(blob).decode()}\n"
 
 
 def command_stdout(name: str, create: str) -> str:
@@ -107,6 +144,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
     def __init__(self, mocks: pulumi_mocks.Mocks):
         super().__init__(mocks)
         self.requests = {}
+        self.reads = {}
         self.duplicate_names = []
         self.outputs = {}
 
@@ -116,6 +154,10 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         self.requests[request.name] = request
         return super().RegisterResource(request)
 
+    def ReadResource(self, request):  # Resource.get: what the program reads, kept apart (no inputs of its own)
+        self.reads[request.name] = request
+        return super().ReadResource(request)
+
     def RegisterResourceOutputs(self, request):
         self.outputs[request.urn] = json_format.MessageToDict(request.outputs)
         return super().RegisterResourceOutputs(request)
@@ -124,8 +166,14 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         return next(v for urn, v in self.outputs.items() if urn.split("::")[2] == "pulumi:pulumi:Stack")
 
 
-def use_mocks(config: dict[str, str], secret_keys: tuple[str, ...] = (), stack: str = "test") -> RecordingMonitor:
-    """Point the Pulumi runtime at the mocks, with this config (fully qualified keys)."""
+def use_mocks(config: dict[str, str], secret_keys: tuple[str, ...] = (), stack: str = "test",
+              keep_account: bool = False) -> RecordingMonitor:
+    """Point the Pulumi runtime at the mocks, with this config (fully qualified keys).
+
+    keep_account: AWS still holds what the last run made (a second `pulumi up` of one stack);
+    otherwise the account is fresh."""
+    if not keep_account:
+        fake_aws.reset_account()
     mocks = AwsMocks()
     monitor = RecordingMonitor(mocks)
     # A fresh root stack per run, or exports of earlier runs would linger in its outputs.
@@ -142,9 +190,10 @@ class ProgramRun:
     secret_exports: set = field(default_factory=set)
 
 
-def run_program(config: dict[str, str], secret_keys: tuple[str, ...] = (), stack: str = "test") -> ProgramRun:
+def run_program(config: dict[str, str], secret_keys: tuple[str, ...] = (), stack: str = "test",
+                keep_account: bool = False) -> ProgramRun:
     """Run __main__.py under the mocks, as `pulumi up` would, and collect its stack outputs."""
-    run = ProgramRun(use_mocks(config, secret_keys, stack))
+    run = ProgramRun(use_mocks(config, secret_keys, stack, keep_account))
 
     async def collect(outputs: dict) -> None:
         for name, value in outputs.items():

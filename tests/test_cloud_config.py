@@ -18,7 +18,7 @@ import yaml
 import node_software
 from components.cloud_config import USER_DATA_LIMIT, render_cloud_config
 from node_software import NodeRelease
-from tests.conftest import REPO, run_program, stack_config
+from tests.conftest import REPO, is_secret, request_inputs, run_program, stack_config, unwrap
 from tests.tools import require_tool
 
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
@@ -26,16 +26,23 @@ STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in REPO.glob("Pulumi.
 
 
 def user_data_of(stack: str) -> dict[str, str]:
-    """Each pool's user data, as the program hands it to aws.ec2.Instance (one per pool: its nodes share it)."""
+    """Each pool's user data, as the program hands it to aws.ec2.Instance: one per pool, as its nodes boot
+    alike but for their own host key (which the snapshot leaves out)."""
     run = run_program(stack_config(stack), stack=stack)
     out = {}
     for request in run.monitor.requests.values():
         if request.type == "aws:ec2/instance:Instance":
-            fields = request.object.fields
-            pool = fields["tags"].struct_value.fields["gpu-swarm:pool"].string_value
-            out.setdefault(pool, set()).add(fields["userData"].string_value)
+            inputs = request_inputs(request)
+            assert is_secret(inputs["userData"]), "the user data holds the node's private host key"
+            text = unwrap(inputs["userData"])
+            out.setdefault(inputs["tags"]["gpu-swarm:pool"], {})[_without_host_key(text)] = text
     assert all(len(texts) == 1 for texts in out.values()), "the nodes of one pool boot with the same user data"
-    return {pool: texts.pop() for pool, texts in out.items()}
+    return {pool: next(iter(texts.values())) for pool, texts in out.items()}
+
+
+def _without_host_key(text: str) -> str:
+    text = re.sub(r"-----BEGIN OPENSSH PRIVATE KEY-----\n[\s\S]*?-----END OPENSSH PRIVATE KEY-----", "<host key>", text)
+    return re.sub(r"ssh-ed25519 [A-Za-z0-9+/=]+", "ssh-ed25519 <host key>", text)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +51,7 @@ def rendered() -> dict[tuple[str, str], str]:
 
 
 def _normalized(text: str) -> str:
-    text = re.sub(r"[0-9a-f]{64}", "<sha256>", text)
+    text = _without_host_key(re.sub(r"[0-9a-f]{64}", "<sha256>", text))
     return re.sub(r"https://[\w.-]+\.s3\.[\w-]+\.amazonaws\.com/", "https://<bucket>/", text)
 
 

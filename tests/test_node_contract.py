@@ -71,7 +71,7 @@ def test_node_paths_live_under_the_folders_they_name():
                                                              c.BOOTSTRAP_FAILED, c.APPLIED, c.HEALTH_STATE_PATH))
     for name, value in public(c).items():
         if name.endswith("_LABEL"):
-            assert value.startswith((c.LABEL_PREFIX, c.GPU_LABEL_PREFIX)), name
+            assert value.startswith((c.LABEL_PREFIX, c.GPU_LABEL_PREFIX, c.EFA_LABEL_PREFIX)), name
 
 
 # ---------------------------------------------------------------- what the shell and the units spell

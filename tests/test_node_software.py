@@ -62,6 +62,7 @@ def test_every_step_script_ships_and_none_is_dead():
     for gpu, instance_type in ((True, "g5.xlarge"), (True, "p5.48xlarge"), (True, "p6-b200.48xlarge"),
                                (False, "m7i.large")):
         used |= set(node_software.bootstrap_steps(gpu=gpu, instance_type=instance_type))
+    used |= set(node_software.bootstrap_steps(gpu=True, instance_type="p5.48xlarge", efa=True))
     scripts = {path.stem for path in SOURCE_DIR.glob("*.sh")} - {"bootstrap", "common"}
     assert used == scripts
 

@@ -58,7 +58,8 @@ def plan(config_a: dict, config_b: dict, *, between=None, secret_keys=(), stack:
         a = _registered(run_program(config_a, secret_keys, stack=stack))
         if between:
             between()
-        b = _registered(run_program(config_b, secret_keys, stack=stack))
+        # AWS still holds what the first up made: its subnets, its instances (tests/conftest.py).
+        b = _registered(run_program(config_b, secret_keys, stack=stack, keep_account=True))
     result = Plan(created=set(b) - set(a), deleted=set(a) - set(b),
                   instances={n for n, (typ, _, _) in b.items() if typ == INSTANCE})
     for name in set(a) & set(b):
@@ -81,6 +82,9 @@ def plan(config_a: dict, config_b: dict, *, between=None, secret_keys=(), stack:
 
 
 PROD = stack_config("prod")
+# The prod stack's training pool (Pulumi.prod.yaml), for the tests that change the other pool.
+TRAINING = {"name": "training", "instanceType": "p5.48xlarge", "count": 1, "rootVolumeGiB": 500,
+            "capacityReservation": "cr-0a5a0000000000001", "placement": "cluster", "efa": True}
 
 
 def with_(**overrides) -> dict:
@@ -132,14 +136,14 @@ def test_a_new_manager_type_resizes_the_managers_in_place():
 
 def test_a_new_gpu_type_resizes_on_demand_nodes_and_replaces_spot_ones():
     result = plan(PROD, with_(gpuPools=[
-        {"name": "training", "instanceType": "p5.48xlarge", "count": 1, "rootVolumeGiB": 500},
+        TRAINING,
         {"name": "inference", "instanceType": "g6e.12xlarge", "count": 2, "spot": True, "rootVolumeGiB": 300,
          "sharing": {"slotsPerGpu": 4}},
     ]))
     assert result.instances_replaced() == {}  # a bigger root volume grows in place
     assert set(result.updated) == {"gpu-swarm-inference-0", "gpu-swarm-inference-1"}
     result = plan(PROD, with_(gpuPools=[
-        {"name": "training", "instanceType": "p5.48xlarge", "count": 1, "rootVolumeGiB": 500},
+        TRAINING,
         {"name": "inference", "instanceType": "g4dn.12xlarge", "count": 2, "spot": True,
          "sharing": {"slotsPerGpu": 4}},
     ]))
@@ -223,7 +227,7 @@ def test_a_new_custom_ami_reaches_new_nodes_only():
 
 def test_scaling_a_pool_up_adds_its_nodes_and_touches_nothing_else_but_the_reconcile():
     result = plan(PROD, with_(gpuPools=[
-        {"name": "training", "instanceType": "p5.48xlarge", "count": 1, "rootVolumeGiB": 500},
+        TRAINING,
         {"name": "inference", "instanceType": "g6e.12xlarge", "count": 3, "spot": True,
          "sharing": {"slotsPerGpu": 4}},
     ]))
@@ -234,7 +238,7 @@ def test_scaling_a_pool_up_adds_its_nodes_and_touches_nothing_else_but_the_recon
 
 def test_scaling_a_pool_down_drains_the_node_in_the_reconcile_before_the_instance_goes():
     result = plan(PROD, with_(gpuPools=[
-        {"name": "training", "instanceType": "p5.48xlarge", "count": 1, "rootVolumeGiB": 500},
+        TRAINING,
         {"name": "inference", "instanceType": "g6e.12xlarge", "count": 1, "spot": True,
          "sharing": {"slotsPerGpu": 4}},
     ]))
@@ -246,7 +250,7 @@ def test_scaling_a_pool_down_drains_the_node_in_the_reconcile_before_the_instanc
 
 def test_adding_a_pool_adds_its_nodes_only():
     result = plan(PROD, with_(gpuPools=[
-        {"name": "training", "instanceType": "p5.48xlarge", "count": 1, "rootVolumeGiB": 500},
+        TRAINING,
         {"name": "inference", "instanceType": "g6e.12xlarge", "count": 2, "spot": True,
          "sharing": {"slotsPerGpu": 4}},
         {"name": "t4", "instanceType": "g4dn.xlarge", "count": 1},

@@ -116,7 +116,7 @@ BAD = [
       "use subnets in us-east-1a, us-east-1c"]),
     ("no-common-zone", {"gpuPools": pools(P5, {"name": "a100", "instanceType": "p4d.24xlarge", "count": 1})}, (),
      ["gpu-swarm:gpuPools: no availability zone of this region offers all of t3.medium, p5.48xlarge, p4d.24xlarge",
-      "p4d.24xlarge: us-east-1b", "run the pools as separate stacks"]),
+      "p4d.24xlarge: us-east-1b", "or name zones in gpu-swarm:availabilityZones: each pool then uses those"]),
     ("zone-lacks-type", {"availabilityZones": ["us-east-1b"], "gpuPools": pools(P5)}, (),
      ["gpu-swarm:availabilityZones: us-east-1b does not offer p5.48xlarge"]),
     ("zone-unknown", {"availabilityZones": ["us-east-1e"]}, (),

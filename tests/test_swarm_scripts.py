@@ -295,7 +295,7 @@ def test_a_new_first_manager_joins_the_swarm_its_peers_run(fake):
     # What `docker swarm join --token T --advertise-addr 10.0.0.5 10.0.0.6:2377` would have asked.
     assert fake.requests == [{"path": "/swarm/join", "type": "application/json", "body": {
         "ListenAddr": "0.0.0.0:2377", "AdvertiseAddr": "10.0.0.5", "RemoteAddrs": ["10.0.0.6:2377"],
-        "JoinToken": "SWMTKN-1-manager-secret"}}]
+        "JoinToken": "SWMTKN-1-manager-secret", "Availability": "drain"}}]
     assert not [c for c in fake.calls() if "swarm init" in c]
 
 
@@ -339,7 +339,8 @@ def test_a_worker_left_in_a_dead_swarm_leaves_it_and_joins_the_current_one(fake)
     assert calls.index("docker swarm leave --force") < calls.index("POST /swarm/join")
     assert result.stdout.strip() == "joinednode"
     assert fake.joins() == [{"ListenAddr": "0.0.0.0:2377", "AdvertiseAddr": "10.0.1.7",
-                             "RemoteAddrs": ["10.0.0.5:2377"], "JoinToken": "SWMTKN-1-worker-x"}]
+                             "RemoteAddrs": ["10.0.0.5:2377"], "JoinToken": "SWMTKN-1-worker-x",
+                             "Availability": "drain"}]
 
 
 def test_a_join_tries_every_manager_and_fails_clearly_when_none_takes_it(fake):

@@ -1,0 +1,75 @@
+"""How `pulumi up` reaches each node: its pinned host key, the managers' stable addresses, any live manager.
+
+Managers are dialled at their Elastic IP (components/node_pool.py); workers, which take SSH
+only from managers, at their private address through a manager. pulumi-command's proxy is
+one host, so the program picks it: the first manager, in order, that AWS reports running
+when the program starts (aws.ec2.get_instances; a new cluster has none, and gets the first).
+The same manager runs the swarm's own steps (cordon, admit, reconcile, stacks, health).
+While the first manager lives, nothing changes; once it is stopped or gone, the next `pulumi
+up` goes through the next live one, so a dead manager never cuts the workers off.
+
+What a change of manager costs: the connection of each command that goes through it
+changes, which pulumi-command treats as an update and runs again. Every such script checks
+first and does nothing a working node does not need (the boot wait has an update of its
+own that only says so; a join finds the node in its swarm; a cordon and an upgrade find the
+node at its release; an admit finds its labels and its GPUs proven for that release): seconds
+per node, and no drain, no restart, no reinstall.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import pulumi
+
+from components.node_pool import Node
+from components.remote import LIVE, connection, pinned
+
+
+def live_index(manager_ids: Sequence[str], running: Sequence[str]) -> int:
+    """The first manager (by index) that is running; the first one when none is (a new cluster)."""
+    return next((i for i, instance_id in enumerate(manager_ids) if instance_id in set(running)), 0)
+
+
+class Access:
+    """Connections to the cluster's nodes, all through one chosen live manager."""
+
+    def __init__(self, managers: Sequence[Node], running_managers: Sequence[str], user: str,
+                 private_key: pulumi.Input[str]):
+        if not managers:
+            raise ValueError("a cluster needs at least one manager to reach its nodes")
+        self._user, self._key = user, private_key
+        running = tuple(running_managers)
+        live = pulumi.Output.all(*[m.instance.id for m in managers]).apply(lambda ids: live_index(ids, running))
+        self.live_index = live
+        self.manager_address = pulumi.Output.all(live, *[m.public_ip for m in managers]).apply(lambda v: v[1 + v[0]])
+        self.manager_host_key = pulumi.Output.all(live, *[m.host_key for m in managers]).apply(lambda v: v[1 + v[0]])
+
+    def to(self, node: Node, budget: tuple[int, int] = LIVE) -> pulumi.Output:
+        """SSH to `node`: a manager directly, a worker through the live manager; host keys pinned."""
+        if node.role == "manager":
+            return connection(host=node.public_ip, user=self._user, private_key=self._key, host_key=node.host_key,
+                              budget=budget)
+        return connection(host=node.private_ip, user=self._user, private_key=self._key, host_key=node.host_key,
+                          jump_host=self.manager_address, jump_host_key=self.manager_host_key, budget=budget)
+
+    def to_live_manager(self, budget: tuple[int, int] = LIVE) -> pulumi.Output:
+        """SSH to the live manager, where the swarm's own steps run."""
+        return connection(host=self.manager_address, user=self._user, private_key=self._key,
+                          host_key=self.manager_host_key, budget=budget)
+
+    def ssh_command(self, node: Node) -> pulumi.Output[str]:
+        """What an operator types: workers hop through the live manager (ssh -J)."""
+        if node.role == "manager":
+            return pulumi.Output.concat("ssh ", self._user, "@", node.public_ip)
+        return pulumi.Output.concat("ssh -J ", self._user, "@", self.manager_address, " ", self._user, "@",
+                                    node.private_ip)
+
+    @staticmethod
+    def known_hosts(nodes: Sequence[Node]) -> pulumi.Output[str]:
+        """A known_hosts file for the operator's own ssh: each node's pinned key at each address it is dialled at."""
+        def line(node: Node) -> pulumi.Output[str]:
+            hosts = [node.public_ip, node.private_ip] if node.role == "manager" else [node.private_ip]
+            return pulumi.Output.all(*hosts, node.host_key).apply(
+                lambda v: f"{','.join(h for h in v[:-1] if h)} {pinned(v[-1])}\n")
+
+        return pulumi.Output.all(*[line(n) for n in nodes]).apply(lambda lines: "".join(lines))
