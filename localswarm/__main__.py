@@ -7,7 +7,7 @@ import sys
 import time
 
 from localswarm import changes, rehearsal
-from localswarm.host import CLI, RehearsalError
+from localswarm.host import CLI, RehearsalError, find_engine
 from localswarm.placement import render_table
 from localswarm.health import DEFAULT_XID
 from swarm.gpu_kind import DEFAULT_KIND
@@ -49,6 +49,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="with --slots-per-gpu: only the last N nodes share their GPUs (default: all)")
     up.add_argument("--keep-on-failure", action="store_true",
                     help="leave a failed rehearsal in place to look at (then run `down`)")
+    up.add_argument("--monitoring", action="store_true",
+                    help="also deploy the monitoring stack (stacks/monitoring.yml) as `monitoring: true` does, with "
+                         "Debian's Prometheus (downloaded once) and a stand-in for Grafana")
+    tp = command("top", "each GPU's node, model, utilization, memory and the task on it (node/gpu_top.py)")
     st = command("status", "show nodes, GPUs and task placement")
     st.add_argument("--watch", action="store_true", help="refresh every --interval seconds until Ctrl-C")
     st.add_argument("--interval", type=float, default=1.0)
@@ -93,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "status" and args.watch:
             return _watch(args.interval)
         result = _run(args, say)
+        if args.command == "up" and args.monitoring:
+            from localswarm import monitoring_stack, state as state_mod
+            manager = next(n for n in state_mod.nodes_of(state_mod.require_state()) if n.role == "manager")
+            result["monitoring"] = monitoring_stack.deploy(manager, find_engine(), progress=say)
     except RehearsalError as e:
         print(f"localswarm: {e}", file=sys.stderr)
         return 1
@@ -113,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         for node, steps in (result["outputs"].get("bootstrapTimings") or {}).items():
             print(f"  {node}: " + ", ".join(f"{step} {t.get('seconds')} s ({t.get('status')})"
                                            for step, t in steps.items()))
+    elif args.command == "top":
+        from localswarm import top
+        print(top.render(result))
+        return 1 if result["errors"] else 0
     elif args.command == "roll":
         print(f"\nmost nodes of a pool drained at once: {result['peak_drained_per_pool']}")
     elif args.command == "node" and args.action in ("stop", "start"):
@@ -131,6 +143,9 @@ def _run(args, say):
         return rehearsal.up(n_nodes=args.nodes, gpus=args.gpus_per_node, managers=args.managers, stacks=args.stack,
                             kind=args.kind, progress=say, keep_on_failure=args.keep_on_failure,
                             slots_per_gpu=args.slots_per_gpu, shared_nodes=args.shared_nodes)
+    if args.command == "top":
+        from localswarm import top
+        return top.top()
     if args.command == "status":
         return rehearsal.status(progress=say)
     if args.command == "down":

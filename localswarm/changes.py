@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from localswarm import health, network, nodes as nodes_mod, registry
+from localswarm import health, metrics, network, nodes as nodes_mod, registry
 from localswarm.converge import admit, converge
 from localswarm.host import RehearsalError, find_engine, parallel
 from localswarm.nodes import Node
@@ -42,6 +42,7 @@ def replace_node(name: str, *, progress: Progress = print) -> dict:
     new = Node(f"node-{next_index(state)}", next_index(state), old.role, old.pool)  # the same pool's new instance
     progress(f"replacing {old.name} ({old.address}) with {new.name} ({new.address})")
     health.stop(old)  # the old instance is gone, and its watcher with it
+    metrics.stop(old)
     nodes_mod.remove_everything_of(old)
     state["nodes"] = [new.to_dict() if n["name"] == name else n for n in state["nodes"]]
     return _launch(new, state, engine, progress)
@@ -68,6 +69,7 @@ def _launch(node: Node, state: dict, engine, progress: Progress) -> dict:
     registry.pull_standin([node], engine)
     result = converge_again(progress=progress)
     health.start_all([node], engine, state["kind"], state.get("shared_kind", ""))
+    metrics.start_all([node], state["kind"], state.get("shared_kind", ""))
     return result
 
 
@@ -82,6 +84,7 @@ def remove_node(name: str, *, progress: Progress = print) -> dict:
     save_state(state)
     result = converge_again(progress=progress)
     health.stop(node)
+    metrics.stop(node)
     nodes_mod.remove_everything_of(node)
     progress(f"{name} drained, removed from the swarm, and its instance terminated")
     return result

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from localswarm import health, network, nodes as nodes_mod, placement, registry
+from localswarm import health, metrics, network, nodes as nodes_mod, placement, registry
 from localswarm.converge import deploy_stacks, form_swarm
 from localswarm.host import CLI, REPO, RehearsalError, check_host, find_engine, parallel, run
 from localswarm.nodes import RUN_ROOT, STATE_ROOT, Node
@@ -152,6 +152,7 @@ def _build(state: dict, engine, say, clock: _Clock, converge_timeout: float) -> 
     say("stacks converged")
     # As the node software installs them; started last, so that they leave the CPU to the steps above.
     health.start_all(nodes, engine, state["kind"], state.get("shared_kind", ""))
+    metrics.start_all(nodes, state["kind"], state.get("shared_kind", ""))  # the GPU metrics exporter
     clock.lap("health")
     say("health watcher on every node, reconciler on every manager")
     return {"view": view, "nodes_ready_s": nodes_ready, "swarm_ready_s": swarm_ready,
@@ -221,6 +222,7 @@ def down(*, progress: Progress = print) -> dict:
     machines_removed = program.down(progress=lambda _: None)["removed_machines"]
     for node in nodes:
         health.stop(node)
+        metrics.stop(node)
     health.stop_imds()
     parallel(nodes_mod.stop_dockerd, nodes)
     registry.stop_registry()

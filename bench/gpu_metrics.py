@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""The GPU metrics exporter on a real GPU: a reserving task allocates memory, and its GPU's series say so, by name.
+
+    python3 bench/gpu_metrics.py --out DIR [--mib 2048] [--image IMAGE]      # as root; one GPU is enough
+
+What bench/gpu_session.sh gives each program is what it expects (run it as
+`bash bench/gpu_session.sh 'metrics:150=bench/gpu_metrics.py'`): an engine at $DOCKER_HOST that the
+agent configured (the GPUs advertised as NVIDIA-GPU, the runtime guard the default runtime), a
+python with nvidia-ml-py and prometheus_client (it runs under it), and a CUDA image with
+bench/cuda_probe.c built in ($GPU_SESSION_CUDA_IMAGE, with /usr/bin/cuda-probe). It then:
+1. makes the engine a one-node swarm (swarm/formation.py), unless it is one already;
+2. starts the real exporter (node/gpu_metrics.py, real NVML) on a free local port and scrapes it;
+3. creates a service that reserves one GPU and runs `cuda-probe MIB` (a CUDA context, MIB MiB
+   allocated and touched, held until it is stopped);
+4. scrapes again once the probe says it allocated, and checks that the series of the GPU swarm
+   gave the task carry the service's name, task and container; that the GPU's memory rose by at
+   least MIB; that the task's own memory (NVML's compute processes -> cgroup -> container) is at
+   least MIB; and that the GPU's other readings are there.
+It writes results.json (every check), scrape-before.txt, scrape-after.txt, exporter.log and the
+figures (the exporter's scrape time and memory on real NVML) to --out, prints a table, and exits
+1 when a check fails. It removes its service, stops the exporter and leaves a swarm it made.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from swarm import formation  # noqa: E402  (pure Python: no Pulumi needed here)
+
+KIND = "NVIDIA-GPU"
+SERVICE = "gpu-metrics-probe"
+DEFAULT_IMAGE = "nvidia/cuda:12.6.3-base-ubuntu24.04"  # bench/gpu_session.sh's stand-in, with cuda-probe
+results: list[dict] = []
+
+
+def check(name: str, ok: bool, detail: str = "") -> bool:
+    results.append({"check": name, "ok": bool(ok), "detail": detail})
+    print(f"{'PASS' if ok else 'FAIL'}  {name}  {detail}", flush=True)
+    return bool(ok)
+
+
+def docker(*args: str, check_rc: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+    if check_rc and proc.returncode:
+        raise RuntimeError(f"docker {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
+    return proc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def samples(text: str) -> list[tuple[str, dict, float]]:
+    out = []
+    for line in text.splitlines():
+        match = re.match(r"^([a-zA-Z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)$", line)
+        if match:
+            labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match[2] or ""))
+            out.append((match[1], labels, float(match[3])))
+    return out
+
+
+def value(text: str, name: str, **labels) -> tuple[dict, float] | None:
+    for metric, got, v in samples(text):
+        if metric == name and all(got.get(k) == want for k, want in labels.items()):
+            return got, v
+    return None
+
+
+def wait(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        found = predicate()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(1)
+
+
+def docker_socket() -> str:
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if not host.startswith("unix://"):
+        raise SystemExit(f"DOCKER_HOST={host}: the exporter reads the engine over its unix socket")
+    return host.removeprefix("unix://")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="results go here (a folder; made if missing)")
+    parser.add_argument("--mib", type=int, default=2048, help="MiB the probe allocates (default %(default)s)")
+    parser.add_argument("--image", default=os.environ.get("GPU_SESSION_CUDA_IMAGE", DEFAULT_IMAGE),
+                        help="an image with /usr/bin/cuda-probe ($GPU_SESSION_CUDA_IMAGE, else %(default)s)")
+    parser.add_argument("--daemon-json", default="/etc/docker/daemon.json",
+                        help="the engine's daemon.json: the GPUs the agent advertised (default %(default)s)")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        sys.exit("run as root: it makes a swarm and reads every process's cgroup")
+    sock = docker_socket()
+    made_swarm, exporter, log = False, None, None
+    try:
+        if docker("info", "--format", "{{.Swarm.LocalNodeState}}").stdout.strip() != "active":
+            address = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()[0]
+            subprocess.run(["bash", "-c", formation.init_swarm(address)], check=True, capture_output=True, text=True)
+            made_swarm = True
+        advertised = docker("node", "inspect", "self", "--format",
+                            "{{json .Description.Resources.GenericResources}}").stdout
+        check("the engine advertises its GPUs to swarm", KIND in advertised, advertised.strip()[:200])
+
+        port = free_port()
+        log = open(out / "exporter.log", "w")
+        exporter = subprocess.Popen([sys.executable, str(REPO / "node" / "gpu_metrics.py"), "--address", "127.0.0.1",
+                                     "--port", str(port), "--kind", KIND, "--docker-socket", sock,
+                                     "--daemon-json", args.daemon_json], stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}/metrics"
+
+        def scrape() -> str | None:
+            try:
+                return urllib.request.urlopen(url, timeout=10).read().decode()
+            except OSError:
+                return None
+        before = wait(scrape, 30, "the exporter to serve")
+        before = scrape()  # the first scrape started NVML; take a settled one
+        (out / "scrape-before.txt").write_text(before)
+        check("NVML answers the exporter", (value(before, "gpu_swarm_exporter_nvml_up") or ({}, 0))[1] == 1)
+        gpus = {labels["gpu"]: v for _, labels, v in samples(before) if _ == "gpu_swarm_memory_used_bytes"}
+        check("every GPU is reported, and up", gpus and all(
+            (value(before, "gpu_swarm_gpu_up", gpu=g) or ({}, 0))[1] == 1 for g in gpus), f"{len(gpus)} GPU(s)")
+
+        docker("service", "create", "--detach", "--name", SERVICE, "--generic-resource", f"{KIND}=1",
+               "--restart-condition", "none", args.image, "cuda-probe", str(args.mib))
+        started = time.monotonic()
+
+        def allocated():
+            ids = docker("service", "ps", "-q", "--no-trunc", "--filter", "desired-state=running", SERVICE).stdout.split()
+            for task in json.loads(docker("inspect", *ids).stdout) if ids else []:
+                cid = task["Status"].get("ContainerStatus", {}).get("ContainerID")
+                if cid and "allocated" in docker("logs", cid, check_rc=False).stdout:
+                    return task, cid
+            return None
+        task, container = wait(allocated, 120, f"the probe to allocate {args.mib} MiB")
+        env = json.loads(docker("inspect", "--format", "{{json .Config.Env}}", container).stdout)
+        gpu = next(e.split("=", 1)[1] for e in env if e.startswith(f"DOCKER_RESOURCE_{KIND}="))
+        print(f"probe task {task['ID'][:12]} holds {gpu} and allocated after {time.monotonic() - started:.1f} s",
+              flush=True)
+
+        def grown():
+            text = scrape()
+            found = text and value(text, "gpu_swarm_task_memory_used_bytes", gpu=gpu, service=SERVICE)
+            return text if found and found[1] >= args.mib * 2**20 else None
+        try:
+            after = wait(grown, 45, "the task's memory in the exporter's series")
+        except RuntimeError:
+            after = scrape() or ""
+        (out / "scrape-after.txt").write_text(after)
+        held = value(after, "gpu_swarm_memory_used_bytes", gpu=gpu)
+        labels = held[0] if held else {}
+        check("the GPU's series carry the task's service name", labels.get("service") == SERVICE,
+              f"service={labels.get('service')!r} task={labels.get('task')!r} container={labels.get('container')!r}")
+        check("... and its task and container", labels.get("task", "").startswith(f"{SERVICE}.1.")
+              and container.startswith(labels.get("container") or "-"), f"container {container[:12]}")
+        rise = (held[1] if held else 0) - gpus.get(gpu, 0)
+        check(f"the GPU's memory rose by at least the {args.mib} MiB allocated", rise >= args.mib * 2**20,
+              f"{gpus.get(gpu, 0) / 2**20:.0f} -> {(held[1] if held else 0) / 2**20:.0f} MiB (+{rise / 2**20:.0f})")
+        own = value(after, "gpu_swarm_task_memory_used_bytes", gpu=gpu, service=SERVICE)
+        check("the task's own memory (compute processes -> cgroup -> container) is at least what it allocated",
+              bool(own) and own[1] >= args.mib * 2**20, f"{(own[1] if own else 0) / 2**20:.0f} MiB")
+        readings = [n for n in ("gpu_swarm_gpu_utilization_percent", "gpu_swarm_power_watts",
+                                "gpu_swarm_temperature_celsius", "gpu_swarm_sm_clock_hertz",
+                                "gpu_swarm_throttle_reasons") if value(after, n, gpu=gpu)]
+        check("utilization, power, temperature, SM clock and throttle reasons are read", len(readings) == 5,
+              ", ".join(readings))
+        durations = []
+        for _ in range(20):
+            durations.append((value(scrape(), "gpu_swarm_exporter_scrape_duration_seconds") or ({}, 0))[1] * 1000)
+        durations.sort()
+        rss = (value(scrape(), "process_resident_memory_bytes") or ({}, 0))[1] / 2**20
+        figures = {"gpus": len(gpus), "scrape_ms_median": round(durations[len(durations) // 2], 2),
+                   "scrape_ms_max": round(durations[-1], 2), "rss_mib": round(rss, 1), "allocated_mib": args.mib,
+                   "nvidia_smi": subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                                                capture_output=True, text=True).stdout.strip()}
+        (out / "figures.json").write_text(json.dumps(figures, indent=2) + "\n")
+        check("the exporter's scrape on real NVML (its own timing, median of 20)", figures["scrape_ms_median"] <= 50,
+              f"{figures['scrape_ms_median']} ms for {len(gpus)} GPU(s), RSS {figures['rss_mib']} MiB")
+    except Exception as e:  # a broken step is a failed check, with its reason in the table
+        check("the run itself", False, f"{type(e).__name__}: {e}"[:400])
+    finally:
+        docker("service", "rm", SERVICE, check_rc=False)
+        if exporter:
+            exporter.terminate()
+            try:
+                exporter.wait(10)
+            except subprocess.TimeoutExpired:
+                exporter.kill()
+        if log:
+            log.close()
+        if made_swarm:
+            docker("swarm", "leave", "--force", check_rc=False)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    print("\n| check | result | detail |\n|---|---|---|")
+    for r in results:
+        print(f"| {r['check']} | {'PASS' if r['ok'] else 'FAIL'} | {r['detail'].replace('|', '/')} |")
+    failed = [r["check"] for r in results if not r["ok"]]
+    print(f"\n{len(results) - len(failed)} of {len(results)} checks passed" + (f"; FAILED: {failed}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

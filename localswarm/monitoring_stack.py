@@ -1,0 +1,223 @@
+"""The monitoring stack in the rehearsal: the program's own stack file and deploy script, with images served here.
+
+Docker Hub is unreachable, so prom/prometheus and grafana/grafana cannot be pulled. The stack's
+images are pinned by digest and a local build cannot have those digests, so the rehearsal does
+what `gpu-swarm:monitoringImages` lets an operator do: it deploys the same stack with other
+images, pinned by their own digests:
+- Prometheus: Debian's `prometheus` package (its binary needs only libc), with busybox and that
+  libc, as an image in the local registry; a real Prometheus, so exporter -> Prometheus -> a query
+  by service name is the real chain;
+- Grafana: Debian does not package it; the stand-in image takes its place, and the integration
+  test runs every dashboard query against Prometheus instead.
+The deploy itself is swarm/monitoring.py's render() and deploy_monitoring(), as the program runs
+them; only the Engine socket Prometheus reads and the scrape interval (2 s) differ.
+`python -m localswarm.monitoring_stack --hub-images` pushes both images under Docker Hub names
+for `localswarm program up`, whose machines use the registry as their Hub mirror, and prints the
+monitoringImages value to --set.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.parse
+from pathlib import Path
+
+from localswarm import api, registry
+from localswarm.host import RehearsalError, find_engine, run
+from localswarm.nodes import REGISTRY, Node, docker, run_script
+from localswarm.state import nodes_of, require_state
+from swarm import monitoring
+from swarm.node_contract import MONITORING_STACK
+
+CACHE = Path("/var/cache/gpu-swarm/prometheus")
+REPOSITORY = "gpu-swarm/prometheus"  # in the local registry, for `localswarm up`
+HUB_NAMES = {"prometheus": "gpu-swarm-rehearsal/prometheus", "grafana": "gpu-swarm-rehearsal/grafana-standin"}
+SCRAPE_INTERVAL = "2s"  # the node's 15 s would make the integration test wait
+_ACCEPT = {"Accept": registry.MANIFEST_V2}
+
+
+def prometheus_deb(progress=print) -> Path:
+    """Debian's prometheus package, downloaded once (about 19 MB) into CACHE."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    found = sorted(CACHE.glob("prometheus_*.deb"))
+    if found:
+        return found[-1]
+    progress("monitoring: downloading Debian's prometheus package (about 19 MB, once) ...")
+    done = subprocess.run(["apt-get", "download", "prometheus"], cwd=CACHE, capture_output=True, text=True)
+    found = sorted(CACHE.glob("prometheus_*.deb"))
+    if done.returncode != 0 or not found:
+        raise RehearsalError(f"`apt-get download prometheus` failed ({done.stderr.strip()[-300:]}); the rehearsal's "
+                             "Prometheus comes from Debian's package: run `apt-get update` and try again")
+    return found[-1]
+
+
+def prometheus_rootfs(deb: Path) -> bytes:
+    """busybox (the stand-in's root) plus Debian's prometheus and promtool and the libc they link."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run(["dpkg-deb", "-x", str(deb), tmp])
+        binary = Path(tmp) / "usr/bin/prometheus"
+        libs = [line.split("=>")[-1].split("(")[0].strip() for line in run(["ldd", str(binary)]).stdout.splitlines()
+                if "/" in line]
+        out = io.BytesIO()
+        with tarfile.open(fileobj=io.BytesIO(registry._standin_rootfs())) as base, \
+                tarfile.open(fileobj=out, mode="w") as tar:
+            for member in base.getmembers():
+                tar.addfile(member, base.extractfile(member) if member.isfile() else None)
+            for d in ("lib", "lib64", "lib/x86_64-linux-gnu", "etc/prometheus", "prometheus"):
+                info = tarfile.TarInfo(d)
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            for name, text in (("etc/passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"),
+                               ("etc/group", "root:x:0:\nnogroup:x:65534:\n")):
+                info = tarfile.TarInfo(name)
+                info.size, info.mode = len(text), 0o644
+                tar.addfile(info, io.BytesIO(text.encode()))
+            for name in ("prometheus", "promtool"):
+                tar.add(str(Path(tmp) / "usr/bin" / name), f"bin/{name}")
+            for lib in libs:  # resolved: the loader and libc are symlinks on the host
+                tar.add(str(Path(lib).resolve()), lib.lstrip("/"))
+        return out.getvalue()
+
+
+def push_image(repository: str, tag: str, rootfs: bytes, config: dict, registry_addr: str = REGISTRY) -> str:
+    """Push a one-layer image over the Registry HTTP API; returns its manifest's digest."""
+    layer = gzip.compress(rootfs, mtime=0)
+    config_blob = json.dumps({"architecture": "amd64", "os": "linux", "config": config,
+                              "rootfs": {"type": "layers", "diff_ids": [registry._digest(rootfs)]}},
+                             sort_keys=True).encode()
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": registry.MANIFEST_V2,
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": len(config_blob),
+                   "digest": registry._digest(config_blob)},
+        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", "size": len(layer),
+                    "digest": registry._digest(layer)}]}, indent=3).encode()
+    base = f"http://{registry_addr}/v2/{repository}"
+    for blob in (layer, config_blob):
+        digest = registry._digest(blob)
+        if registry._ask("HEAD", f"{base}/blobs/{digest}")[0] != 200:
+            _, headers = registry._ask("POST", f"{base}/blobs/uploads/", b"")
+            location = urllib.parse.urljoin(f"http://{registry_addr}/", headers["Location"])
+            sep = "&" if "?" in location else "?"
+            registry._ask("PUT", f"{location}{sep}digest={urllib.parse.quote(digest)}", blob,
+                          {"Content-Type": "application/octet-stream"})
+    registry._ask("PUT", f"{base}/manifests/{tag}", manifest, {"Content-Type": registry.MANIFEST_V2})
+    return registry._digest(manifest)
+
+
+def manifest_digest(repository: str, tag: str, registry_addr: str = REGISTRY) -> str:
+    status, headers = registry._ask("HEAD", f"http://{registry_addr}/v2/{repository}/manifests/{tag}", None, _ACCEPT)
+    if status != 200 or not headers.get("Docker-Content-Digest"):
+        raise RehearsalError(f"the local registry has no {repository}:{tag}")
+    return headers["Docker-Content-Digest"]
+
+
+def prometheus_config() -> dict:
+    """What prom/prometheus's image sets, so that the stack's `command` means the same here."""
+    return {"Entrypoint": ["/bin/prometheus"], "Cmd": ["--config.file=/etc/prometheus/prometheus.yml"],
+            "Env": ["PATH=/bin:/usr/bin"], "WorkingDir": "/prometheus", "ExposedPorts": {"9090/tcp": {}}}
+
+
+def images(progress=print) -> dict[str, str]:
+    """{service: image pinned by digest} for `localswarm up`'s nodes, which pull from the registry directly."""
+    deb = prometheus_deb(progress)
+    version = deb.name.split("_")[1].split("+")[0]
+    digest = push_image(REPOSITORY, version, prometheus_rootfs(deb), prometheus_config())
+    standin_repo, standin_tag = registry.STANDIN_IMAGE.removeprefix(f"{REGISTRY}/").rsplit(":", 1)
+    return {"prometheus": f"{REGISTRY}/{REPOSITORY}@{digest}",
+            "grafana": f"{REGISTRY}/{standin_repo}@{manifest_digest(standin_repo, standin_tag)}"}
+
+
+def hub_images(progress=print) -> dict[str, str]:
+    """The same, under Docker Hub names, for `localswarm program up` (machines pull through the mirror)."""
+    deb = prometheus_deb(progress)
+    version = deb.name.split("_")[1].split("+")[0]
+    prometheus = push_image(HUB_NAMES["prometheus"], version, prometheus_rootfs(deb), prometheus_config())
+    registry.push_standin_as([f"{HUB_NAMES['grafana']}:1"])
+    grafana = manifest_digest(HUB_NAMES["grafana"], "1")
+    return {"prometheus": f"{HUB_NAMES['prometheus']}@{prometheus}", "grafana": f"{HUB_NAMES['grafana']}@{grafana}"}
+
+
+def deploy(manager: Node, engine, progress=print, timeout: float = 120) -> dict:
+    """Deploy the monitoring stack as the program does, and wait until Prometheus answers.
+
+    Returns {"prometheus": {"node", "container"}, "images"}: query() asks that container. The
+    rehearsal's engines publish no ingress ports to this host (their namespaces have no NAT for
+    it), so the queries go in through `docker exec` and busybox's wget, where an operator's go
+    through the SSH tunnel to the published port."""
+    chosen = images(progress)
+    files = monitoring.render(chosen, docker_socket=manager.sock, scrape_interval=SCRAPE_INTERVAL)
+    text = monitoring.bundle(files)
+    run_script(manager, engine, monitoring.deploy_monitoring(monitoring.bundle_sha256(text)), stdin=text)
+    deadline = time.monotonic() + timeout
+    while True:
+        where = _prometheus_task(manager)
+        if where and _wget(where, "/-/ready", check=False) is not None:
+            break
+        if time.monotonic() > deadline:
+            raise RehearsalError(f"Prometheus did not become ready in {timeout:.0f} s; see `docker service ps "
+                                 f"--no-trunc {MONITORING_STACK}_prometheus` on {manager.name}")
+        time.sleep(1)
+    progress(f"monitoring: Prometheus runs on {where['node']} (Grafana is a stand-in here: Debian has no package)")
+    return {"prometheus": where, "images": chosen}
+
+
+def _prometheus_task(manager: Node) -> dict | None:
+    """{"node", "container"} of the running Prometheus task, or None."""
+    try:
+        tasks = api.get(manager.sock, "/tasks", filters={"service": [f"{MONITORING_STACK}_prometheus"],
+                                                          "desired-state": ["running"]})
+        names = {n["ID"]: n["Description"]["Hostname"] for n in api.get(manager.sock, "/nodes")}
+    except (OSError, api.ApiError):
+        return None
+    for task in tasks:
+        container = task["Status"].get("ContainerStatus", {}).get("ContainerID")
+        if task["Status"]["State"] == "running" and container:
+            return {"node": names.get(task["NodeID"], ""), "container": container}
+    return None
+
+
+def _wget(where: dict, path: str, check: bool = True) -> str | None:
+    node = next((n for n in nodes_of(require_state()) if n.name == where["node"]), None)
+    if node is None:
+        raise RehearsalError(f"Prometheus runs on {where['node']}, which the rehearsal does not have")
+    proc = docker(node, find_engine(), "exec", where["container"], "wget", "-qO-", f"http://127.0.0.1:9090{path}",
+                  check=False, timeout=30)
+    if proc.returncode != 0:
+        if check:
+            raise RehearsalError(f"Prometheus on {node.name} did not answer {path}: {proc.stderr.strip()[-300:]}")
+        return None
+    return proc.stdout
+
+
+def query(prometheus: dict, expr: str) -> list[dict]:
+    """An instant query, the result vector ([{metric, value}]); a query Prometheus refuses raises
+    (busybox's wget fails on its HTTP 400)."""
+    data = json.loads(_wget(prometheus, f"/api/v1/query?{urllib.parse.urlencode({'query': expr})}"))
+    if data.get("status") != "success":
+        raise RehearsalError(f"Prometheus refused {expr!r}: {data}")
+    return data["data"]["result"]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m localswarm.monitoring_stack", description=__doc__.split("\n")[0])
+    parser.add_argument("--hub-images", action="store_true", required=True,
+                        help="push the rehearsal's Prometheus and Grafana stand-in under Docker Hub names (the "
+                             "rehearsal must be up) and print the monitoringImages value for `program up --set`")
+    parser.parse_args(argv)
+    try:
+        print(json.dumps(hub_images(lambda m: print(m, file=sys.stderr))))
+    except RehearsalError as e:
+        print(f"localswarm: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""GPU metrics in the rehearsal, end to end: exporter -> Prometheus -> a task's GPU memory by service name.
+
+Real engines, real tasks, the real exporter on every node (with the fake NVML), the program's
+own monitoring stack and deploy script, and a real Prometheus (Debian's) discovering the
+exporters through dockerswarm_sd_configs. A task "allocates" GPU memory (localswarm/metrics.py
+puts one of its container's processes among its GPU's compute processes); the exporter must
+map that process to the task through its cgroup, and Prometheus must return the memory by the
+task's service name.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from localswarm import metrics, monitoring_stack
+from localswarm.nodes import Node
+from localswarm.state import nodes_of, require_state
+from tests.rehearsal_tools import KIND, cli, cli_json, rehearsal_up, tasks_of
+from localswarm.host import REPO
+
+pytestmark = pytest.mark.integration
+SERVICE = "smoke_gpu"
+ALLOCATED_MIB = 1536
+
+
+@pytest.fixture(scope="module")
+def rehearsal(engine, tmp_path_factory):
+    stack = (REPO / "stacks" / "gpu-smoke.yml").read_text()
+    compose = tmp_path_factory.mktemp("metrics") / "smoke.yml"
+    compose.write_text(re.sub(r"replicas: \d+", "replicas: 3", stack, count=1))
+    yield from rehearsal_up("--nodes", "3", "--gpus-per-node", "2", "--stack", f"smoke={compose}", "--monitoring")
+
+
+def wait(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(1)
+
+
+def top_json() -> dict | None:
+    proc = cli("top", "--json", check=False)
+    return json.loads(proc.stdout) if proc.returncode == 0 and proc.stdout.strip() else None
+
+
+def a_worker_task(view: dict) -> tuple[Node, str]:
+    """(node, container ID) of a running smoke task on a worker: Prometheus scrapes the GPU pools'
+    nodes, as the program labels them (gpu-swarm.gpu-count), and the rehearsal's manager has none."""
+    nodes = {n.name: n for n in nodes_of(require_state())}
+    from localswarm import api
+    for task in tasks_of(view, SERVICE):
+        node = nodes.get(task["node"])
+        if task["state"] == "running" and node and node.role == "worker":
+            tasks = api.get(nodes["node-1"].sock, "/tasks", filters={"service": [SERVICE],
+                                                                    "desired-state": ["running"]})
+            for t in tasks:
+                if t["Slot"] == task["slot"] and t["Status"].get("ContainerStatus", {}).get("ContainerID"):
+                    return node, t["Status"]["ContainerStatus"]["ContainerID"]
+    raise AssertionError(f"no running {SERVICE} task on a worker")
+
+
+def test_every_node_runs_the_exporter_and_top_names_each_gpus_task(rehearsal):
+    nodes = nodes_of(require_state())
+    assert all(metrics.exporting(n) for n in nodes)
+    top = wait(lambda: (v := top_json()) and len(v["gpus"]) == 6 and v, 30, "top to list 6 GPUs")
+    assert not top["errors"]
+    held = [g for g in top["gpus"] if g["service"] == SERVICE]
+    assert len(held) == 3 and all(g["task"].startswith(f"{SERVICE}.") for g in held)
+    for g in top["gpus"]:
+        assert {"node", "gpu", "service", "task", "memory_used_mib"} <= set(g)
+        assert g["memory_total_mib"] == 81559 and g["gpu"].startswith("GPU-")
+    table = cli("top").stdout
+    assert "Simulated NVIDIA H100" in table and SERVICE in table
+
+
+def test_prometheus_returns_a_tasks_gpu_memory_by_its_service_name(rehearsal):
+    prometheus = rehearsal["monitoring"]["prometheus"]
+    node, container = a_worker_task(rehearsal)
+    before = wait(lambda: monitoring_stack.query(
+        prometheus, f'sum(gpu_swarm_task_memory_used_bytes{{service="{SERVICE}", node="{node.name}"}})'),
+        60, "Prometheus to scrape the worker's exporter")
+    load = metrics.simulate_load(node, container, KIND, ALLOCATED_MIB)
+    expr = f'sum by (service) (gpu_swarm_task_memory_used_bytes{{service="{SERVICE}"}})'
+
+    def grown():
+        result = monitoring_stack.query(prometheus, expr)
+        value = float(result[0]["value"][1]) if result else 0
+        return result if value - float(before[0]["value"][1]) >= ALLOCATED_MIB * 2**20 else None
+    result = wait(grown, 60, f"{SERVICE}'s GPU memory to rise by {ALLOCATED_MIB} MiB")
+    assert result[0]["metric"] == {"service": SERVICE}
+    # The GPU's own series carries the task too, and its memory rose as much.
+    by_gpu = monitoring_stack.query(prometheus, f'gpu_swarm_memory_used_bytes{{gpu="{load["gpu"]}"}}')
+    assert by_gpu and by_gpu[0]["metric"]["service"] == SERVICE
+    assert by_gpu[0]["metric"]["container"] == container[:12]
+    assert float(by_gpu[0]["value"][1]) == ALLOCATED_MIB * 2**20
+    assert any(g["task_memory_mib"] == ALLOCATED_MIB and g["service"] == SERVICE for g in top_json()["gpus"])
+
+
+def test_every_dashboard_query_runs_and_the_main_panels_have_data(rehearsal):
+    prometheus = rehearsal["monitoring"]["prometheus"]
+    dashboard = json.loads((REPO / "stacks" / "monitoring" / "gpu-swarm-dashboard.json").read_text())
+    empty = []
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            result = monitoring_stack.query(prometheus, target["expr"])  # raises on a query Prometheus refuses
+            if not result:
+                empty.append(panel["title"])
+    # The errors panel is empty on healthy GPUs; every other panel shows something.
+    assert set(empty) <= {"Errors: GPUs down, NVML errors, XIDs, ECC, health"}, empty
+
+
+def test_the_monitoring_stack_runs_its_pinned_digests_and_is_the_programs(rehearsal):
+    images = rehearsal["monitoring"]["images"]
+    assert all("@sha256:" in image for image in images.values())
+    services = cli_json("status")["services"]
+    names = {s["name"] for s in services}
+    assert {"gpu-swarm-monitoring_prometheus", "gpu-swarm-monitoring_grafana"} <= names
