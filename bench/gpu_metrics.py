@@ -115,7 +115,8 @@ def main() -> int:
     try:
         if docker("info", "--format", "{{.Swarm.LocalNodeState}}").stdout.strip() != "active":
             address = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()[0]
-            subprocess.run(["bash", "-c", formation.init_swarm(address)], check=True, capture_output=True, text=True)
+            subprocess.run(["bash", "-c", formation.init_swarm(address)], check=True, capture_output=True, text=True,
+                           input="")
             made_swarm = True
         advertised = docker("node", "inspect", "self", "--format",
                             "{{json .Description.Resources.GenericResources}}").stdout

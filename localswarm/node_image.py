@@ -27,9 +27,11 @@ from pathlib import Path
 
 from localswarm import object_store, standins
 from localswarm.host import SETUP_HINT, RehearsalError, run
+from node_software import min_versions
 from localswarm.network import BRIDGE_ADDR
 
 CACHE = Path(os.environ.get("GPU_SWARM_IMAGE_CACHE", "/var/cache/gpu-swarm/node-image"))
+WHEELS = CACHE / "wheels"  # PyPI wheels the node software needs (pypi_wheels), kept across builds
 SUITE = "trixie"  # cloud-init 25.1 (Ubuntu 24.04 ships 24.x+), Docker 26.1.5 (>= 25.0.3, moby#44378)
 MIRROR = "http://deb.debian.org/debian"
 PACKAGES = (
@@ -101,9 +103,29 @@ def base_dir() -> Path:
     return CACHE / f"base-{_digest([SUITE, MIRROR, PACKAGES, DPKG_OPTIONS])}"
 
 
-def layer_files(ca_cert: Path) -> dict[str, tuple[bytes, int]]:
-    """Every file the layer writes: path in the image -> (content, mode)."""
-    files = dict(standins.image_files())
+def pypi_wheels(download: bool, progress=print) -> dict[str, tuple[bytes, int]] | None:
+    """The wheels the node software installs from PyPI that are no stand-in: prometheus_client at
+    node/versions.env's pin (the metrics exporter's), for the image's wheelhouse. Downloaded from
+    PyPI once, into CACHE; None when it is not there and download is False."""
+    version = min_versions()["PROMETHEUS_CLIENT_VERSION"]
+    wheel = WHEELS / f"prometheus_client-{version}-py3-none-any.whl"
+    if not wheel.exists():
+        if not download:
+            return None
+        progress(f"wheelhouse: prometheus_client {version} from PyPI ...")
+        WHEELS.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                               "--disable-pip-version-check", "-d", str(WHEELS), f"prometheus-client=={version}"],
+                              capture_output=True, text=True, env={**os.environ, "PIP_CONFIG_FILE": os.devnull})
+        if done.returncode != 0 or not wheel.exists():
+            raise RehearsalError(f"could not download prometheus_client {version} from PyPI for the node image's "
+                                 f"wheelhouse: {done.stderr.strip()[-300:]}")
+    return {f"{standins.WHEELHOUSE}/{wheel.name}": (wheel.read_bytes(), 0o644)}
+
+
+def layer_files(ca_cert: Path, wheels: dict[str, tuple[bytes, int]] | None = None) -> dict[str, tuple[bytes, int]]:
+    """Every file the layer writes: path in the image -> (content, mode); wheels: pypi_wheels()."""
+    files = {**standins.image_files(), **(wheels or {})}
     files["/etc/cloud/cloud.cfg.d/90-gpu-swarm-rehearsal.cfg"] = (CLOUD_CFG.encode(), 0o644)
     files["/etc/docker/daemon.json"] = ((json.dumps(DAEMON_JSON, indent=2) + "\n").encode(), 0o644)
     files["/etc/resolv.conf"] = (RESOLV_CONF.encode(), 0o644)
@@ -122,7 +144,10 @@ def built() -> Image | None:
     """The current image when it is built, else None."""
     if not object_store.CA_CERT.exists():
         return None
-    image = Image(base_dir() / "rootfs", layer_dir(layer_files(object_store.CA_CERT)) / "layer")
+    wheels = pypi_wheels(download=False)
+    if wheels is None:
+        return None
+    image = Image(base_dir() / "rootfs", layer_dir(layer_files(object_store.CA_CERT, wheels)) / "layer")
     return image if image.base.is_dir() and image.layer.is_dir() else None
 
 
@@ -220,7 +245,7 @@ def ensure_image(progress=print) -> Image:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (base_dir() / "rootfs").is_dir():
             _build_base(progress)
-        files = layer_files(object_store.ensure_ca())
+        files = layer_files(object_store.ensure_ca(), pypi_wheels(download=True, progress=progress))
         target = layer_dir(files)
         if not (target / "layer").is_dir():
             _build_layer(base_dir() / "rootfs", files, target, progress)

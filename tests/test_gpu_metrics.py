@@ -328,3 +328,43 @@ def test_the_budget_bench_runs_the_exporter_and_reports_each_figure(tmp_path):
     result = json.loads(out.read_text())
     assert result["series_per_scrape"] > 30 and result["scrape_ms"]["median"] > 0 and result["rss_mib"] > 5
     assert result["cpu"]["scrapes"] >= 2
+
+
+def test_the_real_gpu_proof_reads_the_exporters_own_output(node):
+    """bench/gpu_metrics.py runs only on a GPU machine (the lead's device session); what it can be
+    checked for here: it starts, and it reads the exporter's real exposition as the exporter writes it."""
+    done = subprocess.run([sys.executable, "bench/gpu_metrics.py", "--help"], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0 and "--out" in done.stdout
+    proof = _load("gpu_metrics_proof", REPO / "bench" / "gpu_metrics.py")
+    node.docker.add(task_container(CID["a"], "gpu-metrics-probe", 1, [f"DOCKER_RESOURCE_NVIDIA-GPU={G[0]}"]))
+    node.gpus[0]["processes"] = [{"pid": node.process(301, CID["a"]), "used_mib": 2048}]
+    registry = CollectorRegistry(auto_describe=False)
+    node.scrape()
+    registry.register(node.collector)
+    text = generate_latest(registry).decode()
+    labels, value = proof.value(text, "gpu_swarm_memory_used_bytes", gpu=G[0])
+    assert labels["service"] == "gpu-metrics-probe" and value == 2048 * 2**20
+    assert proof.value(text, "gpu_swarm_task_memory_used_bytes", gpu=G[0], service="gpu-metrics-probe")[1] == \
+        2048 * 2**20
+
+
+def test_the_node_images_wheelhouse_gets_prometheus_client_at_the_pin_from_pypi(tmp_path, monkeypatch):
+    """`localswarm program up`'s machines install the node software offline: install-gpu-agent.sh's
+    pip finds prometheus_client at versions.env's pin in the image's wheelhouse, or fails."""
+    from localswarm import node_image, standins
+    import node_software
+    monkeypatch.setattr(node_image, "WHEELS", tmp_path / "wheels")
+    assert node_image.pypi_wheels(download=False) is None  # not there: the image counts as not built
+    wheels = node_image.pypi_wheels(download=True, progress=lambda _: None)
+    version = node_software.min_versions()["PROMETHEUS_CLIENT_VERSION"]
+    (path, (data, mode)), = wheels.items()
+    assert path == f"{standins.WHEELHOUSE}/prometheus_client-{version}-py3-none-any.whl" and mode == 0o644
+    assert node_image.pypi_wheels(download=False) == wheels  # kept: no second download
+    house = tmp_path / "house"
+    house.mkdir()
+    (house / Path(path).name).write_bytes(data)
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(house),
+                           "--target", str(tmp_path / "site"), "--disable-pip-version-check",
+                           f"prometheus-client=={version}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "site" / "prometheus_client" / "__init__.py").exists()
