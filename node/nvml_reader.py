@@ -194,6 +194,8 @@ class Nvml:
         nv, values, errors = self.nv, {}, []
 
         def read(name, call, *args):
+            if call is None:
+                return  # a pynvml without the call: the value is not reported, and that is no error
             try:
                 values[name] = call(*args)
             except (nv.NVMLError_NotSupported, nv.NVMLError_FunctionNotFound, AttributeError):
