@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Issue 17's access, on real machines: pinned host keys checked by real OpenSSH, Elastic IPs, any live manager.
+
+    sudo flock /tmp/lsw.lock .venv/bin/python bench/access_rehearsal.py [--json]
+
+Runs the program itself (`localswarm program up`: Pulumi's mocks, real cloud-init, real sshd,
+real SSH) with three managers and one GPU node, then:
+1. each machine's sshd has exactly the host key its user data brought, and it is the key every
+   connection of the program pins (the program's state holds the connections);
+2. real OpenSSH, with that pin, reaches a worker through a manager's Elastic IP; with another
+   node's key pinned it refuses ("Host key verification failed"), for the node and for the proxy;
+3. the first manager's machine is stopped; the next `program up` goes through the second manager:
+   every worker command's proxy and the swarm steps name its address, and what runs again only
+   checks (which commands ran, and that no instance was replaced, is printed);
+4. everything is removed (`localswarm down`), also when a step fails.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from localswarm import machines, program, rehearsal, ssh  # noqa: E402
+
+OVERRIDES = {"managerCount": "3"}
+
+
+def connections(state: dict) -> dict[str, dict]:
+    return {name: r["inputs"]["connection"] for name, r in state["resources"].items()
+            if r["type"] == "command:remote:Command"}
+
+
+def machine_of(state: dict, hostname: str) -> machines.Machine:
+    record = next(r for r in state["machines"].values() if r["hostname"] == hostname)
+    return machines.Machine(record["machine"], record["index"])
+
+
+def check_pins(state: dict, out: dict) -> None:
+    conns = connections(state)
+    keys = {}
+    for record in state["machines"].values():
+        m = machines.Machine(record["machine"], record["index"])
+        on_disk = machines.run(m, "ls /etc/ssh/ | grep '^ssh_host_.*_key$'; cat /etc/ssh/ssh_host_ed25519_key.pub",
+                               timeout=30).stdout.split()
+        keys[record["hostname"]] = " ".join(on_disk[-3:-1])  # "ssh-ed25519 AAAA..."
+        out.setdefault("host_key_files", {})[record["hostname"]] = [w for w in on_disk if w.startswith("ssh_host_")]
+    pinned = {c["hostKey"] for c in conns.values()}
+    out["distinct_pinned_keys"] = len(pinned)
+    out["every_pin_is_a_machines_own_key"] = pinned <= set(keys.values())
+    out["every_connection_pins"] = all(c.get("hostKey") for c in conns.values()) and all(
+        c["proxy"].get("hostKey") for c in conns.values() if c.get("proxy"))
+
+
+def check_openssh(state: dict, out: dict) -> None:
+    conns = connections(state)
+    worker = next(c for n, c in conns.items() if n.endswith("-join") and c.get("proxy"))
+    other = next(c["hostKey"] for c in conns.values() if c["hostKey"] != worker["hostKey"])
+    quick = {"dialErrorLimit": 1, "perDialTimeout": 10}
+    started = time.monotonic()
+    good = ssh.run({**worker, **quick}, "hostname; cat /etc/ssh/ssh_host_ed25519_key.pub")
+    out["worker_through_proxy"] = {"ok": True, "answer": good.stdout.splitlines()[0], "seconds": good.seconds,
+                                   "proxy": worker["proxy"]["host"], "host": worker["host"]}
+    for what, conn in (("node", {**worker, **quick, "hostKey": other}),
+                       ("proxy", {**worker, **quick, "proxy": {**worker["proxy"], "hostKey": other, **quick}})):
+        try:
+            ssh.run(conn, "true", sleep=lambda s: None)
+            out[f"wrong_{what}_key"] = "ACCEPTED (a failure of the pin)"
+        except ssh.CommandFailed as e:
+            out[f"wrong_{what}_key"] = "refused: " + next((line for line in str(e).splitlines()
+                                                           if "verification failed" in line.lower()), str(e)[:160])
+    out["openssh_seconds"] = round(time.monotonic() - started, 1)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    say = (lambda m: print(m, file=sys.stderr)) if args.json else print
+    out: dict = {}
+    try:
+        first = program.up(stack="dev", overrides=OVERRIDES, progress=say)
+        out["first_up"] = {"seconds": first["timings"]["up_s"], "commands": first["commands_executed"]}
+        state = program.load_state()
+        check_pins(state, out)
+        check_openssh(state, out)
+        managers = sorted(r["hostname"] for r in state["machines"].values() if r["role"] == "manager")
+        eips = {r["outputs"]["publicIp"] for r in state["resources"].values() if r["type"] == "aws:ec2/eip:Eip"}
+        out["manager_elastic_ips"] = sorted(eips)
+        machines.stop(machine_of(state, managers[0]))
+        say(f"stopped {managers[0]}; a second up must go through {managers[1]}")
+        second = program.up(stack="dev", overrides=OVERRIDES, progress=say, converge_timeout=600)
+        state = program.load_state()
+        conns = connections(state)
+        manager_1 = next(c["host"] for n, c in conns.items() if n == "gpu-swarm-member-managers-1-join")
+        proxies = {c["proxy"]["host"] for c in conns.values() if c.get("proxy")}
+        out["second_up"] = {
+            "seconds": second["timings"]["up_s"], "resources": second["resources"],
+            "proxies": sorted(proxies), "manager_1": manager_1,
+            "swarm_steps_on": sorted({conns[n]["host"] for n in conns if n.endswith(("-cordon", "-admit"))}),
+            "ran": sorted(f"{c['name']} ({c['action']})" for c in second["commands"]),
+        }
+    finally:
+        rehearsal.down(progress=say)
+    print(json.dumps(out, indent=1) if args.json else json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
