@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pulumi
-
 from settings import aws_lookups
 from settings.config_checks import PoolConfig
 from settings.model import Network
@@ -99,8 +97,3 @@ def _zone_problem(zone: str, instance_type: str, zones: tuple[str, ...], active)
         return (f"{zone} is not one of this cluster's zones ({', '.join(active)}); add it to "
                 f"{key('availabilityZones')}, or choose one of {', '.join(zones)}")
     return f"{zone} does not offer {instance_type}; this cluster's zones that do: {', '.join(zones)}"
-
-
-def log_placement(pool_name: str, placement: Placement, one_zone: bool) -> None:
-    if one_zone and len(placement.zones) == 1:
-        pulumi.log.info(f"pool {pool_name}: every node in {placement.zones[0]}")

@@ -61,3 +61,30 @@ def test_managers_that_are_stopped_and_started_keep_their_address_and_nothing_ru
 
     result = plan(PROD, PROD, between=lambda: monkeypatch.setattr(conftest.AwsMocks, "new_resource", restarted))
     assert result.changed() == set()
+
+
+def test_a_spot_node_reclaimed_with_terminate_is_replaced_by_the_next_up_and_no_other_node_is_touched(monkeypatch):
+    """`pulumi up --refresh` finds the instance gone and makes a new one (a new instance id): that node's
+    commands run again (their triggers name the instance), the reconcile drops its old swarm entry, and
+    every other node is left alone."""
+    from tests import conftest
+    real = conftest.AwsMocks.new_resource
+
+    def reclaimed(self, args):
+        rid, state = real(self, args)
+        return ("i-0replacement00000001" if args.name == "gpu-swarm-inference-1" else rid), state
+
+    result = plan(PROD, PROD, between=lambda: monkeypatch.setattr(conftest.AwsMocks, "new_resource", reclaimed))
+    touched = {n for n in result.changed() if n not in ("gpu-swarm-reconcile-run",)}
+    assert touched and all("inference-1" in n for n in touched), touched
+    assert {f"gpu-swarm-boot-inference-1-{s}" for s in ("wait", "access", "health")} <= set(result.replaced)
+    assert "gpu-swarm-member-inference-1-join" in result.replaced
+    assert result.instances_replaced() == {}  # the engine creates it anew after the refresh; the program is the same
+
+
+def test_a_spot_node_stopped_by_a_reclaim_changes_nothing_for_the_next_up():
+    """interruption: stop keeps the instance, its disk and its private address: AWS starts it again when it
+    has capacity, and it rejoins as the same swarm node; the program has nothing to do for it."""
+    from localswarm import fake_aws
+    result = plan(PROD, PROD, between=lambda: fake_aws.ACCOUNT.stop("gpu-swarm-prod-inference-1"))
+    assert result.changed() == set()
