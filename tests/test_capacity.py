@@ -173,3 +173,25 @@ def test_without_error_hooks_in_the_cli_there_is_no_hook_and_no_failure(monkeypa
     from pulumi.runtime import settings as runtime_settings
     monkeypatch.setattr(runtime_settings, "monitor_supports_feature", lambda feature: False)
     assert capacity.capacity_error_hook(POOL) is None
+
+
+def test_a_pool_that_gets_no_capacity_holds_up_only_its_own_nodes_and_the_swarm_wide_steps(prod):
+    """With `pulumi up --continue-on-error`, the engine goes on with every step that does not wait for the
+    failed one: no resource of one GPU pool waits for another pool's instances, so the other pools join and
+    are admitted; the reconcile, the stacks and the health read (which need every node) wait for the next up."""
+    from tests.test_resource_graph import ancestors
+    pools = ("training", "inference")
+    for pool in pools:
+        others = [p for p in pools if p != pool]
+        for name in prod.requests:
+            if f"-{pool}-" in name and not name.startswith("gpu-swarm-stack-"):  # a stack may share a pool's name
+                waits_for = ancestors(prod, name)
+                assert not [a for a in waits_for if any(f"-{o}-" in a for o in others)], name
+    swarm_wide = ("gpu-swarm-reconcile-run", "gpu-swarm-stack-gpu-smoke-deploy", "gpu-swarm-health-read")
+    for name in swarm_wide:
+        assert {"gpu-swarm-training-0", "gpu-swarm-inference-1"} <= ancestors(prod, name), name
+
+
+def test_a_node_joins_drained_so_a_run_cut_short_leaves_none_taking_tasks_unchecked(prod):
+    for name, cmd in prod.commands("-join").items():
+        assert '"Availability": "drain"' in cmd["create"], name
