@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""A sample of the GPU dashboard, as text: every panel's queries answered by the rehearsal's Prometheus.
+
+    sudo .venv/bin/python bench/metrics_sample.py [--out FILE]      # under the rehearsal lock; ends with `down`
+
+Grafana cannot run here (Debian does not package it), so this shows what its panels plot: it
+brings up the rehearsal (3 nodes x 2 GPUs, the smoke stack, `--monitoring`), makes three tasks
+"use" their GPUs (localswarm/metrics.py simulate_load: memory and utilization), waits for two
+scrapes, then runs each panel's PromQL (stacks/monitoring/gpu-swarm-dashboard.json) as an
+instant query and prints the answers, followed by `localswarm top`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from localswarm import api, metrics, monitoring_stack  # noqa: E402
+from localswarm.state import nodes_of, require_state  # noqa: E402
+
+LOADS = [(2048, 91), (6144, 64), (512, 12)]  # (MiB, utilization %) of three tasks
+
+
+def cli(*args: str) -> str:
+    return subprocess.run([sys.executable, "-m", "localswarm", *args], cwd=REPO, capture_output=True, text=True,
+                          check=True, timeout=900).stdout
+
+
+def label_text(metric: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(metric.items()) if v) or "(all)"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="also write the sample here")
+    args = parser.parse_args()
+    lines = []
+    cli("down")
+    try:
+        up = json.loads(cli("up", "--nodes", "3", "--gpus-per-node", "2", "--monitoring", "--json"))
+        prometheus = up["monitoring"]["prometheus"]
+        nodes = {n.name: n for n in nodes_of(require_state())}
+        tasks = api.get(nodes["node-1"].sock, "/tasks", filters={"service": ["smoke_gpu"],
+                                                                "desired-state": ["running"]})
+        names = {n["ID"]: n["Description"]["Hostname"] for n in api.get(nodes["node-1"].sock, "/nodes")}
+        busy = [t for t in tasks if t["Status"]["State"] == "running"
+                and nodes[names[t["NodeID"]]].role == "worker"][:len(LOADS)]
+        for task, (mib, util) in zip(busy, LOADS):
+            metrics.simulate_load(nodes[names[task["NodeID"]]], task["Status"]["ContainerStatus"]["ContainerID"],
+                                  "NVIDIA-GPU", mib, util)
+        time.sleep(3 * int(monitoring_stack.SCRAPE_INTERVAL.rstrip("s")) + 2)
+        dashboard = json.loads((REPO / "stacks" / "monitoring" / "gpu-swarm-dashboard.json").read_text())
+        lines.append(f"# {dashboard['title']} (rehearsal, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
+        for panel in dashboard["panels"]:
+            lines.append(f"\n## {panel['title']}")
+            for target in panel["targets"]:
+                lines.append(f"  {target['expr']}")
+                result = monitoring_stack.query(prometheus, target["expr"])
+                unit = panel["fieldConfig"]["defaults"].get("unit")
+                for row in sorted(result, key=lambda r: label_text(r["metric"])):
+                    value = float(row["value"][1])
+                    shown = f"{value / 2**20:.0f} MiB" if unit == "bytes" else f"{value:g}"
+                    lines.append(f"    {label_text(row['metric'])}: {shown}")
+                if not result:
+                    lines.append("    (empty)")
+        lines.append("\n## localswarm top\n" + cli("top"))
+    finally:
+        cli("down")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
