@@ -368,3 +368,10 @@ def test_the_node_images_wheelhouse_gets_prometheus_client_at_the_pin_from_pypi(
                            f"prometheus-client=={version}"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "site" / "prometheus_client" / "__init__.py").exists()
+
+
+@pytest.mark.parametrize("bench", ["metrics_sample.py", "metrics_budget.py", "gpu_metrics.py"])
+def test_the_metrics_benches_start(bench):
+    done = subprocess.run([sys.executable, f"bench/{bench}", "--help"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and "usage:" in done.stdout, done.stderr
