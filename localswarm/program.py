@@ -192,6 +192,11 @@ def _infrastructure(config: dict, say: Progress) -> None:
     object_store.start()
     images = sorted(_stack_images(config))
     registry.push_standin_as(images)
+    if config.get("gpu-swarm:monitoring") == "true" and not json.loads(config.get("gpu-swarm:monitoringImages") or "{}"):
+        # Docker Hub is out of reach and a local build cannot have the stack's pinned digests:
+        # the rehearsal's own Prometheus and Grafana stand-in, pinned by theirs (monitoring_stack.py).
+        from localswarm import monitoring_stack
+        config["gpu-swarm:monitoringImages"] = json.dumps(monitoring_stack.hub_images(say))
     say(f"local registry serves the stand-in as {', '.join(images) or 'nothing'}; S3 stand-in on the bridge")
 
 
