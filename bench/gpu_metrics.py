@@ -1,24 +1,26 @@
 #!/usr/bin/env python3
 """The GPU metrics exporter on a real GPU: a reserving task allocates memory, and its GPU's series say so, by name.
 
-    python3 bench/gpu_metrics.py --out DIR [--mib 2048] [--image IMAGE]      # as root; one GPU is enough
+    python3 bench/gpu_metrics.py --out DIR [--mib 2048] [--cuda-probe PATH]     # as root; one GPU is enough
+    bash bench/gpu_session.sh 'metrics:150=bench/gpu_metrics.py'               # on a bare GPU machine, with .kit
 
-What bench/gpu_session.sh gives each program is what it expects (run it as
-`bash bench/gpu_session.sh 'metrics:150=bench/gpu_metrics.py'`): an engine at $DOCKER_HOST that the
-agent configured (the GPUs advertised as NVIDIA-GPU, the runtime guard the default runtime), a
-python with nvidia-ml-py and prometheus_client (it runs under it), and a CUDA image with
-bench/cuda_probe.c built in ($GPU_SESSION_CUDA_IMAGE, with /usr/bin/cuda-probe). It then:
-1. makes the engine a one-node swarm (swarm/formation.py), unless it is one already;
-2. starts the real exporter (node/gpu_metrics.py, real NVML) on a free local port and scrapes it;
-3. creates a service that reserves one GPU and runs `cuda-probe MIB` (a CUDA context, MIB MiB
+Needs what bench/gpu_e2e.py needs, and sets up the same way with its functions: root, an NVIDIA
+GPU and its driver, Docker Engine >= 25.0.3 and nvidia-container-toolkit >= 1.19 on PATH, python3
+with nvidia-ml-py, PyYAML and prometheus_client (bench/gpu_session.sh's venv has all three), and
+a built bench/cuda_probe.c (--cuda-probe, else $CUDA_PROBE as gpu_session.sh sets it, else built
+with cc). It runs the agent into a daemon.json of its own, starts its own engine (data under
+/var/lib/gpu-swarm-metrics), builds the CUDA stand-in image with cuda-probe, makes a one-node
+swarm (swarm/formation.py), and then:
+1. starts the real exporter (node/gpu_metrics.py, real NVML) on a free local port and scrapes it;
+2. creates a service that reserves one GPU and runs `cuda-probe MIB` (a CUDA context, MIB MiB
    allocated and touched, held until it is stopped);
-4. scrapes again once the probe says it allocated, and checks that the series of the GPU swarm
+3. scrapes again once the probe says it allocated, and checks that the series of the GPU swarm
    gave the task carry the service's name, task and container; that the GPU's memory rose by at
    least MIB; that the task's own memory (NVML's compute processes -> cgroup -> container) is at
-   least MIB; and that the GPU's other readings are there.
-It writes results.json (every check), scrape-before.txt, scrape-after.txt, exporter.log and the
-figures (the exporter's scrape time and memory on real NVML) to --out, prints a table, and exits
-1 when a check fails. It removes its service, stops the exporter and leaves a swarm it made.
+   least MIB; and that the GPU's other readings are there; and times the exporter's scrape.
+It writes results.json (every check), figures.json, scrape-before.txt, scrape-after.txt,
+exporter.log, dockerd.log and the agent's report to --out, prints a table, and exits 1 when a
+check fails. It removes its service, stops the exporter and its engine.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -35,11 +38,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+import gpu_e2e as e2e  # noqa: E402  (its engine, agent and image steps, proven on real GPUs)
 from swarm import formation  # noqa: E402  (pure Python: no Pulumi needed here)
+
+# An engine of its own, beside (never instead of) gpu_e2e.py's: its own data and socket.
+e2e.ROOT, e2e.RUN = Path("/var/lib/gpu-swarm-metrics"), Path("/run/gpu-swarm-metrics")
+e2e.SOCK = f"unix://{e2e.RUN}/docker.sock"
 
 KIND = "NVIDIA-GPU"
 SERVICE = "gpu-metrics-probe"
-DEFAULT_IMAGE = "nvidia/cuda:12.6.3-base-ubuntu24.04"  # bench/gpu_session.sh's stand-in, with cuda-probe
 results: list[dict] = []
 
 
@@ -50,10 +58,7 @@ def check(name: str, ok: bool, detail: str = "") -> bool:
 
 
 def docker(*args: str, check_rc: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-    proc = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
-    if check_rc and proc.returncode:
-        raise RuntimeError(f"docker {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
-    return proc
+    return e2e.docker(*args, check_rc=check_rc, timeout=timeout)
 
 
 def free_port() -> int:
@@ -90,34 +95,34 @@ def wait(predicate, timeout: float, what: str):
         time.sleep(1)
 
 
-def docker_socket() -> str:
-    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    if not host.startswith("unix://"):
-        raise SystemExit(f"DOCKER_HOST={host}: the exporter reads the engine over its unix socket")
-    return host.removeprefix("unix://")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="results go here (a folder; made if missing)")
     parser.add_argument("--mib", type=int, default=2048, help="MiB the probe allocates (default %(default)s)")
-    parser.add_argument("--image", default=os.environ.get("GPU_SESSION_CUDA_IMAGE", DEFAULT_IMAGE),
-                        help="an image with /usr/bin/cuda-probe ($GPU_SESSION_CUDA_IMAGE, else %(default)s)")
-    parser.add_argument("--daemon-json", default="/etc/docker/daemon.json",
-                        help="the engine's daemon.json: the GPUs the agent advertised (default %(default)s)")
+    parser.add_argument("--cuda-probe", default=os.environ.get("CUDA_PROBE"),
+                        help="a built bench/cuda_probe.c (default: $CUDA_PROBE, else build it with cc)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
         sys.exit("run as root: it makes a swarm and reads every process's cgroup")
-    sock = docker_socket()
-    made_swarm, exporter, log = False, None, None
+    made_swarm, exporter, log, engine = False, None, None, None
+    sock = str(e2e.RUN / "docker.sock")
     try:
-        if docker("info", "--format", "{{.Swarm.LocalNodeState}}").stdout.strip() != "active":
-            address = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()[0]
-            subprocess.run(["bash", "-c", formation.init_swarm(address)], check=True, capture_output=True, text=True,
-                           input="")
-            made_swarm = True
+        host = e2e.gpus_of_host()
+        shutil.rmtree(e2e.ROOT, ignore_errors=True)  # a bare engine every run: no image or swarm left over
+        e2e.ROOT.mkdir(parents=True)
+        probe = args.cuda_probe or str(e2e.ROOT / "cuda-probe")
+        if not args.cuda_probe:
+            e2e.run(["cc", "-O2", "-o", probe, str(REPO / "bench" / "cuda_probe.c"), "-ldl"])
+        report = e2e.agent(out, 0)
+        check("the agent advertises every GPU", sorted(g["uuid"] for g in report["gpus"]) == sorted(host),
+              f"{len(host)} GPU(s): {', '.join(host)}")
+        engine = e2e.start_engine(out)
+        e2e.build_images(out, probe)
+        address = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()[0]
+        e2e.script(formation.init_swarm(address))
+        made_swarm = True
         advertised = docker("node", "inspect", "self", "--format",
                             "{{json .Description.Resources.GenericResources}}").stdout
         check("the engine advertises its GPUs to swarm", KIND in advertised, advertised.strip()[:200])
@@ -126,7 +131,8 @@ def main() -> int:
         log = open(out / "exporter.log", "w")
         exporter = subprocess.Popen([sys.executable, str(REPO / "node" / "gpu_metrics.py"), "--address", "127.0.0.1",
                                      "--port", str(port), "--kind", KIND, "--docker-socket", sock,
-                                     "--daemon-json", args.daemon_json], stdout=log, stderr=subprocess.STDOUT)
+                                     "--daemon-json", str(e2e.ROOT / "daemon.json")], stdout=log,
+                                    stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}/metrics"
 
         def scrape() -> str | None:
@@ -143,7 +149,7 @@ def main() -> int:
             (value(before, "gpu_swarm_gpu_up", gpu=g) or ({}, 0))[1] == 1 for g in gpus), f"{len(gpus)} GPU(s)")
 
         docker("service", "create", "--detach", "--name", SERVICE, "--generic-resource", f"{KIND}=1",
-               "--restart-condition", "none", args.image, "cuda-probe", str(args.mib))
+               "--restart-condition", "none", e2e.PROBE_IMAGE, "cuda-probe", str(args.mib))
         started = time.monotonic()
 
         def allocated():
@@ -211,6 +217,8 @@ def main() -> int:
             log.close()
         if made_swarm:
             docker("swarm", "leave", "--force", check_rc=False)
+        if engine:
+            e2e.stop_engine(engine)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print("\n| check | result | detail |\n|---|---|---|")
     for r in results:
