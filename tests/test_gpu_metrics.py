@@ -375,3 +375,20 @@ def test_the_metrics_benches_start(bench):
     done = subprocess.run([sys.executable, f"bench/{bench}", "--help"], cwd=REPO, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0 and "usage:" in done.stdout, done.stderr
+
+
+def test_top_reads_the_exporters_text_and_shows_each_gpu_and_its_task(node):
+    """node/gpu_top.py (stdlib only, for managers): the exporter's own output, parsed and shown."""
+    top = _load("gpu_top_under_test", NODE / "gpu_top.py")
+    node.docker.add(task_container(CID["a"], 'we"ird', 2, [f"DOCKER_RESOURCE_NVIDIA-GPU={G[1]}"]))
+    node.gpus[1].update(utilization={"gpu": 77, "memory": 3}, processes=[{"pid": node.process(401, CID["a"]),
+                                                                          "used_mib": 300}])
+    node.scrape()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(node.collector)
+    rows = top.rows_of("node-1", top.parse(generate_latest(registry).decode()))
+    assert [(r["index"], r["service"], r["utilization_percent"], r["memory_used_mib"], r["task_memory_mib"])
+            for r in rows] == [("0", "", 0, 0, None), ("1", 'we"ird', 77, 300, 300)]
+    assert rows[1]["memory_total_mib"] == 81559 and rows[1]["task"].startswith('we"ird.2.')
+    text = top.render({"gpus": rows, "errors": [{"node": "node-9", "error": "10.0.0.9:9835: refused"}]})
+    assert "77%" in text and "300 / 81559" in text and "node-9: no metrics (10.0.0.9:9835: refused)" in text
