@@ -159,11 +159,13 @@ def main() -> int:
         assert "NVIDIA_VISIBLE_DEVICES=void" in rewritten, "the guard did not run"
         print(f"median of {args.runs} interleaved calls, milliseconds; python {sys.version.split()[0]}; "
               f"{os.cpu_count()} cores")
-        print(f"{'call':42} " + " ".join(f"{w:>22}" for w in who) + f" {'guard adds':>11}")
+        print(f"{'call':42} " + " ".join(f"{w:>22}" for w in who) + " " +
+              " ".join(f"{'adds' + g.name[5:]:>16}" for g in guards))
         for case, s in samples.items():
             medians = {w: statistics.median(v) * 1000 for w, v in s.items() if v}
             row = " ".join(f"{medians[w]:22.1f}" if w in medians else f"{'-':>22}" for w in who)
-            adds = " ".join(f"{medians[g.name] - medians['delegate alone']:+11.1f}" for g in guards if g.name in medians)
+            adds = " ".join(f"{medians[g.name] - medians['delegate alone']:+16.1f}" if g.name in medians else f"{'-':>16}"
+                            for g in guards)
             print(f"{case:42} {row} {adds}")
         return 0
     finally:

@@ -322,3 +322,10 @@ def test_the_mps_script_passes_shellcheck_and_is_strict():
     result = subprocess.run([shellcheck, "-s", "bash", str(script)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
     assert script.read_text().startswith("#!/usr/bin/env bash\n") and "set -euo pipefail" in script.read_text()
+
+
+def test_the_mps_bench_says_how_to_run_it():
+    """It runs whole in tests/test_gpu_mps_bench.py (integration), on a stand-in GPU."""
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_mps.py"), "--help"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and "--out" in done.stdout and "--slots" in done.stdout

@@ -1,0 +1,381 @@
+#!/usr/bin/env python3
+"""MPS sharing and the guard's ledger on one real NVIDIA GPU, with the project's own node software.
+
+    python3 bench/gpu_mps.py --out DIR [--slots 4] [--start-runs 15]     # as root
+    bash bench/gpu_session.sh 'mps:200=bench/gpu_mps.py'                # on a bare GPU machine, with .kit
+
+Needs root, an NVIDIA GPU and its driver (nvidia-smi, nvidia-cuda-mps-control), Docker Engine
+>= 25.0.3 and nvidia-container-toolkit >= 1.19 on PATH, and a built bench/cuda_probe.c
+(--cuda-probe, else $CUDA_PROBE as bench/gpu_session.sh sets it). It starts an engine of its
+own (data under /var/lib/gpu-swarm-mps), a one-node swarm, and writes the guard's settings where
+a node has them (/etc/gpu-swarm/runtime.env, put back at the end), so that daemon.json names the
+guard without runtimeArgs, as on a node. On the first GPU:
+1. Whole GPU (compute mode Default): a service that reserved the GPU holds it; a service that
+   reserved nothing but sets DOCKER_RESOURCE_NVIDIA-GPU=<its UUID> does not start, and the
+   guard's message names the holder (the bug seen on an H100); once the holder is gone the same
+   service gets the free GPU (README "Isolation": the guard cannot tell its variable from
+   swarm's); a task that reserved nothing sees no GPU. Then the guard's cost: --start-runs
+   interleaved `docker run --rm` each, guard against nvidia-container-runtime alone, with one
+   GPU and with none; and bench/guard_cost.py per OCI call on this machine.
+2. MPS (--slots K): node/gpu-swarm-mps start (what gpu-swarm-mps.service runs), the agent with
+   --sharing-mode mps, the engine restarted. K slot tasks allocate --mib each through CUDA at
+   once; one task that asks for more than its slot's share fails (CUDA error 2) while the
+   others keep running and keep their memory; a task gets almost its whole share; a task with
+   no reservation sees no GPU and no MPS pipe; one that names a held slot, or mounts the MPS
+   directory, does not start. node/gpu-swarm-mps stop puts the GPU back in compute mode Default.
+It prints a table of every check, writes results.json, logs and nvidia-smi evidence to --out,
+and exits 1 when a check fails.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from swarm import formation  # noqa: E402  (pure Python)
+from swarm.node_contract import MPS_DIR, RUNTIME_ENV_PATH  # noqa: E402
+
+KIND, SHARED_KIND = "NVIDIA-GPU", "NVIDIA-GPU-SHARED"
+ROOT, RUN = Path("/var/lib/gpu-swarm-mps"), Path("/run/gpu-swarm-mps-bench")
+SOCK = f"unix://{RUN}/docker.sock"
+IMAGE = "nvidia/cuda:12.6.3-base-ubuntu24.04"  # the stand-in (bench/cuda_standin.sh), with cuda-probe
+UUID = re.compile(r"UUID: (GPU-[0-9a-f-]{36})")
+results: list[tuple[str, bool, str]] = []
+
+
+def check(name: str, ok: bool, detail: str = "") -> bool:
+    results.append((name, bool(ok), detail))
+    print(f"{'PASS' if ok else 'FAIL'}  {name}  {detail}", flush=True)
+    return bool(ok)
+
+
+def run(cmd: list[str], *, check_rc: bool = True, env: dict | None = None, timeout: float = 120,
+        input: str | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, input=input)
+    if check_rc and proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd)[:200]} failed ({proc.returncode}): {(proc.stderr or proc.stdout)[-600:]}")
+    return proc
+
+
+def engine_env() -> dict:
+    return {**os.environ, "DOCKER_HOST": SOCK}
+
+
+def docker(*args: str, **kw) -> subprocess.CompletedProcess:
+    return run(["docker", *args], env=engine_env(), **kw)
+
+
+def wait(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def smi(*query: str) -> str:
+    return run(["nvidia-smi", *query]).stdout
+
+
+def agent(out: Path, name: str, *extra: str) -> dict:
+    cmd = [sys.executable, str(REPO / "node" / "gpu_agent.py"), "--json", "--daemon-json", str(ROOT / "daemon.json"),
+           "--runtime-config", RUNTIME_ENV_PATH, "--guard", str(REPO / "node" / "gpu-swarm-runtime"),
+           "--runtime-delegate", shutil.which("nvidia-container-runtime") or "/usr/bin/nvidia-container-runtime",
+           *extra]
+    report = json.loads(run(cmd).stdout)
+    (out / f"agent-{name}.json").write_text(json.dumps(report, indent=2))
+    shutil.copy(ROOT / "daemon.json", out / f"daemon-{name}.json")
+    shutil.copy(RUNTIME_ENV_PATH, out / f"runtime-{name}.env")
+    return report
+
+
+class Engine:
+    """This bench's own dockerd (and the containerd it starts), as a node runs it."""
+
+    def __init__(self, out: Path):
+        self.out, self.proc = out, None
+
+    def start(self) -> None:
+        RUN.mkdir(parents=True, exist_ok=True)
+        cmd = ["dockerd", "--config-file", str(ROOT / "daemon.json"), "--data-root", str(ROOT / "docker"),
+               "--exec-root", str(RUN / "exec"), "--pidfile", str(RUN / "dockerd.pid"), "-H", SOCK,
+               "--iptables=false", "--ip6tables=false"]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=open(self.out / "dockerd.log", "ab"),
+                                     stderr=subprocess.STDOUT, env={**engine_env(),
+                                                                    "DOCKER_SERVICE_PREFER_OFFLINE_IMAGE": "1"},
+                                     start_new_session=True)
+        wait(lambda: docker("version", check_rc=False).returncode == 0, 60, "dockerd to answer")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def state_of(service: str) -> list[str]:
+    return docker("service", "ps", "--no-trunc", "--format", "{{.CurrentState}} {{.Error}}", service,
+                  check_rc=False).stdout.splitlines()
+
+
+def job(name: str, command: str, *extra: str, timeout: float = 60) -> str:
+    """A one-shot job; its final state line and log."""
+    docker("service", "create", "--detach", "--mode", "replicated-job", "--restart-condition", "none", "--name", name,
+           *extra, IMAGE, "sh", "-c", command)
+    try:
+        state = wait(lambda: next((s for s in state_of(name) if s.startswith(("Complete", "Failed", "Rejected"))),
+                                  None), timeout, name)
+        logs = ""
+        for _ in range(10):  # a task's last lines reach the service's log a moment after it ends
+            logs = docker("service", "logs", "--raw", name, check_rc=False)
+            logs = logs.stdout + logs.stderr
+            if logs.strip() or state.startswith("Rejected"):
+                break
+            time.sleep(0.5)
+        return state + "\n" + logs
+    finally:
+        docker("service", "rm", name, check_rc=False)
+
+
+def containers(service: str) -> dict[str, str]:
+    """Running container id -> its log, for a service's tasks."""
+    ids = docker("ps", "-q", "--no-trunc", "--filter", f"label=com.docker.swarm.service.name={service}").stdout.split()
+    return {cid: docker("logs", cid, check_rc=False).stdout + docker("logs", cid, check_rc=False).stderr
+            for cid in ids}
+
+
+def gone(service: str) -> None:
+    """Remove a service and wait for its containers: until they stop they hold their GPU or slot."""
+    docker("service", "rm", service, check_rc=False)
+    wait(lambda: not containers(service), 60, f"{service}'s containers to stop")
+
+
+def used(gpu: str) -> int:
+    return int(smi("-i", gpu, "--query-gpu=memory.used", "--format=csv,noheader,nounits").strip())
+
+
+def apps() -> str:
+    return smi("--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader")
+
+
+def task_env(container: str) -> dict[str, str]:
+    """The environment the task's first process runs with, after the guard's rewrite."""
+    pid = docker("inspect", "--format", "{{.State.Pid}}", container).stdout.strip()
+    raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    return dict(e.split("=", 1) for e in raw.split("\0") if "=" in e)
+
+
+def start_times(variants: dict[str, list[str]], runs: int) -> dict[str, list[float]]:
+    """Seconds of `docker run --rm` per variant, interleaved so that drift hits each alike."""
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for i in range(runs + 1):
+        for name, args in variants.items():
+            t0 = time.perf_counter()
+            docker("run", "--rm", *args, IMAGE, "true")
+            if i:  # the first round warms caches
+                samples[name].append(time.perf_counter() - t0)
+    return samples
+
+
+def time_left() -> float:
+    ends = os.environ.get("GPU_SESSION_ENDS_AT")
+    return float(ends) - time.time() if ends else float("inf")
+
+
+def whole_gpu(out: Path, gpu: str, start_runs: int) -> None:
+    docker("service", "create", "--detach", "--name", "holder", "--generic-resource", f"{KIND}=1", IMAGE,
+           "sleep", "3600")
+    wait(lambda: containers("holder"), 60, "the holder to run")
+    log = job("names-held", "nvidia-smi -L", "--env", f"DOCKER_RESOURCE_{KIND}={gpu}")
+    (out / "names-held-gpu.log").write_text(log)
+    check("a service naming a held GPU without a reservation does not start",
+          log.startswith(("Failed", "Rejected")) and f"GPU {gpu} is held by container" in log, log.splitlines()[0][:200])
+    log = job("nores", "nvidia-smi -L 2>&1; ls /dev | grep -cE '^nvidia[0-9]+$' || true")
+    (out / "no-reservation-whole.log").write_text(log)
+    check("a task that reserved nothing sees no GPU", log.startswith("Complete") and not UUID.search(log),
+          " | ".join(log.splitlines()[1:3]))
+    gone("holder")
+    log = job("names-free", "nvidia-smi -L", "--env", f"DOCKER_RESOURCE_{KIND}={gpu}")
+    (out / "names-free-gpu.log").write_text(log)
+    check("a service naming a free GPU gets it (documented: held in the ledger while it runs)",
+          log.startswith("Complete") and gpu in log, log.splitlines()[0][:120])
+
+    if time_left() < 90 + 8 * start_runs:
+        check("guard's cost per container start", False, f"not measured: {time_left():.0f} s left")
+        return
+    one = ["--env", f"DOCKER_RESOURCE_{KIND}={gpu}"]
+    samples = start_times({"guard, one GPU": one, "nvidia alone, one GPU": ["--runtime", "nvidia", *one],
+                           "guard, no GPU": [], "nvidia alone, no GPU": ["--runtime", "nvidia"]}, start_runs)
+    (out / "start-times.json").write_text(json.dumps(samples, indent=2))
+    for what in ("one GPU", "no GPU"):
+        guard, alone = (statistics.median(samples[f"{who}, {what}"]) * 1000 for who in ("guard", "nvidia alone"))
+        check(f"guard's cost per container start, {what} (median of {start_runs}, interleaved)",
+              what == "no GPU" or guard - alone <= 15, f"{guard:.0f} ms vs {alone:.0f} ms: {guard - alone:+.1f} ms")
+    cost = run([sys.executable, str(REPO / "bench" / "guard_cost.py"), "--runs", "100"], check_rc=False, timeout=240)
+    (out / "guard-cost.txt").write_text(cost.stdout + cost.stderr)
+    check("bench/guard_cost.py on this machine", cost.returncode == 0, cost.stdout.strip().splitlines()[-1][:160]
+          if cost.stdout.strip() else cost.stderr[-200:])
+
+
+def mps(out: Path, gpu: str, slots: int, mib: int, engine: Engine) -> None:
+    started = run(["bash", str(REPO / "node" / "gpu-swarm-mps"), "start"], check_rc=False, timeout=120)
+    (out / "gpu-swarm-mps-start.log").write_text(started.stdout + started.stderr)
+    mode = smi("-i", gpu, "--query-gpu=compute_mode,memory.used", "--format=csv,noheader").strip()
+    check("gpu-swarm-mps start: Exclusive_Process and an MPS daemon and server on the GPU",
+          started.returncode == 0 and mode.startswith("Exclusive_Process"), f"{mode}; {started.stdout.strip()[-120:]}")
+    if started.returncode:
+        return
+    report = agent(out, "mps", "--slots-per-gpu", str(slots), "--shared-kind", SHARED_KIND, "--sharing-mode", "mps")
+    settings = dict(line.split("=", 1) for line in Path(RUNTIME_ENV_PATH).read_text().splitlines()
+                    if "=" in line and not line.startswith("#"))
+    share = int(settings["MPS_MEMORY_MIB"])
+    check("the agent advertises the GPU's MPS slots", report["labels"].get("gpu.sharing") == "mps" and
+          sum(r.startswith(f"{SHARED_KIND}={gpu}-s") for r in report["resources"]) == slots,
+          f"{len(report['resources'])} slots; share {share} MiB, threads {settings['MPS_THREAD_PERCENT']} %; "
+          f"memory used by the MPS server alone: {mode.split(',')[1].strip()}")
+    engine.stop()
+    engine.start()  # dockerd reads node-generic-resources only at start
+    wait(lambda: SHARED_KIND in docker("node", "inspect", "self", "--format",
+                                       "{{json .Description.Resources.GenericResources}}").stdout, 30, "the slots")
+
+    slot = ["--generic-resource", f"{SHARED_KIND}=1"]
+    docker("service", "create", "--detach", "--name", "steady", "--replicas", str(slots), *slot, IMAGE,
+           "cuda-probe", str(mib))
+    logs = wait(lambda: (lambda c: c if len(c) == slots and all("allocated" in v for v in c.values()) else None)(
+        containers("steady")), 120, f"{slots} slot tasks allocating")
+    (out / "steady.log").write_text(json.dumps(logs, indent=2))
+    (out / "compute-apps-steady.csv").write_text(apps())
+    check(f"{slots} MPS slot tasks allocate {mib} MiB each at once",
+          all(f"allocated {mib} MiB (UUID: {gpu})" in v for v in logs.values()), f"GPU memory used {used(gpu)} MiB")
+    first = next(iter(logs))
+    env = task_env(first)  # as the task runs it (docker inspect shows the environment before the guard)
+    pipe = f"{MPS_DIR}/{gpu}/pipe"
+    listed = docker("exec", first, "ls", pipe, check_rc=False).stdout.split()
+    check("each gets its GPU's MPS pipe (mounted by the guard) and its share as a limit",
+          env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") == f"0={share}M" and env.get("CUDA_MPS_PIPE_DIRECTORY") == pipe
+          and "control" in listed, ", ".join(f"{k}={v}" for k, v in env.items() if k.startswith("CUDA_MPS_")) +
+          f"; {pipe} holds {' '.join(listed)}")
+
+    docker("service", "scale", "--detach", f"steady={slots - 1}")
+    wait(lambda: len(containers("steady")) == slots - 1, 60, "one slot freed")
+    time.sleep(2)
+    kept, used_before = containers("steady"), used(gpu)
+    log = job("greedy", f"cuda-probe {share + 1024}", *slot)
+    (out / "greedy.log").write_text(log)
+    check(f"a task asking for {share + 1024} MiB, over its share, fails", log.startswith("Failed") and
+          "CUDA error 2" in log, " | ".join(line for line in log.splitlines() if "cuda-probe" in line or
+                                            line.startswith("Failed"))[:200])
+    time.sleep(2)
+    now, used_after = containers("steady"), used(gpu)
+    (out / "compute-apps-after-greedy.csv").write_text(apps())
+    check("the others keep running and keep their memory", set(now) == set(kept) and used_after >= used_before - 64,
+          f"{len(now)} still running; GPU memory used {used_before} -> {used_after} MiB")
+    big = share - 2048
+    docker("service", "create", "--detach", "--name", "big", *slot, IMAGE, "cuda-probe", str(big))
+    try:
+        said = wait(lambda: next((v for v in containers("big").values() if "allocated" in v or "error" in v), None),
+                    60, "the big task to allocate")
+    except RuntimeError as e:
+        said = str(e)
+    check(f"a task gets almost its whole share ({big} of {share} MiB)", "allocated" in said, said.strip()[-120:])
+    gone("big")
+
+    log = job("nores-mps", f"nvidia-smi -L 2>&1; ls {MPS_DIR} 2>&1; cuda-probe 64; echo exit $?")
+    (out / "no-reservation-mps.log").write_text(log)
+    check("a task that reserved nothing sees no GPU and no MPS pipe", log.startswith("Complete") and
+          not UUID.search(log) and "exit 2" in log, " | ".join(log.splitlines()[1:4])[:200])
+    held = json.loads(docker("inspect", "--format", "{{json .Config.Env}}", next(iter(now))).stdout)  # swarm's
+    held_slot = next(e.split("=", 1)[1] for e in held if e.startswith(f"DOCKER_RESOURCE_{SHARED_KIND}="))
+    log = job("names-slot", "nvidia-smi -L", "--env", f"DOCKER_RESOURCE_{SHARED_KIND}={held_slot}")
+    check("a service naming a held slot without a reservation does not start",
+          log.startswith(("Failed", "Rejected")) and f"slot {held_slot} is held by container" in log,
+          log.splitlines()[0][:200])
+    log = job("mounts-mps", "ls /mps", "--mount", f"type=bind,source={MPS_DIR},target=/mps")
+    check("a service that mounts the MPS pipes itself does not start", log.startswith(("Failed", "Rejected")) and
+          "where the node's MPS daemons listen" in log, log.splitlines()[0][:200])
+    gone("steady")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="logs and JSON results go here")
+    parser.add_argument("--slots", type=int, default=4, help="MPS slots per GPU (default %(default)s)")
+    parser.add_argument("--mib", type=int, default=1024, help="what each steady slot task allocates")
+    parser.add_argument("--start-runs", type=int, default=15, help="interleaved starts per variant")
+    parser.add_argument("--cuda-probe", default=os.environ.get("CUDA_PROBE"), help="a built bench/cuda_probe.c")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        sys.exit("run as root: it starts an engine, MPS daemons and writes the guard's settings")
+    if not args.cuda_probe:
+        sys.exit("no cuda-probe: give --cuda-probe (bench/gpu_session.sh sets $CUDA_PROBE)")
+    missing = [t for t in ("nvidia-smi", "nvidia-cuda-mps-control", "dockerd", "nvidia-container-runtime")
+               if not shutil.which(t)]
+    if missing:
+        sys.exit(f"not on PATH: {', '.join(missing)}")
+    gpus = UUID.findall(smi("-L"))
+    gpu = gpus[0]
+    print(f"GPU {gpu} ({len(gpus)} on this machine)", flush=True)
+    saved = Path(RUNTIME_ENV_PATH).read_bytes() if Path(RUNTIME_ENV_PATH).exists() else None
+    made_dir = not Path(RUNTIME_ENV_PATH).parent.exists()
+    shutil.rmtree(ROOT, ignore_errors=True)
+    ROOT.mkdir(parents=True)
+    Path(RUNTIME_ENV_PATH).parent.mkdir(parents=True, exist_ok=True)
+    engine = Engine(out)
+    try:
+        report = agent(out, "whole")
+        daemon = json.loads((ROOT / "daemon.json").read_text())
+        check("the agent advertises the GPU and makes the guard the default runtime, as on a node",
+              f"{KIND}={gpu}" in report["resources"] and daemon["runtimes"]["gpu-swarm"] == {
+                  "path": str(REPO / "node" / "gpu-swarm-runtime")}, "no runtimeArgs: no /bin/sh wrapper")
+        engine.start()
+        run(["bash", str(REPO / "bench" / "cuda_standin.sh"), IMAGE, args.cuda_probe], env=engine_env())
+        addr = run(["hostname", "-I"]).stdout.split()[0]
+        run(["bash", "-c", formation.init_swarm(addr)], env=engine_env(), input="")
+        whole_gpu(out, gpu, args.start_runs)
+        mps(out, gpu, args.slots, args.mib, engine)
+    except Exception as e:  # a broken step is a failed check, with its reason in the table
+        check("the run itself", False, f"{type(e).__name__}: {e}"[:400])
+    finally:
+        for name in ("holder", "steady", "big"):
+            docker("service", "rm", name, check_rc=False)
+        docker("swarm", "leave", "--force", check_rc=False)
+        engine.stop()
+        stopped = run(["bash", str(REPO / "node" / "gpu-swarm-mps"), "stop"], check_rc=False, timeout=90)
+        for log in Path(MPS_DIR).glob("*/log/*.log"):
+            shutil.copy(log, out / f"mps-{log.parent.parent.name[:12]}-{log.name}")
+        mode = smi("-i", gpu, "--query-gpu=compute_mode", "--format=csv,noheader").strip()
+        check("gpu-swarm-mps stop: the GPU back in compute mode Default", stopped.returncode == 0 and mode == "Default",
+              f"{mode}; {stopped.stdout.strip()[-120:]}")
+        if saved is None:
+            Path(RUNTIME_ENV_PATH).unlink(missing_ok=True)
+            if made_dir:
+                Path(RUNTIME_ENV_PATH).parent.rmdir()
+        else:
+            Path(RUNTIME_ENV_PATH).write_bytes(saved)
+    print("\n| check | result | detail |\n|---|---|---|")
+    for name, ok, detail in results:
+        print(f"| {name} | {'PASS' if ok else 'FAIL'} | {detail.replace('|', '/')} |")
+    (out / "results.json").write_text(json.dumps([{"check": n, "ok": ok, "detail": d} for n, ok, d in results],
+                                                 indent=2))
+    failed = [n for n, ok, _ in results if not ok]
+    print(f"\n{len(results) - len(failed)} of {len(results)} checks passed" + (f"; FAILED: {failed}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
