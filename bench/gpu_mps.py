@@ -42,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from swarm import formation  # noqa: E402  (pure Python)
-from swarm.node_contract import MPS_DIR, RUNTIME_ENV_PATH  # noqa: E402
+from swarm.node_contract import GPU_SHARING_LABEL, MPS_DIR, RUNTIME_ENV_PATH  # noqa: E402
 
 KIND, SHARED_KIND = "NVIDIA-GPU", "NVIDIA-GPU-SHARED"
 ROOT, RUN = Path("/var/lib/gpu-swarm-mps"), Path("/run/gpu-swarm-mps-bench")
@@ -242,7 +242,7 @@ def mps(out: Path, gpu: str, slots: int, mib: int, engine: Engine) -> None:
     settings = dict(line.split("=", 1) for line in Path(RUNTIME_ENV_PATH).read_text().splitlines()
                     if "=" in line and not line.startswith("#"))
     share = int(settings["MPS_MEMORY_MIB"])
-    check("the agent advertises the GPU's MPS slots", report["labels"].get("gpu.sharing") == "mps" and
+    check("the agent advertises the GPU's MPS slots", report["labels"].get(GPU_SHARING_LABEL) == "mps" and
           sum(r.startswith(f"{SHARED_KIND}={gpu}-s") for r in report["resources"]) == slots,
           f"{len(report['resources'])} slots; share {share} MiB, threads {settings['MPS_THREAD_PERCENT']} %; "
           f"memory used by the MPS server alone: {mode.split(',')[1].strip()}")

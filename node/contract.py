@@ -4,9 +4,10 @@ Like NVIDIA k8s-device-plugin's constants, each name is defined here and importe
 node programs import it as a sibling (it lands on every node with them), the program loads
 it by path (swarm/node_contract.py). Each comment says who writes the thing and who reads it.
 Shell cannot import Python: node/common.sh, the units and gpu-swarm-runtime spell the same
-values, and tests/test_node_contract.py keeps them equal. The runtime guard (gpu_guard.py)
-imports nothing of ours, as it runs at every container start and must fail closed; it reads
-its settings from the path it is given. Stdlib only, and no imports at all.
+values, and tests/test_node_contract.py keeps them equal. The runtime guard (gpu_guard.py, with
+its sibling guard_files.py) imports nothing else of ours, as it runs at every container start
+and must fail closed; it reads its settings from the path it is given (the ledger's and the MPS
+directory's among them). Stdlib only, and no imports at all.
 """
 
 # ---------------------------------------------------------------- node labels (docker node update)

@@ -21,43 +21,23 @@ It fails closed: anything it cannot read or does not recognise stops the contain
 message that `docker service ps --no-trunc` shows.
 
 Every container start pays for this program, so it imports nothing it can do without: no re
-(UUIDs are checked by hand) and no json package (whose import pulls in re, enum and more,
-half of the start-up): the C codec _json does the work when it is there. Stdlib only.
+(UUIDs are checked by hand), no json package (whose import pulls in re, enum and more, half of
+the start-up; guard_files.py, its one sibling, reads and writes the files with the C codec
+_json) and no os. The sh front imports it, so Python caches its bytecode. Stdlib only.
 """
 
 import posix  # os without what it imports (stat, posixpath, _collections_abc): a tenth of a create
 import sys
 import time
 
+from guard_files import Held, absolute, claim, codec, mps_daemon_alive, rewrite
+
 _HEX = frozenset("0123456789abcdefABCDEF")
 _UUID_GROUPS = (8, 4, 4, 4, 12)
 TOOLKIT_HOOK = "nvidia-container-runtime-hook"
 CDI_ANNOTATION = "cdi.k8s.io/"
-MPS_PID_FILE = "nvidia-cuda-mps-control.pid"  # the control daemon writes it into its pipe directory
-CREATE_GRACE_S = 120  # a claim whose runc state is not there yet: the create is still under way
 MPS_PIPE_ENV, MPS_MEMORY_ENV, MPS_THREADS_ENV = \
     "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
-
-
-def _isdir(path: str) -> bool:
-    try:
-        return posix.stat(path).st_mode & 0o170000 == 0o040000
-    except OSError:
-        return False
-
-
-def _absolute(path: str) -> str:
-    return path if path.startswith("/") else f"{posix.getcwd()}/{path}"
-
-
-def _makedirs(path: str) -> None:
-    if not path or _isdir(path):
-        return
-    _makedirs(path.rpartition("/")[0])
-    try:
-        posix.mkdir(path, 0o755)
-    except FileExistsError:
-        pass
 
 
 def _normpath(path: str) -> str:
@@ -288,143 +268,6 @@ def _mps(spec: dict, env: list[str], gpu: str, settings: dict[str, str]) -> list
     return env
 
 
-# ---------------------------------------------------------------- the ledger: who holds which GPU
-
-
-def _json_int(text: str, key: str) -> int | None:
-    at = text.find(key)
-    if at < 0:
-        return None
-    digits = text[at + len(key):].lstrip(" ")
-    end = 0
-    while end < len(digits) and digits[end].isdigit():
-        end += 1
-    return int(digits[:end]) if end else None
-
-
-def holder_alive(root: str, container: str, bundle: str, since: float, now: float) -> bool:
-    """Whether a claim's container still runs: its bundle is there (containerd removes it when the
-    task is deleted) and the init process runc recorded is alive (a crash leaves no claim)."""
-    if not _isdir(bundle):
-        return False
-    try:
-        with open(f"{root}/{container}/state.json", encoding="utf-8") as f:
-            state = f.read()
-    except FileNotFoundError:
-        return now - since < CREATE_GRACE_S  # the delegate has not written its state yet
-    except OSError:
-        return True  # cannot tell: it holds
-    pid, started = _json_int(state, '"init_process_pid":'), _json_int(state, '"init_process_start":')
-    if not pid:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            fields = f.read().rpartition(")")[2].split()
-    except OSError:
-        return False
-    return fields[0] not in ("Z", "X") and (started is None or fields[19] == str(started))
-
-
-def claim(ledger: str, keys: list[str], container: str, root: str, bundle: str, now: float) -> None:
-    """Record that container holds keys, or refuse when a live container holds one of them.
-
-    One line per claim (key, container, runc root, bundle, since), tab-separated, rewritten
-    whole under an exclusive lock, so two creates at once cannot both take a GPU."""
-    import fcntl  # only containers that hold GPUs pay for it
-    for field in (container, root, bundle):
-        if not field or any(c in field for c in "\t\n"):
-            raise Refused(f"cannot record the claim: {field!r} is not a container id or path")
-    _makedirs(ledger.rpartition("/")[0])  # /run/gpu-swarm, after a reboot
-    lock = posix.open(ledger + ".lock", posix.O_RDWR | posix.O_CREAT | posix.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            with open(ledger, encoding="utf-8") as f:
-                lines = f.read().splitlines()
-        except FileNotFoundError:
-            lines = []
-        kept = []
-        for line in lines:
-            fields = line.split("\t")
-            if len(fields) != 5 or not fields[4].isdigit():
-                raise Refused(f"{ledger} has a line that is not a claim ({line!r}); remove that line")
-            key, holder, holder_root, holder_bundle, since = fields
-            if holder == container:
-                continue  # this very container, created again: its claims are made anew below
-            if key in keys:
-                if holder_alive(holder_root, holder, holder_bundle, int(since), now):
-                    what = f"slot {key}" if slot_of(key) else f"GPU {key}"
-                    raise Refused(f"{what} is held by container {holder[:12]} (since "
-                                  f"{time.strftime('%H:%M:%S', time.gmtime(int(since)))} UTC); a GPU a running "
-                                  "container holds is never given to another. This container names it without "
-                                  "swarm's reservation: remove DOCKER_RESOURCE_* from the service's environment "
-                                  "and reserve GPUs with generic_resources")
-                continue  # its holder is gone
-            if _isdir(holder_bundle):
-                kept.append(line)
-        kept += [f"{key}\t{container}\t{root}\t{bundle}\t{int(now)}" for key in keys]
-        tmp = f"{ledger}.{posix.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write("".join(line + "\n" for line in kept))
-        posix.replace(tmp, ledger)
-    finally:
-        posix.close(lock)  # releases the lock
-
-
-def mps_daemon_alive(mps_dir: str, gpu: str) -> bool:
-    """Whether the GPU's MPS control daemon runs. Without it CUDA would run the task outside MPS,
-    without its memory limit (NVIDIA's nvidia-cuda-mps-control(1)), so the task must not start."""
-    try:
-        with open(f"{mps_dir}/{gpu}/pipe/{MPS_PID_FILE}", encoding="utf-8") as f:
-            pid = int(f.read().strip())
-        with open(f"/proc/{pid}/comm", encoding="utf-8") as f:
-            comm = f.read()
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            state = f.read().rpartition(")")[2].split()[0]
-        return comm.startswith("nvidia-cuda-mps") and state not in ("Z", "X")  # a zombie serves no one
-    except (OSError, ValueError, IndexError):
-        return False
-
-
-# ---------------------------------------------------------------- config.json, read and written fast
-
-
-def _no_default(value):
-    raise TypeError(f"{type(value).__name__} is not JSON")
-
-
-def codec():
-    """(loads, dumps) that json.loads/json.dumps would be, from the C accelerator _json alone."""
-    try:
-        import _json
-
-        class Context:  # what _json's scanner reads from a JSONDecoder
-            strict, object_hook, object_pairs_hook = True, None, None
-            parse_float, parse_int, parse_constant = float, int, float
-
-        scan = _json.make_scanner(Context)
-        encode = _json.make_encoder(None, _no_default, _json.encode_basestring_ascii, None, ": ", ", ",
-                                    False, False, True)
-    except (ImportError, AttributeError, TypeError):  # another Python: the package, slower but the same
-        import json
-        return json.loads, json.dumps
-
-    def loads(text: str):
-        text = text.strip(" \t\n\r")
-        try:
-            value, end = scan(text, 0)
-            if end == len(text):
-                return value
-        except (StopIteration, ValueError, SystemError):  # SystemError: its error needs json.decoder loaded
-            pass
-        import json  # the error path: the package says what is wrong, and where
-        return json.loads(text)
-
-    def dumps(value) -> str:
-        return "".join(encode(value, 0))
-    return loads, dumps
-
-
 # ---------------------------------------------------------------- the runtime's create
 
 
@@ -470,24 +313,6 @@ def report_error(args: list[str], message: str) -> None:
         pass
 
 
-def rewrite(path: str, text: str) -> None:
-    mode = posix.stat(path).st_mode & 0o777
-    # The bundle directory is the container's own; one runtime works in it at a time.
-    tmp = f"{path.rpartition('/')[0] or '.'}/.config.json.{posix.getpid()}.tmp"
-    fd = posix.open(tmp, posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC, 0o600)  # a crashed run's leftover goes
-    try:
-        with open(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        posix.chmod(tmp, mode)
-        posix.replace(tmp, path)
-    except BaseException:
-        try:
-            posix.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def main(argv: list[str]) -> int:
     config, args = argv[0], argv[1:]
     try:
@@ -513,8 +338,17 @@ def main(argv: list[str]) -> int:
             if not ledger:
                 raise Refused(f"{config} has no LEDGER, so this GPU's holders cannot be checked; run the GPU agent "
                               "(systemctl restart gpu-swarm-agent)")
-            claim(ledger, decision.claims, args[-1] if args else "", _global_option(args, "--root") or "/run/runc",
-                  _absolute(bundle), time.time())
+            try:
+                claim(ledger, decision.claims, args[-1] if args else "", _global_option(args, "--root") or "/run/runc",
+                      absolute(bundle), time.time())
+            except Held as held:
+                what = f"slot {held.key}" if slot_of(held.key) else f"GPU {held.key}"
+                raise Refused(f"{what} is held by container {held.holder[:12]} (since "
+                              f"{time.strftime('%H:%M:%S', time.gmtime(held.since))} UTC): a GPU that a running "
+                              "container holds is never given to another. If this task reserved it, the holder named "
+                              f"it in its own environment (docker ps --filter id={held.holder[:12]}); else remove "
+                              "DOCKER_RESOURCE_* from this service's environment and reserve GPUs with "
+                              "generic_resources")
     except Refused as e:
         report_error(args, f"gpu-swarm guard: {e}; the container was not started")
         return 1

@@ -7,7 +7,7 @@ brings the daemons back, and the condition clears after the usual recovery time.
 """
 from __future__ import annotations
 
-from gpu_guard import mps_daemon_alive  # the guard's own test, so both see a daemon alike
+from guard_files import mps_daemon_alive  # the guard's own test, so both see a daemon alike
 from health_rules import RANK, Tracker
 
 

@@ -19,7 +19,8 @@ from tests.tools import require_tool
 REPO = Path(__file__).resolve().parent.parent
 FRONT = REPO / "node" / "gpu-swarm-runtime"
 sys.path.insert(0, str(REPO / "node"))
-import gpu_guard  # noqa: E402  (the guard imports nothing of ours; it runs with -E -s on a node)
+import gpu_guard  # noqa: E402  (as on a node: its one sibling, guard_files, beside it)
+import guard_files  # noqa: E402
 
 A = "GPU-48f73d5c-653c-94b5-f00e-d5bba41a1cfb"
 B = "GPU-558ebd1d-bf3c-6536-ecae-e740b71254de"
@@ -95,7 +96,7 @@ def test_the_guard_reads_uuids_and_slots_as_the_rest_of_the_project_does(value):
 def test_config_json_is_read_and_written_as_the_json_package_would():
     """Without `import json`: its import costs more than the rest of a create (see the module's docstring)."""
     import json
-    loads, dumps = gpu_guard.codec()
+    loads, dumps = guard_files.codec()
     assert loads is not json.loads  # the C codec is there, on the Pythons we run on
     text = json.dumps({"process": {"env": ["A=\u00e9", "B=<&>\\\""], "args": [], "n": -1.5e300, "t": True, "z": None},
                        "linux": {"uidMappings": [], "x": 10 ** 20}})
@@ -109,7 +110,7 @@ def test_config_json_is_read_and_written_as_the_json_package_would():
 def test_without_the_c_codec_the_json_package_does_the_same(monkeypatch):
     import json
     monkeypatch.setitem(sys.modules, "_json", None)
-    assert gpu_guard.codec() == (json.loads, json.dumps)
+    assert guard_files.codec() == (json.loads, json.dumps)
 
 
 @pytest.mark.parametrize("value, message", [

@@ -237,11 +237,11 @@ def test_each_gpu_gets_its_own_exclusive_daemon_and_a_server_for_root(mps_node):
 
 def test_stop_quits_every_daemon_and_gives_the_gpus_back_in_default_mode(mps_node):
     assert mps(mps_node, "start").returncode == 0
-    import gpu_guard
-    assert all(gpu_guard.mps_daemon_alive(str(mps_node.root / "mps"), gpu) for gpu in (A, B))
+    import guard_files
+    assert all(guard_files.mps_daemon_alive(str(mps_node.root / "mps"), gpu) for gpu in (A, B))
     done = mps(mps_node, "stop")
     assert done.returncode == 0, done.stderr
-    assert not any(gpu_guard.mps_daemon_alive(str(mps_node.root / "mps"), gpu) for gpu in (A, B))
+    assert not any(guard_files.mps_daemon_alive(str(mps_node.root / "mps"), gpu) for gpu in (A, B))
     assert mps_node.called()[-1] == "nvidia-smi -c DEFAULT"
 
 
