@@ -18,6 +18,9 @@ pulumi.export("bootstrapTimings", cluster.bootstrap_timings)
 pulumi.export("nodeSoftware", cluster.node_software)
 pulumi.export("availabilityZones", cluster.availability_zones)
 pulumi.export("vpcId", cluster.vpc_id)
+# Each stack as deployed: the hash of the file swarm gets (its Compose GPU requests rewritten) and each rewrite.
+pulumi.export("stacks", {s.name: {"file": s.file, "sha256": s.sha256, "rewrites": list(s.info.rewrites),
+                                  "warnings": list(s.info.warnings)} for s in settings.stacks})
 pulumi.export("monitoring", cluster.monitoring)  # the SSH tunnel to Grafana and Prometheus (monitoring: true)
 if cluster.private_key is not None:
     # Secret: `pulumi stack output privateKey --show-secrets > gpu-swarm.key && chmod 600 gpu-swarm.key`

@@ -153,7 +153,7 @@ class Cluster(pulumi.ComponentResource):
         ), opts=self._child)
         deployed = [GpuStack(f"{name}-stack-{stack.name}", GpuStackArgs(
             stack_name=stack.name, content=stack.content, sha256=stack.sha256, manager=self._first_live,
-            after=admitted,
+            after=admitted, rewrites=stack.info.rewrites, warnings=stack.info.warnings, diff=stack.info.diff,
         ), opts=self._child) for stack in s.stacks]
         if s.monitoring.enabled:
             deployed.append(Monitoring(f"{name}-monitoring", MonitoringArgs(

@@ -21,7 +21,8 @@ from swarm.stack_files import StackFileError, validate_stack_file
 
 def prepare_stack(path: Path, name: str, kind: str, gpus_per_node: int, total_gpus: int, *, scale: bool,
                   say: Callable[[str], None], shared_kind: str | None = None, total_slots: int = 0) -> dict:
-    """{"file", "text"}: the checked compose file, with its images replaced where needed.
+    """{"file", "text"}: the checked compose file as `pulumi up` would deploy it (its Compose GPU
+    requests rewritten into reservations, swarm/compose_gpus.py), with its images replaced where needed.
 
     gpus_per_node: the most whole GPUs a node has (0: every GPU node shares); shared_kind:
     the kind of the slots, when some node shares. With scale, each GPU service gets one
@@ -36,8 +37,12 @@ def prepare_stack(path: Path, name: str, kind: str, gpus_per_node: int, total_gp
                                    source=str(path))
     except StackFileError as e:
         raise RehearsalError(str(e)) from None
+    for rewrite in info.rewrites:
+        say(f"  {name}: rewritten for swarm: {rewrite}")
+    for warning in info.warnings:
+        say(f"  {name}: warning: {warning}")
     gpu_services = {svc.name: svc for svc in info.gpu_services}
-    doc = yaml.safe_load(text)
+    doc = yaml.safe_load(info.content)
     for svc_name, svc in (doc.get("services") or {}).items():
         image = svc.get("image", "")
         if not image.startswith(REGISTRY + "/"):
@@ -73,7 +78,12 @@ def _missing_programs(service: dict) -> list[str]:
                 wanted += [part.split()[0] for part in _commands_of(script)]
             break
     have = registry.standin_programs()
-    return sorted({Path(w).name for w in wanted if Path(w).name not in have and w not in ("exec",)})
+    return sorted({Path(w).name for w in wanted if Path(w).name not in have and w not in _SHELL_BUILTINS})
+
+
+# What `sh -c` runs without a program of that name: `exit 3` needs no `exit` in the image.
+_SHELL_BUILTINS = ("exec", "exit", "return", "set", "export", "unset", "cd", "trap", "wait", "shift", "eval",
+                   "read", ".", "source", "ulimit", "umask")
 
 
 def _commands_of(script: str) -> list[str]:

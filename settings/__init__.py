@@ -90,16 +90,20 @@ def load_settings() -> Settings:
     if kind_ok and shared_kind and pools and len(resolved_pools) == len(pools):
         max_whole = max((p.gpus_per_node for p in resolved_pools if not p.slots_per_gpu), default=0)
         sharing = shared_kind if any(p.slots_per_gpu for p in resolved_pools) else None
+        whole_pools = {p.name: p.gpus_per_node for p in resolved_pools if not p.slots_per_gpu}
         for i, name, file in stack_cfgs:
             text = (reader.PROJECT_DIR / file).read_text(encoding="utf-8")  # not the operator's locale (Windows)
             try:
                 info = validate_stack_file(text, kind=kind, max_gpus_per_node=max_whole, shared_kind=sharing,
-                                           source=file)
+                                           source=file, pool_sizes=whole_pools)
             except StackFileError as exc:
                 for problem in exc.problems:
                     r.error(f"stacks[{i}].file", f"{file}: {problem}")
                 continue
-            stacks.append(StackFile(name, file, hashlib.sha256(text.encode()).hexdigest(), text, info))
+            # What is deployed, and hashed: the file with its Compose GPU requests rewritten (the
+            # user's own bytes when there were none), so a second `pulumi up` changes nothing.
+            stacks.append(StackFile(name, file, hashlib.sha256(info.content.encode()).hexdigest(), info.content,
+                                    info))
 
     if r.problems:
         raise SettingsError(r.problems)

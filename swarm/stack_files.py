@@ -1,15 +1,19 @@
 """Checks a compose file for `docker stack deploy` on a GPU swarm, before anything is deployed.
 
 Pure Python + PyYAML, so `pulumi preview` and the local rehearsal run the same
-checks. Every mistake below deploys without complaint and then fails quietly:
-tasks that never schedule, or tasks that see GPUs the scheduler did not give them.
+checks. Compose's own GPU requests are first rewritten into the reservation swarm
+understands (swarm/compose_gpus.py); the checks then run on what will be deployed.
+Every mistake below deploys without complaint and then fails quietly: tasks that
+never schedule, or tasks that see GPUs the scheduler did not give them.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+from typing import Mapping
 
 import yaml
+
+from swarm.compose_gpus import rewrite_gpu_requests
 
 _GOOD_SHAPE = """\
     deploy:
@@ -43,6 +47,10 @@ class ServiceInfo:
 @dataclass(frozen=True)
 class StackInfo:
     services: tuple[ServiceInfo, ...]
+    content: str = ""  # what to deploy: the file with its Compose GPU requests rewritten (swarm/compose_gpus.py)
+    rewrites: tuple[str, ...] = ()  # what the rewrite changed, each naming the key the user wrote
+    warnings: tuple[str, ...] = ()  # keys ignored on gpu-swarm, left out of content, and why
+    diff: str = ""  # unified diff from the file as written to content; "" when content is the file itself
 
     @property
     def gpu_services(self) -> tuple[ServiceInfo, ...]:
@@ -50,15 +58,18 @@ class StackInfo:
 
 
 def validate_stack_file(
-    text: str, *, kind: str, max_gpus_per_node: int, shared_kind: str | None = None, source: str = "<stack>"
+    text: str, *, kind: str, max_gpus_per_node: int, shared_kind: str | None = None, source: str = "<stack>",
+    pool_sizes: Mapping[str, int] | None = None,
 ) -> StackInfo:
-    """Parse a compose file and check its GPU reservations against the cluster.
+    """Parse a compose file, rewrite its Compose GPU requests, and check what is left against the cluster.
 
     `kind` is the cluster's generic resource kind (gpu-swarm:gpuKind) and
     `max_gpus_per_node` the largest GPU count of any pool with whole GPUs (0: every
     pool shares its GPUs): a replica that reserves more can never be placed.
-    `shared_kind` is the kind of shared GPUs' slots, or None when no pool shares.
-    Raises StackFileError listing all problems.
+    `pool_sizes` names those pools (pool -> GPUs per node), for `count: all`; by default
+    one unnamed pool of `max_gpus_per_node`. `shared_kind` is the kind of shared GPUs'
+    slots, or None when no pool shares. The checks run on the rewritten file, which is
+    StackInfo.content. Raises StackFileError listing all problems.
     """
     try:
         doc = yaml.safe_load(text)
@@ -70,7 +81,12 @@ def validate_stack_file(
     if not isinstance(services, dict) or not services:
         raise StackFileError(source, ["has no services: add a top-level `services:` mapping"])
 
-    problems: list[str] = []
+    sizes = dict(pool_sizes) if pool_sizes is not None else ({"": max_gpus_per_node} if max_gpus_per_node else {})
+    rewrite = rewrite_gpu_requests(text, doc, kind=kind, pool_sizes=sizes, shared_kind=shared_kind, source=source)
+    problems = list(rewrite.problems)
+    if rewrite.text is not text:
+        doc = yaml.safe_load(rewrite.text)  # the checks below see what will be deployed
+        services = doc["services"]
     for section in ("configs", "secrets"):
         entries = doc.get(section)
         for item, spec in (entries.items() if isinstance(entries, dict) else ()):
@@ -94,14 +110,14 @@ def validate_stack_file(
             )
             image = ""
         reserved = _check_resources(where, service, kind, max_gpus_per_node, shared_kind, problems)
-        _check_service_keys(where, service, problems)
+        _check_env_file(where, service, problems)
         _check_environment(where, service.get("environment"), problems)
         infos.append(ServiceInfo(str(name), image, _replicas(where, service, problems),
                                  reserved.get(kind, 0), reserved.get(shared_kind, 0) if shared_kind else 0))
 
     if problems:
         raise StackFileError(source, problems)
-    return StackInfo(tuple(infos))
+    return StackInfo(tuple(infos), rewrite.text, rewrite.changes, rewrite.warnings, rewrite.diff)
 
 
 def _replicas(where: str, service: dict, problems: list[str]) -> int | None:
@@ -132,13 +148,6 @@ def _check_resources(
     if not isinstance(reservations, dict):
         return {}
     where = f"{where}.deploy.resources.reservations"
-
-    if "devices" in reservations:
-        problems.append(
-            f"{where}.devices: swarm cannot use device reservations; `docker stack deploy` "
-            "rejects them (docker/cli#3051). Reserve GPUs as generic resources instead:\n"
-            + _GOOD_SHAPE.format(kind=kind)
-        )
 
     entries = reservations.get("generic_resources")
     if entries is None:
@@ -225,25 +234,12 @@ def _check_resources(
     return reserved
 
 
-def _check_service_keys(where: str, service: dict, problems: list[str]) -> None:
-    if "gpus" in service:
-        problems.append(
-            f"{where}.gpus: swarm services ignore `gpus`; reserve GPUs under "
-            "deploy.resources.reservations.generic_resources"
-        )
+def _check_env_file(where: str, service: dict, problems: list[str]) -> None:
     if "env_file" in service:
         problems.append(
             f"{where}.env_file: only the compose file itself reaches the manager, so the env file "
             "would be missing there; list the variables under `environment:` instead"
         )
-    if "runtime" in service:
-        problems.append(
-            f"{where}.runtime: swarm services cannot choose a runtime; every node already "
-            "runs nvidia as its default runtime, so remove the key"
-        )
-
-
-_ENV_NAME = "NVIDIA_VISIBLE_DEVICES"
 
 
 def _check_environment(where: str, env, problems: list[str]) -> None:
@@ -256,20 +252,3 @@ def _check_environment(where: str, env, problems: list[str]) -> None:
                 "assigned; the node's runtime guard cannot tell it from swarm's. Remove it and reserve "
                 "GPUs with generic_resources"
             )
-    if isinstance(env, dict):
-        found = _ENV_NAME in env
-        value = env.get(_ENV_NAME)
-    elif isinstance(env, list):
-        matches = [e for e in env if isinstance(e, str) and re.match(rf"{_ENV_NAME}(=|$)", e)]
-        found = bool(matches)
-        value = matches[-1].partition("=")[2] if matches else None
-    else:
-        return
-    # "void" and "none" ask for no GPU, which never defeats the scheduler's choice.
-    if found and str(value).strip().lower() not in ("void", "none"):
-        problems.append(
-            f"{where}.environment: sets {_ENV_NAME}={value}. The swarm gives each task "
-            "the GPUs it reserved; this variable asks for others behind the scheduler's "
-            "back (and on a service without a reservation it exposes GPUs other tasks "
-            "own). Remove it and reserve GPUs with generic_resources"
-        )

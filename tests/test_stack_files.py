@@ -65,12 +65,6 @@ BAD = [
     ("value-text", service(gpu_reservation(value="all")), 8, ["got 'all'"]),
     ("value-bool", service(gpu_reservation(value="true")), 8, ["got True"]),
     (
-        "devices-reservation",
-        service("resources:\n  reservations:\n    devices:\n      - capabilities: [gpu]\n"),
-        8,
-        ["device reservations", "docker/cli#3051", "generic_resources:"],
-    ),
-    (
         "named-resource",
         service("resources:\n  reservations:\n    generic_resources:\n      - named_resource_spec:\n          kind: NVIDIA-GPU\n          value: GPU-48f73d5c-653c-94b5-f00e-d5bba41a1cfb\n"),
         8,
@@ -83,10 +77,10 @@ BAD = [
         8,
         ["reserved twice"],
     ),
-    ("visible-devices-map", service(gpu_reservation(), extra="environment:\n  NVIDIA_VISIBLE_DEVICES: all\n"), 8, ["NVIDIA_VISIBLE_DEVICES=all", "reserve GPUs with generic_resources"]),
-    ("visible-devices-list", service(extra="environment:\n  - NVIDIA_VISIBLE_DEVICES=0,1\n"), 8, ["NVIDIA_VISIBLE_DEVICES=0,1", "without a reservation"]),
-    ("gpus-key", service(extra="gpus: all\n"), 8, ["services.train.gpus", "ignore `gpus`"]),
-    ("runtime-key", service(extra="runtime: nvidia\n"), 8, ["cannot choose a runtime"]),
+    # Compose GPU requests and the old nvidia-docker keys: tests/test_compose_gpus.py has every rule.
+    ("visible-devices-list", service(extra="environment:\n  - NVIDIA_VISIBLE_DEVICES=0,1\n"), 8,
+     ["NVIDIA_VISIBLE_DEVICES: 0,1 asks for GPUs", "reserves none"]),
+    ("runtime-key", service(extra="runtime: nvidia\n"), 8, ["cannot choose a runtime", "reserves no GPU"]),
     ("bad-replicas", service("replicas: two\n"), 8, ["deploy.replicas", "got 'two'"]),
     ("env-file", service(extra="env_file: .env\n"), 8, ["services.train.env_file", "under `environment:`"]),
     (
