@@ -36,19 +36,27 @@ def _parser() -> argparse.ArgumentParser:
         return c
 
     up = command("up", "create nodes, form the swarm, deploy stacks, show placement")
+    up.description = ("Create nodes, form the swarm, deploy stacks, wait until every task is settled, show "
+                      "placement. A task is settled when it runs, waits for a free GPU, or has ended: tasks that "
+                      "exit, as jobs and smoke tests do, are shown with their last state, exit code and GPUs, "
+                      "restarted or not. Stacks that do not settle (a task that fails again and again without "
+                      "ever completing, or 120 s without settling) fail `up` and keep the swarm to look at.")
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--gpus-per-node", type=int, default=2)
     up.add_argument("--managers", type=int, default=1)
     up.add_argument("--stack", action="append", metavar="[NAME=]FILE",
-                    help="compose file to deploy (repeatable); default: stacks/gpu-smoke.yml, "
+                    help="compose file to deploy (repeatable), checked and rewritten as `pulumi preview` does "
+                         "(Compose GPU requests become reservations); default: stacks/gpu-smoke.yml, "
                          "scaled to one more replica than there are GPUs")
     up.add_argument("--kind", default=DEFAULT_KIND, help="generic resource kind (default %(default)s)")
     up.add_argument("--slots-per-gpu", type=int, default=0, metavar="K",
                     help="share GPUs: K slots per GPU under <kind>-SHARED (default: whole GPUs)")
     up.add_argument("--shared-nodes", type=int, metavar="N",
                     help="with --slots-per-gpu: only the last N nodes share their GPUs (default: all)")
-    up.add_argument("--keep-on-failure", action="store_true",
-                    help="leave a failed rehearsal in place to look at (then run `down`)")
+    up.add_argument("--keep-on-failure", action=argparse.BooleanOptionalAction, default=None,
+                    help="leave a failed rehearsal in place to look at (then run `down`). Default: kept when only "
+                         "its stacks did not converge, removed when building the swarm failed; "
+                         "--no-keep-on-failure removes it in both cases")
     up.add_argument("--monitoring", action="store_true",
                     help="also deploy the monitoring stack (stacks/monitoring.yml) as `monitoring: true` does, with "
                          "Debian's Prometheus (downloaded once) and a stand-in for Grafana")

@@ -4,19 +4,19 @@ A task's GPUs are read from its container's configuration on its node (`docker i
 .Config.Env, DOCKER_RESOURCE_<KIND>): what dockerd handed the runtime, whatever the
 task's processes did with their environment since. When the node cannot be asked (its
 engine is down), the manager's record of the assignment is shown and marked as such.
+Tasks that ended are shown too (localswarm/task_runs.py decides what counts as settled).
 Everything is read through the engines' API (localswarm.api): `up` and the tests poll this.
 """
 from __future__ import annotations
 
 import http.client
 import json
-import re
-import time
-from datetime import datetime, timezone
 
 from localswarm import api
 from localswarm.host import Engine, RehearsalError
+from localswarm import task_runs
 from localswarm.nodes import Node
+from localswarm.task_runs import converged, outcome, settled, stuck  # noqa: F401 (for the callers of placement)
 from swarm.gpu_kind import resource_env_name, slot_gpu
 from swarm.labels import CONDITION_LABEL, DRAINED_BY_LABEL, HEALTH_LABEL, HEALTH_LAST_LABEL, MAINTENANCE_LABEL
 from swarm.rollout import advertised_gpus
@@ -27,10 +27,6 @@ def _get(node: Node, path: str, **query):
         return api.get(node.sock, path, **query)
     except (OSError, api.ApiError, http.client.HTTPException) as e:
         raise RehearsalError(f"{node.name}: GET {path}: {e}") from None
-
-
-def _running_tasks(manager: Node, service_id: str) -> list[dict]:
-    return _get(manager, "/tasks", filters={"service": [service_id], "desired-state": ["running"]})
 
 
 def _container_env(node: Node, container: str) -> list[str] | None:
@@ -56,15 +52,6 @@ def _from_env(env: list[str], name: str) -> list[str]:
         if entry.startswith(name + "="):
             return sorted(v for v in entry.split("=", 1)[1].split(",") if v)
     return []
-
-
-def _age(timestamp: str) -> float | None:
-    """Seconds since a Docker timestamp such as 2026-11-22T23:08:24.123456789Z."""
-    match = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?Z$", timestamp or "")
-    if not match:
-        return None
-    when = datetime.strptime(match[1], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
-    return max(0.0, time.time() - when - float(match[2] or 0))
 
 
 def collect(nodes: list[Node], engine: Engine, kind: str, shared_kind: str = "") -> dict:
@@ -108,44 +95,53 @@ def collect(nodes: list[Node], engine: Engine, kind: str, shared_kind: str = "")
 
     env_name = resource_env_name(kind)
     shared_env = resource_env_name(shared_kind) if shared_kind else ""
-    services = []
-    for svc in _get(manager, "/services"):
-        tasks = []
-        for task in _running_tasks(manager, svc["ID"]):
-            status = task["Status"]
-            node_id = task.get("NodeID", "")
-            state = status["State"]
-            whole, slots, source = _assigned(task, kind), _assigned(task, shared_kind), "scheduler"
-            container = status.get("ContainerStatus", {}).get("ContainerID")
-            if container and node_id in nodes_by_id and state_of.get(node_id) == "ready":
-                env = _container_env(nodes_by_id[node_id], container)
-                if env is not None:
-                    whole, source = _from_env(env, env_name), "container"
-                    slots = _from_env(env, shared_env) if shared_env else []
-            gpus, slots = _gpus_and_slots(whole, slots)
-            if node_id and state_of.get(node_id) == "down" and state == "running":
-                state = "unknown"  # its node is down: the manager has not rescheduled it yet
-            reason = status.get("Err", "")
-            tasks.append({
-                "slot": task.get("Slot", 0),
-                "node": names_by_id.get(node_id, ""),
-                "state": state,
-                "gpus": gpus,
-                "slots": slots,
-                "gpus_from": source,
-                "reason": reason,
-                "error": reason,  # the old name of "reason"
-                "reason_age_s": round(_age(status.get("Timestamp", "")) or 0, 1) if reason else None,
-            })
-        replicated = svc["Spec"].get("Mode", {}).get("Replicated")
-        services.append({
-            "name": svc["Spec"]["Name"],
-            "replicas": replicated.get("Replicas", 1) if replicated else None,
-            "tasks": sorted(tasks, key=lambda t: (t["slot"], t["node"])),
-        })
+
+    def gpus_of(task: dict) -> tuple[list[str], list[str], str]:
+        """The task's GPUs and slots, from its container when its node answers, else the scheduler's record."""
+        node_id = task.get("NodeID", "")
+        container = task["Status"].get("ContainerStatus", {}).get("ContainerID")
+        if container and node_id in nodes_by_id and state_of.get(node_id) == "ready":
+            env = _container_env(nodes_by_id[node_id], container)
+            if env is not None:
+                return (*_gpus_and_slots(_from_env(env, env_name), _from_env(env, shared_env) if shared_env else []),
+                        "container")
+        return (*_gpus_and_slots(_assigned(task, kind), _assigned(task, shared_kind)), "scheduler")
+
+    services = _services(manager, gpus_of, names_by_id, state_of)
     for n in view_nodes:
         del n["id"]
-    return {"nodes": view_nodes, "services": sorted(services, key=lambda s: s["name"])}
+    return {"nodes": view_nodes, "services": services}
+
+
+def _services(manager: Node, gpus_of, names_by_id: dict, state_of: dict) -> list[dict]:
+    """Every service, from one read of the services and one of every task, past ones included."""
+    return services_view(_get(manager, "/services"), _get(manager, "/tasks"), gpus_of, names_by_id, state_of)
+
+
+def services_view(services_docs: list[dict], tasks_docs: list[dict], gpus_of, names_by_id: dict,
+                  state_of: dict) -> list[dict]:
+    """Every service with one entry per slot (a replica's number; a node, for a global service):
+    its newest task, and what the slot's tasks that ended did (localswarm/task_runs.py)."""
+    by_service: dict[str, list[dict]] = {}
+    for task in tasks_docs:
+        by_service.setdefault(task.get("ServiceID", ""), []).append(task)
+    services = []
+    for svc in services_docs:
+        mode = svc["Spec"].get("Mode", {})
+        tasks = [task_runs.task_view(group, gpus_of, names_by_id, state_of)
+                 for group in task_runs.slots(svc, by_service.get(svc["ID"], []))]
+        replicated = mode.get("Replicated")
+        job = mode.get("ReplicatedJob")
+        services.append({
+            "name": svc["Spec"]["Name"],
+            "mode": ("replicated" if replicated is not None else "replicated-job" if job is not None
+                     else "global-job" if "GlobalJob" in mode else "global"),
+            "replicas": (replicated.get("Replicas", 1) if replicated is not None
+                         else job.get("TotalCompletions", 1) if job is not None else None),
+            **({"max_concurrent": job.get("MaxConcurrent", 1)} if job is not None else {}),
+            "tasks": sorted(tasks, key=lambda t: (t["slot"], t["node"])),
+        })
+    return sorted(services, key=lambda s: s["name"])
 
 
 def _condition(engine_labels: dict, labels: dict) -> dict:
@@ -165,35 +161,25 @@ def _answers(node: Node, engine: Engine) -> bool:
         return False
 
 
-def looks_converged(nodes: list[Node], engine: Engine) -> bool:
-    """converged() by the manager's records alone: two reads, where collect() asks every task's node too."""
+def quick_view(nodes: list[Node], engine: Engine) -> dict | None:
+    """The services as collect() shows them, from the manager's records alone (GPUs as the scheduler
+    assigned them): two reads, where collect() asks every task's node too. None: no manager answers."""
     manager = next((n for n in nodes if n.role == "manager" and _answers(n, engine)), None)
     if manager is None:
-        return False
-    tasks = _get(manager, "/tasks", filters={"desired-state": ["running"]})
-    services = []
-    for svc in _get(manager, "/services"):
-        replicated = svc["Spec"].get("Mode", {}).get("Replicated")
-        services.append({"replicas": replicated.get("Replicas", 1) if replicated else None,
-                         "tasks": [{"state": t["Status"]["State"], "reason": t["Status"].get("Err", "")}
-                                   for t in tasks if t["ServiceID"] == svc["ID"]]})
-    return converged({"services": services})
+        return None
+    scheduler = lambda task: (_assigned(task, ""), [], "scheduler")  # noqa: E731 (GPUs do not matter here)
+    return {"services": _services(manager, scheduler, {}, {})}
 
 
-def converged(view: dict) -> bool:
-    """Every wanted task is running, or pending for a reason the scheduler gave."""
-    for svc in view["services"]:
-        tasks = svc["tasks"]
-        if svc["replicas"] is not None and len(tasks) < svc["replicas"]:
-            return False
-        for t in tasks:
-            if not (t["state"] == "running" or (t["state"] == "pending" and t["reason"])):
-                return False
-    return True
+def looks_converged(nodes: list[Node], engine: Engine) -> bool:
+    """converged() by the manager's records alone (see quick_view)."""
+    view = quick_view(nodes, engine)
+    return view is not None and converged(view)
 
 
 def render_table(view: dict) -> str:
-    """Nodes with their state, then one row per advertised GPU (free or held), then tasks without GPUs."""
+    """Nodes with their state, then one row per advertised GPU (free or held), then tasks without GPUs,
+    then the tasks that ran to their end: the last run's state, exit code and GPUs."""
     rows = [("NODE", "ROLE", "STATE", "AVAILABILITY", "CONDITION", "GPUS")]
     for node in view["nodes"]:
         availability = node["availability"] + (f" ({node['drained_by']})" if node.get("drained_by") else "")
@@ -206,7 +192,7 @@ def render_table(view: dict) -> str:
     holders = {}
     for svc in view["services"]:
         for t in svc["tasks"]:
-            for held in t["slots"] or t["gpus"]:
+            for held in [] if t.get("ended") else t["slots"] or t["gpus"]:  # an ended task holds nothing
                 holders[(t["node"], held)] = (svc["name"], t)
     rows = [("NODE", "GPU", "SERVICE", "TASK", "STATE", "REASON")]
     for node in view["nodes"]:
@@ -226,14 +212,30 @@ def render_table(view: dict) -> str:
             rows.append((node["name"], gpu, svc, str(t["slot"]) if t else "-", state, ""))
     for svc in view["services"]:
         for t in svc["tasks"]:
-            if not t["gpus"]:
+            if not t["gpus"] and not t.get("ended"):
                 reason = t["reason"]
                 if reason and t.get("reason_age_s") is not None:
                     reason += f" ({t['reason_age_s']:.0f}s ago)"
                 rows.append((t["node"] or "-", "-", svc["name"], str(t["slot"]), t["state"], reason))
     out.append(_table(rows))
+    rows = [("SERVICE", "TASK", "NODE", "GPUS", "LAST RUN", "EXIT", "RUNS", "NOW")]
+    for svc in view["services"]:
+        for t in svc["tasks"]:
+            run = t.get("last_run")
+            if run:
+                runs = t.get("runs", {})
+                rows.append((svc["name"], str(t["slot"]), run["node"] or "-", ",".join(run["gpus"]) or "-",
+                             f"{run['state']} {run.get('age_s') or 0:.0f}s ago",
+                             "-" if run["exit_code"] is None else str(run["exit_code"]),
+                             f"{runs.get('completed', 0)} completed, {runs.get('failed', 0)} failed",
+                             "ended" if t.get("ended") else t["state"]))
+    if len(rows) > 1:
+        out.append(_table(rows))
     out.append("TASK is the replica's slot number (service.slot in `docker service ps`). CONDITION is what the "
-               "node's GPU health watcher reported, as the manager last heard it.")
+               "node's GPU health watcher reported, as the manager last heard it."
+               + (" LAST RUN is the newest of a task's runs that ended, and RUNS counts the runs swarm still "
+                  "remembers (its task history keeps a few per task); NOW is `ended` when swarm starts no "
+                  "other." if len(rows) > 1 else ""))
     return "\n\n".join(out)
 
 

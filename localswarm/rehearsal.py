@@ -45,9 +45,16 @@ def _check_args(n_nodes: int, gpus: int, managers: int, kind: str, slots: int = 
         raise RehearsalError("; ".join(problems))
 
 
+class NotConverged(RehearsalError):
+    """The swarm is up, but its stacks did not settle: what is wrong is in a stack, and the swarm shows it."""
+
+
 def up(*, n_nodes: int = 3, gpus: int = 2, managers: int = 1, stacks: list[str] | None = None,
        kind: str = DEFAULT_KIND, progress: Progress = print, converge_timeout: float = 120,
-       keep_on_failure: bool = False, slots_per_gpu: int = 0, shared_nodes: int | None = None) -> dict:
+       keep_on_failure: bool | None = None, slots_per_gpu: int = 0, shared_nodes: int | None = None) -> dict:
+    """keep_on_failure: None keeps the swarm when only its stacks failed to converge (the evidence is
+    on the swarm: its tasks, their errors and logs) and removes a rehearsal whose building failed;
+    True keeps it either way, False removes it either way."""
     clock = _Clock()
     say = lambda msg: progress(f"[{clock.now():5.1f}s] {msg}")  # noqa: E731
     shared = (n_nodes if shared_nodes is None else shared_nodes) if slots_per_gpu else 0
@@ -77,8 +84,12 @@ def up(*, n_nodes: int = 3, gpus: int = 2, managers: int = 1, stacks: list[str] 
     try:
         timings = _build(state, engine, say, clock, converge_timeout)
     except BaseException as e:
-        if keep_on_failure:
-            raise RehearsalError(f"{e}\nThe partial rehearsal is still there: look at it, then run `{CLI} down`.")
+        if keep_on_failure or (keep_on_failure is None and isinstance(e, NotConverged)):
+            first = nodes_of(state)[0]
+            raise RehearsalError(
+                f"{e}\nThe rehearsal is still up, so you can look at what went wrong: `{CLI} status`, or "
+                f"`DOCKER_HOST=unix://{first.sock} docker service ps --no-trunc <service>` (and `docker service "
+                f"logs`); then run `{CLI} down`. (`up --no-keep-on-failure` removes it instead.)") from None
         say("up failed: removing what it made")
         down(progress=lambda _: None)
         if isinstance(e, RehearsalError):
@@ -146,10 +157,16 @@ def _build(state: dict, engine, say, clock: _Clock, converge_timeout: float) -> 
     deploy_stacks(desired(state), engine)
     stacks_deployed = clock.lap("stack_deploy")
     say(f"stack(s) deployed: {', '.join(state['stacks'])}")
-    view = with_checks(wait_converged(nodes, engine, state["kind"], converge_timeout, state.get("shared_kind", "")),
-                       state)
+    try:
+        view = with_checks(wait_converged(nodes, engine, state["kind"], converge_timeout,
+                                          state.get("shared_kind", "")), state)
+    except NotConverged:
+        # The swarm stays up for a look (see up), so give it everything a working one has.
+        health.start_all(nodes, engine, state["kind"], state.get("shared_kind", ""))
+        metrics.start_all(nodes, state["kind"], state.get("shared_kind", ""))
+        raise
     converged = clock.lap("stack_converge")
-    say("stacks converged")
+    say("stacks converged: " + "; ".join(placement.outcome(view)))
     # As the node software installs them; started last, so that they leave the CPU to the steps above.
     health.start_all(nodes, engine, state["kind"], state.get("shared_kind", ""))
     metrics.start_all(nodes, state["kind"], state.get("shared_kind", ""))  # the GPU metrics exporter
@@ -167,17 +184,24 @@ def stack_name(path: Path) -> str:
 
 
 def wait_converged(nodes: list[Node], engine, kind: str, timeout: float, shared_kind: str = "") -> dict:
+    """The swarm's view once every task is settled (placement.settled: running, waiting for a GPU,
+    ended, or restarting after it completed); NotConverged at the timeout, or as soon as a task
+    fails over and over without ever completing."""
     deadline = time.monotonic() + timeout
     while True:
         # The full view asks every task's node for its container: read it only once the manager's
         # own records say the stacks converged, so the polling leaves the CPU to the tasks starting.
-        if placement.looks_converged(nodes, engine) or time.monotonic() > deadline:
+        quick = placement.quick_view(nodes, engine)
+        late = time.monotonic() > deadline
+        if (quick and placement.converged(quick)) or (quick and placement.stuck(quick)) or late:
             view = placement.collect(nodes, engine, kind, shared_kind)
             if placement.converged(view):
                 return view
-            if time.monotonic() > deadline:
-                raise RehearsalError(f"the stacks did not converge in {timeout:.0f} s:\n"
-                                     + placement.render_table(view))
+            failing = placement.stuck(view)
+            if failing or late:
+                why = (f"cannot converge: {'; '.join(failing)}" if failing
+                       else f"did not converge in {timeout:.0f} s")
+                raise NotConverged(f"the stacks {why}:\n" + placement.render_table(view))
         time.sleep(0.1)
 
 

@@ -185,10 +185,11 @@ def test_down_removes_everything(engine):
 
 
 def test_a_failed_up_leaves_nothing_behind_and_says_so(engine):
-    """A stack that does not converge in time fails `up`; everything it made is removed."""
+    """A stack that does not converge in time fails `up`; with --no-keep-on-failure everything it made is
+    removed (by default such a swarm is kept to look at: tests/test_stacks_ending.py)."""
     cli("down")
     with pytest.raises(RehearsalError) as err:
-        rehearsal_mod.up(n_nodes=2, gpus=1, progress=lambda _: None, converge_timeout=0)
+        rehearsal_mod.up(n_nodes=2, gpus=1, progress=lambda _: None, converge_timeout=0, keep_on_failure=False)
     assert "did not converge" in str(err.value) and "Nothing is left behind" in str(err.value)
     assert network.our_netns() == [] and network.our_rules() == []
     assert _our_processes() == []
