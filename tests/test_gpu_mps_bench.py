@@ -86,6 +86,7 @@ def test_the_mps_bench_passes_every_check_on_a_stand_in_gpu(engine, tmp_path):
            "GPU_SWARM_REHEARSAL_TOOLKIT_CONFIG": str(toolkit), "CUDA_PROBE": str(tmp_path / "cuda-probe")}
     runtime_env = Path("/etc/gpu-swarm/runtime.env")
     before = runtime_env.read_bytes() if runtime_env.exists() else None
+    ours = [] if Path("/run/gpu-swarm").exists() else ["/run/gpu-swarm"]  # the ledger's folder, when it made it
     try:
         done = subprocess.run([sys.executable, "bench/gpu_mps.py", "--out", str(tmp_path / "out"), "--start-runs", "2"],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -95,5 +96,5 @@ def test_the_mps_bench_passes_every_check_on_a_stand_in_gpu(engine, tmp_path):
         assert (runtime_env.read_bytes() if runtime_env.exists() else None) == before  # put back
         assert json.loads(hardware.read_text())["gpus"][0]["compute_mode"] == 0  # Default again
     finally:
-        for leftover in ("/var/lib/gpu-swarm-mps", "/run/gpu-swarm-mps-bench", "/run/gpu-swarm/mps"):
+        for leftover in ("/var/lib/gpu-swarm-mps", "/run/gpu-swarm-mps-bench", "/run/gpu-swarm/mps", *ours):
             shutil.rmtree(leftover, ignore_errors=True)
