@@ -92,7 +92,8 @@ def _parser() -> argparse.ArgumentParser:
     program.add_argument("--parallel", type=int, default=6, metavar="N",
                          help="resource operations at once, as `pulumi up --parallel` (default %(default)s)")
     program.add_argument("--bump-node-software", action="store_true",
-                         help="as if node/ had changed: a new bundle that rolls through the nodes")
+                         help="as if node/ had changed (and stays changed for later runs): a new bundle "
+                              "that rolls through the nodes")
     program.add_argument("--converge-timeout", type=float, default=300, metavar="S")
     return p
 

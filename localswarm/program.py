@@ -97,7 +97,9 @@ def up(*, stack: str = "dev", overrides: dict | None = None, parallel: int = 6, 
     node_image.ensure_image(say)
     _infrastructure(config, say)
 
-    source = _bumped_software(state.get("bumps", 0) + 1) if bump_software else None
+    # A bump stays, as an edit of node/ would: later runs build the same bundle until the next bump.
+    bumps = state.get("bumps", 0) + (1 if bump_software else 0)
+    source = _bumped_software(bumps) if bumps else None
     cloud = LocalCloud(previous=state.get("resources", {}), region=config["aws:region"], say=say,
                        clock=time.monotonic, machines_by_instance=dict(state.get("machines", {})),
                        next_index=state.get("next_index", 1))
@@ -119,7 +121,7 @@ def up(*, stack: str = "dev", overrides: dict | None = None, parallel: int = 6, 
     _save_state({"stack": stack, "kind": config.get("gpu-swarm:gpuKind") or "NVIDIA-GPU",
                  "shared_kind": config.get("gpu-swarm:sharedGpuKind") or "", "resources": {**(cloud.previous if error else {}), **cloud.current},
                  "machines": cloud.machines_by_instance, "next_index": cloud.next_index,
-                 "bumps": state.get("bumps", 0) + (1 if bump_software and error is None else 0)})
+                 "bumps": bumps})  # an edit of node/ stays, whether or not the up that met it succeeded
     ran = [a for a in cloud.actions if a.typ == COMMAND and a.action in ("create", "replace", "update")]
     if error:
         raise RehearsalError(f"pulumi up failed: {error}\nWhat it made is still there: fix the cause and run "

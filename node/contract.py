@@ -123,6 +123,8 @@ RUNTIME_ENV_PATH = f"{CONFIG_DIR}/runtime.env"  # the agent writes the guard's s
 # gpu_guard.py read it (daemon.json passes its path to the runtime)
 INSTALLER_PATH = "/usr/local/sbin/gpu-swarm-install"  # the program writes it; cloud-init and upgrades run it
 UNATTENDED_CONFIG = "/etc/apt/apt.conf.d/51gpu-swarm-unattended"  # the program writes; unattended-upgrades reads
+NVLSM_MODULES_CONF = "/etc/modules-load.d/gpu-swarm-nvlsm.conf"  # install-nvlink-subnet-manager.sh writes it
+# (ib_umad at every boot, for the NVLink Subnet Manager of p6-b200/b300); systemd-modules-load reads it
 LOG_DIR = "/var/log/gpu-swarm"  # the installer and the steps log here
 BOOTSTRAP_LOG = f"{LOG_DIR}/bootstrap.log"  # the installer and every step append; the program tails it on failure
 STATE_DIR = "/var/lib/gpu-swarm"  # what the node remembers across boots
