@@ -270,12 +270,18 @@ def _wait_converged(nodes: list[ViewNode], timeout: float, kind: str, shared_kin
     engine = find_engine()
     deadline = time.monotonic() + timeout
     while True:
-        if placement.looks_converged(nodes, engine) or time.monotonic() > deadline:
+        quick = placement.quick_view(nodes, engine)
+        late = time.monotonic() > deadline
+        if (quick and (placement.converged(quick) or placement.stuck(quick))) or late:
             view = placement.collect(nodes, engine, kind, shared_kind)
             if placement.converged(view):
                 return view
-            if time.monotonic() > deadline:
-                raise RehearsalError(f"the stacks did not converge in {timeout:.0f} s:\n" + placement.render_table(view))
+            failing = placement.stuck(view)
+            if failing or late:
+                why = "; ".join(failing) if failing else f"they did not settle in {timeout:.0f} s"
+                # The swarm stays, as after a failed `pulumi up`: the evidence is on it.
+                raise RehearsalError(f"the stacks did not converge: {why}\n{placement.render_table(view)}\n"
+                                     f"The swarm is kept: look with `{CLI} program status`, then `{CLI} down`.")
         time.sleep(0.5)
 
 
