@@ -14,9 +14,10 @@ guard without runtimeArgs, as on a node. On the first GPU:
    reserved nothing but sets DOCKER_RESOURCE_NVIDIA-GPU=<its UUID> does not start, and the
    guard's message names the holder (the bug seen on an H100); once the holder is gone the same
    service gets the free GPU (README "Isolation": the guard cannot tell its variable from
-   swarm's); a task that reserved nothing sees no GPU. Then the guard's cost: --start-runs
-   interleaved `docker run --rm` each, guard against nvidia-container-runtime alone, with one
-   GPU and with none; and bench/guard_cost.py per OCI call on this machine.
+   swarm's); a task that reserved nothing sees no GPU. Then the guard's cost, its server
+   running as gpu-swarm-guard.service runs it on a node: --start-runs interleaved `docker run
+   --rm` each, guard against nvidia-container-runtime alone, with one GPU and with none; and
+   bench/guard_cost.py per OCI call on this machine (with and without the server).
 2. MPS (--slots K): node/gpu-swarm-mps start (what gpu-swarm-mps.service runs), the agent with
    --sharing-mode mps, the engine restarted. K slot tasks allocate --mib each through CUDA at
    once; one task that asks for more than its slot's share fails (CUDA error 2) while the
@@ -190,6 +191,19 @@ def start_times(variants: dict[str, list[str]], runs: int) -> dict[str, list[flo
     return samples
 
 
+def start_guard_server(out: Path) -> subprocess.Popen:
+    """The guard's server, as gpu-swarm-guard.service runs it, where the agent pointed the runtime."""
+    settings = dict(line.split("=", 1) for line in Path(RUNTIME_ENV_PATH).read_text().splitlines()
+                    if "=" in line and not line.startswith("#"))
+    directory = Path(settings["GUARD_SERVER"])
+    (directory / "server.pid").unlink(missing_ok=True)
+    proc = subprocess.Popen([sys.executable, "-I", "-S", str(REPO / "node" / "guard_server.py"), str(directory)],
+                            stdout=open(out / "guard-server.log", "ab"), stderr=subprocess.STDOUT)
+    wait(lambda: (directory / "server.pid").exists() or proc.poll() is not None, 10, "the guard's server")
+    check("the guard's server answers the runtime's creates", proc.poll() is None, str(directory))
+    return proc
+
+
 def time_left() -> float:
     ends = os.environ.get("GPU_SESSION_ENDS_AT")
     return float(ends) - time.time() if ends else float("inf")
@@ -336,13 +350,14 @@ def main() -> int:
     shutil.rmtree(ROOT, ignore_errors=True)
     ROOT.mkdir(parents=True)
     Path(RUNTIME_ENV_PATH).parent.mkdir(parents=True, exist_ok=True)
-    engine = Engine(out)
+    engine, server = Engine(out), None
     try:
         report = agent(out, "whole")
         daemon = json.loads((ROOT / "daemon.json").read_text())
         check("the agent advertises the GPU and makes the guard the default runtime, as on a node",
               f"{KIND}={gpu}" in report["resources"] and daemon["runtimes"]["gpu-swarm"] == {
                   "path": str(REPO / "node" / "gpu-swarm-runtime")}, "no runtimeArgs: no /bin/sh wrapper")
+        server = start_guard_server(out)
         engine.start()
         run(["bash", str(REPO / "bench" / "cuda_standin.sh"), IMAGE, args.cuda_probe], env=engine_env())
         addr = run(["hostname", "-I"]).stdout.split()[0]
@@ -356,6 +371,9 @@ def main() -> int:
             docker("service", "rm", name, check_rc=False)
         docker("swarm", "leave", "--force", check_rc=False)
         engine.stop()
+        if server:
+            server.kill()
+            server.wait()
         stopped = run(["bash", str(REPO / "node" / "gpu-swarm-mps"), "stop"], check_rc=False, timeout=90)
         for log in Path(MPS_DIR).glob("*/log/*.log"):
             shutil.copy(log, out / f"mps-{log.parent.parent.name[:12]}-{log.name}")

@@ -13,6 +13,9 @@ directly, on a copy of a real swarm task's config.json, interleaved, median of -
 - `create` of a task that reserved nothing (rewritten to NVIDIA_VISIBLE_DEVICES=void);
 - `start` (and every other call): the sh front alone, which execs the delegate;
 - per container: create + start + state + delete, one GPU.
+"guard" runs as on a node, its server (guard_server.py, gpu-swarm-guard.service) answering
+each create; "guard, no server" is the runtime running gpu_guard.py itself, as it does when
+the server is not up.
 With --baseline REV, the guard of that commit runs in the same interleaved loop, called as
 dockerd called it then: its daemon.json entry had runtimeArgs, so dockerd ran it through a
 /bin/sh wrapper of its own (moby daemon/runtime_unix.go writes `#!/bin/sh\\n<path> <args> $@`).
@@ -56,12 +59,21 @@ def timed(cmd: list[str]) -> float:
 class Guard:
     """One version of the guard: its files, its settings per pool kind, how dockerd calls it."""
 
-    def __init__(self, work: Path, name: str, node: Path, wrapped: bool):
-        self.name, self.front = name, node / "gpu-swarm-runtime"
-        own = work / name.replace(" ", "-")
+    def __init__(self, work: Path, name: str, node: Path, wrapped: bool, server: bool = False):
+        self.name, self.front, self.server = name, node / "gpu-swarm-runtime", None
+        own = work / name.replace(" ", "-").replace(",", "")
         own.mkdir()
         common = (f"DELEGATE=/bin/true\nGUARD={node / 'gpu_guard.py'}\nGUARD_PYTHON={sys.executable}\nKIND=NVIDIA-GPU\n"
                   f"GPUS={GPU}\nALLOW_DOCKER_RUN_GPUS=true\nLEDGER={own / 'claims'}\n")
+        if server:  # as gpu-swarm-guard.service runs it on a node
+            common += f"GUARD_SERVER={own / 'server'}\n"
+            self.server = subprocess.Popen([sys.executable, "-I", "-S", str(node / "guard_server.py"), str(own / "server")],
+                                           stdout=subprocess.DEVNULL)
+            deadline = time.monotonic() + 10
+            while not (own / "server" / "server.pid").exists():
+                if time.monotonic() > deadline or self.server.poll() is not None:
+                    raise RuntimeError("the guard's server did not start")
+                time.sleep(0.02)
         self.settings = {
             "whole": common + "SHARED_KIND=\nSLOTS_PER_GPU=0\n",
             "mps": common + (f"SHARED_KIND=NVIDIA-GPU-SHARED\nSLOTS_PER_GPU=4\nSHARING=mps\nMPS_DIR={work / 'mps'}\n"
@@ -87,7 +99,9 @@ class Guard:
 def baseline(work: Path, rev: str) -> Path:
     node = work / f"node-{rev}"
     node.mkdir()
-    for name in ("gpu-swarm-runtime", "gpu_guard.py"):
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-tree", "--name-only", rev, "node/"], check=True,
+                            capture_output=True, text=True).stdout.split()
+    for name in [n[5:] for n in listed if n[5:] == "gpu-swarm-runtime" or ("guard" in n and n.endswith(".py"))]:
         text = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:node/{name}"], check=True,
                               capture_output=True, text=True).stdout
         (node / name).write_text(text)
@@ -114,7 +128,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="guard-cost-"))
     daemon = fake_mps_daemon(work)
     try:
-        guards = [Guard(work, "guard", REPO / "node", wrapped=False)]
+        guards = [Guard(work, "guard", REPO / "node", wrapped=False, server=True),
+                  Guard(work, "guard, no server", REPO / "node", wrapped=False)]
         if args.baseline:
             guards.append(Guard(work, f"guard at {args.baseline}", baseline(work, args.baseline), wrapped=True))
         bundles = {}
@@ -132,7 +147,7 @@ def main() -> int:
         for i in range(args.runs + 5):
             for case, (_, kind) in CASES.items():
                 for guard in guards:
-                    if "MPS" in case and guard is not guards[0]:
+                    if "MPS" in case and guard.name.startswith("guard at"):
                         continue  # the baseline knew no MPS
                     shutil.copy(bundles[case] / "config.json.orig", bundles[case] / "config.json")
                     container = f"task-{case[8:11]}"
@@ -159,18 +174,19 @@ def main() -> int:
         assert "NVIDIA_VISIBLE_DEVICES=void" in rewritten, "the guard did not run"
         print(f"median of {args.runs} interleaved calls, milliseconds; python {sys.version.split()[0]}; "
               f"{os.cpu_count()} cores")
-        print(f"{'call':42} " + " ".join(f"{w:>22}" for w in who) + " " +
-              " ".join(f"{'adds' + g.name[5:]:>16}" for g in guards))
+        print(f"{'call':42} " + " ".join(f"{w:>18}" for w in who) + " | what each adds: " +
+              " ".join(f"{g.name:>18}" for g in guards))
         for case, s in samples.items():
             medians = {w: statistics.median(v) * 1000 for w, v in s.items() if v}
-            row = " ".join(f"{medians[w]:22.1f}" if w in medians else f"{'-':>22}" for w in who)
-            adds = " ".join(f"{medians[g.name] - medians['delegate alone']:+16.1f}" if g.name in medians else f"{'-':>16}"
+            row = " ".join(f"{medians[w]:18.1f}" if w in medians else f"{'-':>18}" for w in who)
+            adds = " ".join(f"{medians[g.name] - medians['delegate alone']:+18.1f}" if g.name in medians else f"{'-':>18}"
                             for g in guards)
-            print(f"{case:42} {row} {adds}")
+            print(f"{case:42} {row} | {' ' * 16}{adds}")
         return 0
     finally:
-        daemon.kill()
-        daemon.wait()
+        for process in [daemon] + [g.server for g in locals().get("guards", []) if g.server]:
+            process.kill()
+            process.wait()
         shutil.rmtree(work)
 
 

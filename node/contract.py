@@ -143,6 +143,9 @@ GUARD_LEDGER_PATH = "/run/gpu-swarm/gpu-claims"  # which container holds which G
 MPS_DIR = "/run/gpu-swarm/mps"  # <uuid>/pipe and <uuid>/log of each GPU's MPS control daemon: gpu-swarm-mps starts
 # them there; the guard mounts a slot task's GPU's pipe; the watcher reads each daemon's pid file
 MPS_SCRIPT_PATH = f"{SOFTWARE_DIR}/gpu-swarm-mps"  # gpu-swarm-mps.service runs it (start, stop)
+GUARD_SERVER_DIR = "/run/gpu-swarm/guard"  # the guard's server (guard_server.py) listens on <dir>/requests and
+# names itself in <dir>/server.pid; the agent writes it to runtime.env as GUARD_SERVER; gpu-swarm-runtime reads both
+GUARD_SERVER_PATH = f"{SOFTWARE_DIR}/guard_server.py"  # gpu-swarm-guard.service runs it
 # Other programs' files that ours write or read:
 DOCKER_DAEMON_JSON = "/etc/docker/daemon.json"  # the agent (resources, gpu.* labels, runtimes) and the watcher
 # (condition labels) write their keys; dockerd reads; the program counts the advertised resources
@@ -163,6 +166,7 @@ AGENT_UNIT = "gpu-swarm-agent.service"  # install-gpu-agent.sh installs it; runs
 HEALTH_UNIT = "gpu-swarm-health.service"  # install-health-watcher.sh installs it on GPU nodes
 RECONCILER_UNIT = "gpu-swarm-reconciler.service"  # install-reconciler.sh installs it on managers
 MPS_UNIT = "gpu-swarm-mps.service"  # install-mps.sh installs it on pools that share by MPS; before the agent and docker
+GUARD_UNIT = "gpu-swarm-guard.service"  # install-gpu-agent.sh installs it on GPU nodes; before docker
 METRICS_UNIT = "gpu-swarm-metrics.service"  # install-gpu-metrics.sh installs it on GPU nodes
 INSTALL_UNIT = "gpu-swarm-install"  # the transient unit the program runs the installer in
 

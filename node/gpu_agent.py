@@ -25,8 +25,8 @@ import sys
 
 from contract import EFA_COUNT_LABEL, EFA_LABEL_PREFIX, EFA_SYSFS
 from contract import (DOCKER_DAEMON_JSON, GPU_LABEL_PREFIX, GPU_REPLICAS_LABEL, GPU_SHARING_LABEL, GUARD_LEDGER_PATH,
-                      GUARD_PATH, KIND_ENV, MPS_DIR, RUNTIME_ENV_PATH, SHARED_KIND_ENV, SHARING_MODE_ENV,
-                      SLOTS_PER_GPU_ENV, TOOLKIT_CONFIG)
+                      GUARD_PATH, GUARD_SERVER_DIR, KIND_ENV, MPS_DIR, RUNTIME_ENV_PATH, SHARED_KIND_ENV,
+                      SHARING_MODE_ENV, SLOTS_PER_GPU_ENV, TOOLKIT_CONFIG)
 from daemon_json import locked, read_daemon_json, set_labels, write_atomic
 from efa_detect import efa_labels
 from gpu_detect import BadInput, DetectionFailed, detect_gpus, gpu_labels, load_inventory
@@ -95,7 +95,7 @@ def merge_daemon_config(config: dict, resources: list[str], labels: dict, guard:
 
 def runtime_settings(*, kind: str, shared_kind: str, slots: int, gpus: list[dict], guard: str, delegate: str,
                      allow_docker_run_gpus: bool, ledger: str = GUARD_LEDGER_PATH, mode: str = "time-slicing",
-                     mps_dir: str = MPS_DIR) -> str:
+                     mps_dir: str = MPS_DIR, server: str = GUARD_SERVER_DIR) -> str:
     """The guard's runtime.env: read by its sh front (sourced) and by gpu_guard.py."""
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
     values = {
@@ -108,6 +108,7 @@ def runtime_settings(*, kind: str, shared_kind: str, slots: int, gpus: list[dict
         "GPUS": ",".join(g["uuid"] for g in gpus),
         "ALLOW_DOCKER_RUN_GPUS": "true" if allow_docker_run_gpus else "false",
         "LEDGER": ledger,
+        "GUARD_SERVER": server,  # where guard_server.py listens; while it does not, the runtime runs the guard
     }
     if slots and mode == "mps":
         values.update({
@@ -288,7 +289,7 @@ def run(args: argparse.Namespace, warnings: list[str]) -> dict:
         text = runtime_settings(kind=kind, shared_kind=shared_kind, slots=args.slots_per_gpu, gpus=gpus,
                                 guard=args.guard, delegate=args.runtime_delegate,
                                 allow_docker_run_gpus=not args.refuse_docker_run_gpus, ledger=args.guard_ledger,
-                                mode=args.sharing_mode, mps_dir=args.mps_dir)
+                                mode=args.sharing_mode, mps_dir=args.mps_dir, server=args.guard_server)
         old = open(args.runtime_config).read() if os.path.exists(args.runtime_config) else None
         files["runtime_config"] = "unchanged"
         if text != old:
@@ -337,6 +338,8 @@ def parse_args(argv) -> argparse.Namespace:
                         help=f"where the GPUs' MPS daemons keep their pipes (default {MPS_DIR})")
     parser.add_argument("--guard-ledger", default=GUARD_LEDGER_PATH, metavar="PATH",
                         help=f"the guard's record of which container holds which GPU (default {GUARD_LEDGER_PATH})")
+    parser.add_argument("--guard-server", default=GUARD_SERVER_DIR, metavar="PATH",
+                        help=f"where the guard's server listens (default {GUARD_SERVER_DIR}; empty: none)")
     parser.add_argument("--efa-sysfs", default=EFA_SYSFS, metavar="PATH",
                         help=f"where the kernel lists EFA devices, for the {EFA_COUNT_LABEL} label "
                              f"(default {EFA_SYSFS})")

@@ -295,9 +295,8 @@ def _global_option(args: list[str], name: str) -> str | None:
 
 
 def report_error(args: list[str], message: str) -> None:
-    """Say why the container did not start where containerd reads a runtime's error (runc's --log
-    file: it ignores stderr), and on stderr for anyone calling by hand."""
-    print(message, file=sys.stderr)
+    """Say why the container did not start where containerd reads a runtime's error: runc's --log
+    file (it ignores stderr). Whoever runs the create prints it on stderr too."""
     log = _global_option(args, "--log")
     if not log:
         return
@@ -313,8 +312,10 @@ def report_error(args: list[str], message: str) -> None:
         pass
 
 
-def main(argv: list[str]) -> int:
-    config, args = argv[0], argv[1:]
+def check(config: str, args: list[str]) -> tuple[bool, str]:
+    """(True, the delegate to run) when the container may start: its config.json is rewritten and
+    its GPUs claimed. (False, why not) otherwise, said where containerd reads it as well. Used by
+    main() (a create run here) and by guard_server.py (a create handed over by the sh front)."""
     try:
         settings = read_settings(config)
         loads, dumps = codec()
@@ -349,18 +350,26 @@ def main(argv: list[str]) -> int:
                               f"it in its own environment (docker ps --filter id={held.holder[:12]}); else remove "
                               "DOCKER_RESOURCE_* from this service's environment and reserve GPUs with "
                               "generic_resources")
+        if settings.get("LOG"):
+            with open(settings["LOG"], "a", encoding="utf-8") as log:
+                log.write(f"{args[-1] if args else '?'}: {decision.text}\n")
+        return True, settings["DELEGATE"]
     except Refused as e:
-        report_error(args, f"gpu-swarm guard: {e}; the container was not started")
-        return 1
+        message = f"gpu-swarm guard: {e}; the container was not started"
     except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as e:
-        report_error(args, f"gpu-swarm guard: cannot check this container ({type(e).__name__}: {e}); it was not "
-                           f"started. See {config} and the GPU agent's log")
+        message = (f"gpu-swarm guard: cannot check this container ({type(e).__name__}: {e}); it was not started. "
+                   f"See {config} and the GPU agent's log")
+    report_error(args, message)
+    return False, message
+
+
+def main(argv: list[str]) -> int:
+    config, args = argv[0], argv[1:]
+    ok, said = check(config, args)
+    if not ok:
+        print(said, file=sys.stderr)
         return 1
-    if settings.get("LOG"):
-        with open(settings["LOG"], "a", encoding="utf-8") as log:
-            log.write(f"{args[-1] if args else '?'}: {decision.text}\n")
-    delegate = settings["DELEGATE"]
-    posix.execv(delegate, [delegate, *args])
+    posix.execv(said, [said, *args])
     return 1  # not reached
 
 

@@ -23,10 +23,10 @@ def absolute(path: str) -> str:
     return path if path.startswith("/") else f"{posix.getcwd()}/{path}"
 
 
-def _makedirs(path: str) -> None:
+def makedirs(path: str) -> None:
     if not path or _isdir(path):
         return
-    _makedirs(path.rpartition("/")[0])
+    makedirs(path.rpartition("/")[0])
     try:
         posix.mkdir(path, 0o755)
     except FileExistsError:
@@ -87,7 +87,7 @@ def claim(ledger: str, keys: list[str], container: str, root: str, bundle: str, 
     for field in (container, root, bundle):
         if not field or any(c in field for c in "\t\n"):
             raise ValueError(f"cannot record the claim: {field!r} is not a container id or path")
-    _makedirs(ledger.rpartition("/")[0])  # /run/gpu-swarm, after a reboot
+    makedirs(ledger.rpartition("/")[0])  # /run/gpu-swarm, after a reboot
     lock = posix.open(ledger + ".lock", posix.O_RDWR | posix.O_CREAT | posix.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU agent: a venv with NVML's bindings and the metrics exporter's Prometheus client
-# (both pinned in versions.env), its unit installed from the node software, enabled and run now.
+# (both pinned in versions.env), its unit installed from the node software, enabled and run now;
+# and the runtime guard's server (gpu-swarm-guard.service).
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 here=$(dirname "${BASH_SOURCE[0]}")
@@ -23,3 +24,5 @@ systemctl start gpu-swarm-agent.service || {
   journalctl -u gpu-swarm-agent.service -n 30 --no-pager || :
   die "gpu-swarm-agent failed"
 }
+# The runtime guard's server (guard_server.py): restarted, so new node software runs at once.
+install_service gpu-swarm-guard.service

@@ -352,9 +352,10 @@ def test_gpu_agent_step_enables_and_runs_the_unit(node):
     node.fake("systemctl", "exit 0")
     assert node.bootstrap("install-gpu-agent").returncode == 0, node.log.read_text()
     assert node.called() == ["systemctl daemon-reload", "systemctl enable gpu-swarm-agent.service",
-                             "systemctl start gpu-swarm-agent.service"]
-    assert (node.root / "units" / "gpu-swarm-agent.service").read_text() == \
-        (NODE_SRC / "gpu-swarm-agent.service").read_text()
+                             "systemctl start gpu-swarm-agent.service", "systemctl daemon-reload",
+                             "systemctl enable gpu-swarm-guard.service", "systemctl restart gpu-swarm-guard.service"]
+    for unit in ("gpu-swarm-agent.service", "gpu-swarm-guard.service"):  # the guard's server: see guard_server.py
+        assert (node.root / "units" / unit).read_text() == (NODE_SRC / unit).read_text()
 
 
 def test_gpu_agent_step_installs_the_pinned_nvml_bindings(node):
