@@ -8,7 +8,7 @@ H100 host, where the rest of the runtime's work is under 2 ms). Here one interpr
 once, makes the same decisions with the same code (gpu_guard.check). The sh front
 (gpu-swarm-runtime) makes a FIFO of its own, DIR/reply.<its pid>, writes one request into
 DIR/requests (NUL-separated: the number of runtime arguments, the reply FIFO, the settings file,
-the arguments; one write, so requests never interleave), reads the one-line answer ("ok" or
+its working directory, the arguments; one write, so requests never interleave), reads the one-line answer ("ok" or
 "refused <why>") and execs the delegate or fails. It uses this server only while DIR/server.pid
 names a live process called gpu-swarm-guard; otherwise it runs gpu_guard.py itself, as before.
 Fail closed: a request this server cannot read is refused. A server that died with requests
@@ -58,18 +58,19 @@ def take(buffer: bytes) -> tuple[list[str] | None, bytes]:
         return None, buffer
     if not count.isdigit():
         return [], b""
-    fields = rest.split(b"\0", int(count) + 2)
-    if len(fields) < int(count) + 3:
+    fields = rest.split(b"\0", int(count) + 3)
+    if len(fields) < int(count) + 4:
         return None, buffer
     *request, after = fields
     return [f.decode("utf-8", "surrogateescape") for f in request], after
 
 
 def handle(directory: str, request: list[str]) -> None:
-    if len(request) < 2:
+    if len(request) < 3:
         return  # no reply FIFO to answer: the front that sent it waits for the restart's answer
-    path, config, args = request[0], request[1], request[2:]
+    path, config, cwd, args = request[0], request[1], request[2], request[3:]
     try:
+        posix.chdir(cwd)  # the runtime's own: a bundle given as a relative path, or none (".")
         ok, said = check(config, args)
         line = "ok" if ok else f"refused {said}"
     except Exception as e:  # a bug must not end the server, nor start a container: refuse and go on

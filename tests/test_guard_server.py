@@ -90,6 +90,15 @@ def test_creates_at_the_same_moment_through_the_server_give_a_gpu_to_exactly_one
     assert node.claims() == {B: names[codes.index(0)]}
 
 
+def test_a_bundle_given_relative_to_the_runtimes_directory_is_found(served):
+    node, _ = served
+    node.prepare("rel", f"{WHOLE}={A}")
+    args = [a if a != str(node.bundle("rel")) else "rel" for a in node.args("rel")]
+    result = subprocess.run(args, cwd=node.bundle("rel").parent, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert f"NVIDIA_VISIBLE_DEVICES={A}" in (node.bundle("rel") / "config.json").read_text()
+
+
 def test_the_settings_are_read_at_every_create(served):
     node, _ = served
     node.config.write_text(node.config.read_text().replace(f"GPUS={A},{B}", f"GPUS={B}"))
@@ -101,7 +110,7 @@ def test_requests_it_cannot_read_do_not_stop_it(served):
     node, server = served
     fd = os.open(server.directory / "requests", os.O_WRONLY)
     os.write(fd, b"x\0not a request\0")
-    os.write(fd, b"2\0/etc/passwd\0/nonexistent\0a\0b\0")  # a reply path outside its folder: never touched
+    os.write(fd, b"2\0/etc/passwd\0/nonexistent\0/\0a\0b\0")  # a reply path outside its folder: never touched
     os.close(fd)
     assert node.create("c", f"{WHOLE}={A}").returncode == 0 and server.proc.poll() is None
     assert Path("/etc/passwd").exists()
