@@ -9,8 +9,10 @@ the program's dependency order. The module runs one stack through its life: the 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
+import uuid
 
 import pytest
 
@@ -133,8 +135,10 @@ def test_a_rebooted_node_comes_back_with_its_gpu_and_the_next_up_has_nothing_to_
 def test_a_failed_first_boot_fails_its_wait_with_the_nodes_log_and_the_next_wait_installs(tmp_path, first):
     """The boot wait, the program's first command on a node, against a machine whose install failed:
     the bundle is not where its user data says. Then the bundle appears: the next wait installs."""
-    bucket = "gpu-swarm-boot-test"
+    # A bucket of this run's own: an object left by an earlier run on this machine would make the boot succeed.
+    bucket = f"gpu-swarm-boot-test-{uuid.uuid4().hex[:12]}"
     sha = node_software.bundle_sha256()
+    object_store.object_path(bucket, "x").parent.mkdir(parents=True)  # the bucket is there; its object is not
     env = node_software.node_env(gpu=True, gpu_kind="NVIDIA-GPU", instance_type="g4dn.xlarge", image="ubuntu")
     release = NodeRelease(object_store.url(bucket, node_software.bundle_key(sha)), sha, env,
                           tuple(node_software.bootstrap_steps(gpu=True, instance_type="g4dn.xlarge")))
@@ -163,4 +167,5 @@ def test_a_failed_first_boot_fails_its_wait_with_the_nodes_log_and_the_next_wait
         assert timings["fetch-bundle"]["status"] == "done" and timings["install-gpu-agent"]["status"] == "done"
     finally:
         machines.terminate(m)
+        shutil.rmtree(object_store.object_path(bucket, "x").parent, ignore_errors=True)
 
