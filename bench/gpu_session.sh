@@ -233,12 +233,31 @@ node_boot() {  # what a node's boot does before docker starts: its software, the
   fi
   "$PYTHON" "$SOFTWARE/gpu_agent.py" --json "${inventory[@]}" --daemon-json "$ETC/docker/daemon.json" \
     --toolkit-config "$toml" --runtime-config "$ETC/gpu-swarm/runtime.env" --guard "$SOFTWARE/gpu-swarm-runtime" \
-    --runtime-delegate "$NVBIN/nvidia-container-runtime" >"$LOGS/agent-report.json" || return 1
+    --guard-server "$GUARD_DIR" --runtime-delegate "$NVBIN/nvidia-container-runtime" >"$LOGS/agent-report.json" || return 1
   cp "$ETC/docker/daemon.json" "$toml" "$ETC/gpu-swarm/runtime.env" "$LOGS/"
   "$PYTHON" -c 'import json, sys; r = json.load(open(sys.argv[1]))
 print("   advertised:", " ".join(r["resources"]) or "nothing", "| warnings:", r.get("warnings") or "none")' \
     "$LOGS/agent-report.json"
   say "   toolkit: $(grep -E '^[[:space:]]*(swarm-resource|mode)[[:space:]]*=' "$toml" | paste -sd' ')"
+}
+
+# The guard's server, as gpu-swarm-guard.service runs it before docker on a node, so that the
+# programs measure a node's real path. Its folder is the session's own (a program may start a
+# server of its own in the node's path, /run/gpu-swarm/guard).
+GUARD_DIR=$RUN/guard GUARD_PID=""
+start_guard() {
+  rm -f "$GUARD_DIR/server.pid"
+  /usr/bin/python3 -I -S "$SOFTWARE/guard_server.py" "$GUARD_DIR" >"$LOGS/guard-server.log" 2>&1 &
+  GUARD_PID=$!
+  local i
+  for ((i = 0; i < 50; i++)); do
+    if [ -e "$GUARD_DIR/server.pid" ]; then say "   guard server $GUARD_PID in $GUARD_DIR"; return 0; fi
+    kill -0 "$GUARD_PID" 2>/dev/null || break
+    sleep 0.2
+  done
+  say "   the guard's server did not start; the end of its log:"
+  tail -n 20 "$LOGS/guard-server.log"
+  return 1
 }
 
 CONTAINERD_PID="" DOCKERD_PID=""
@@ -426,6 +445,7 @@ finish() {
     # dockerd bind-mounts its data root onto itself, and leaves it mounted.
     if mountpoint -q "$STATE/docker" 2>/dev/null; then umount "$STATE/docker"; fi
   fi
+  [ -n "$GUARD_PID" ] && kill "$GUARD_PID" 2>/dev/null
   if [ -n "$CONTAINERD_PID" ]; then
     kill "$CONTAINERD_PID" 2>/dev/null && timeout 15 tail --pid="$CONTAINERD_PID" -f /dev/null
   fi
@@ -455,6 +475,7 @@ else
   [ -z "$SETUP_FAILED" ] && step kit install_kit
   [ -z "$SETUP_FAILED" ] && step python python_env
   [ -z "$SETUP_FAILED" ] && step node-boot node_boot
+  [ -z "$SETUP_FAILED" ] && step guard start_guard
   [ -z "$SETUP_FAILED" ] && step engine start_engine
   [ -z "$SETUP_FAILED" ] && step images build_images
 fi
