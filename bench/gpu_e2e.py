@@ -101,12 +101,30 @@ def gpus_of_host() -> list[str]:
 def agent(out: Path, slots: int) -> dict:
     cmd = [sys.executable, str(REPO / "node" / "gpu_agent.py"), "--json", "--daemon-json", str(ROOT / "daemon.json"),
            "--runtime-config", str(ROOT / "runtime.env"), "--guard", str(REPO / "node" / "gpu-swarm-runtime"),
-           "--runtime-delegate", shutil.which("nvidia-container-runtime") or "/usr/bin/nvidia-container-runtime"]
+           "--guard-server", str(RUN / "guard"), "--runtime-delegate", shutil.which("nvidia-container-runtime") or "/usr/bin/nvidia-container-runtime"]
     if slots:
         cmd += ["--slots-per-gpu", str(slots), "--shared-kind", SHARED_KIND]
     report = json.loads(run(cmd).stdout)
     (out / f"agent-report{'-shared' if slots else ''}.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+def start_guard_server(out: Path, runtime_env: Path) -> subprocess.Popen:
+    """The guard's server, as gpu-swarm-guard.service runs it before docker on a node, where the
+    agent's runtime.env points the runtime; so the containers here take a node's real path."""
+    settings = dict(line.split("=", 1) for line in runtime_env.read_text().splitlines()
+                    if "=" in line and not line.startswith("#"))
+    directory = Path(settings["GUARD_SERVER"])
+    (directory / "server.pid").unlink(missing_ok=True)
+    proc = subprocess.Popen(["/usr/bin/python3", "-I", "-S", str(REPO / "node" / "guard_server.py"), str(directory)],
+                            stdout=open(out / "guard-server.log", "ab"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 10
+    while not (directory / "server.pid").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"the guard's server did not start in {directory}; see {out / 'guard-server.log'}")
+        time.sleep(0.1)
+    return proc
 
 
 def start_engine(out: Path) -> subprocess.Popen:
@@ -408,6 +426,8 @@ def main() -> int:
     report = agent(out, 0)
     check("the agent advertises every GPU by its full UUID", sorted(g["uuid"] for g in report["gpus"]) == sorted(host),
           f"{len(report['gpus'])} GPUs, default runtime gpu-swarm")
+    server = start_guard_server(out, ROOT / "runtime.env")
+    check("the guard's server answers the runtime's creates", server.poll() is None, str(RUN / "guard"))
     engine = start_engine(out)
     try:
         build_images(out, probe)
@@ -429,6 +449,8 @@ def main() -> int:
     finally:
         docker("swarm", "leave", "--force", check_rc=False)
         stop_engine(engine)
+        server.kill()
+        server.wait()
     print("\n| check | result | detail |\n|---|---|---|")
     for name, ok, detail in results:
         print(f"| {name} | {'PASS' if ok else 'FAIL'} | {detail.replace('|', '/')} |")

@@ -42,6 +42,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+import gpu_e2e as e2e  # noqa: E402  (its guard server step)
 from swarm import formation  # noqa: E402  (pure Python)
 from swarm.node_contract import GPU_SHARING_LABEL, MPS_DIR, RUNTIME_ENV_PATH  # noqa: E402
 
@@ -192,15 +194,9 @@ def start_times(variants: dict[str, list[str]], runs: int) -> dict[str, list[flo
 
 
 def start_guard_server(out: Path) -> subprocess.Popen:
-    """The guard's server, as gpu-swarm-guard.service runs it, where the agent pointed the runtime."""
-    settings = dict(line.split("=", 1) for line in Path(RUNTIME_ENV_PATH).read_text().splitlines()
-                    if "=" in line and not line.startswith("#"))
-    directory = Path(settings["GUARD_SERVER"])
-    (directory / "server.pid").unlink(missing_ok=True)
-    proc = subprocess.Popen([sys.executable, "-I", "-S", str(REPO / "node" / "guard_server.py"), str(directory)],
-                            stdout=open(out / "guard-server.log", "ab"), stderr=subprocess.STDOUT)
-    wait(lambda: (directory / "server.pid").exists() or proc.poll() is not None, 10, "the guard's server")
-    check("the guard's server answers the runtime's creates", proc.poll() is None, str(directory))
+    """The guard's server, where the agent pointed the runtime (the node's own path)."""
+    proc = e2e.start_guard_server(out, Path(RUNTIME_ENV_PATH))
+    check("the guard's server answers the runtime's creates", proc.poll() is None, str(Path(RUNTIME_ENV_PATH)))
     return proc
 
 
