@@ -222,8 +222,9 @@ START_RUNS = 15  # --start-runs
 START_LIMIT_MS = 30  # issue 8: the guard's median overhead per container start
 
 
-def start_times(variants: dict[str, list[str]]) -> dict[str, float]:
-    """Median seconds of `docker run --rm` per variant, interleaved so drift hits each alike."""
+def start_times(variants: dict[str, list[str]], keep: Path) -> dict[str, float]:
+    """Median seconds of `docker run --rm` per variant, interleaved so drift hits each alike.
+    Every sample goes to `keep`: a median of ~20 starts of ~0.5 s moves by some 10 ms between runs."""
     samples: dict[str, list[float]] = {name: [] for name in variants}
     for i in range(START_RUNS + 1):
         for name, args in variants.items():
@@ -231,6 +232,7 @@ def start_times(variants: dict[str, list[str]]) -> dict[str, float]:
             docker("run", "--rm", *args, CUDA_IMAGE, "true")
             if i:  # the first round warms caches
                 samples[name].append(time.perf_counter() - t0)
+    keep.write_text(json.dumps(samples, indent=1))
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
@@ -321,7 +323,7 @@ def whole_gpus(out: Path, host: list[str], node: str) -> None:
         "nvidia alone, no GPU": ["--runtime", "nvidia"],
         "guard, one GPU": ["--env", f"DOCKER_RESOURCE_NVIDIA-GPU={host[0]}"],
         "nvidia alone, one GPU": ["--runtime", "nvidia", "--env", f"DOCKER_RESOURCE_NVIDIA-GPU={host[0]}"],
-    })
+    }, out / "start-samples.json")
     (out / "start-times.json").write_text(json.dumps(times, indent=2))
     WHOLE_GPU_START.update(times)  # the shared phase compares a slot's start with it
     for what in ("no GPU", "one GPU"):
@@ -380,7 +382,8 @@ def shared_gpus(out: Path, host: list[str], node: str, slots: int, engine: subpr
 
     # A sharing node refuses a whole GPU (the guard: swarm gives its GPUs only as slots there),
     # so a slot's start is compared with the whole GPU's start timed in the whole-GPU phase.
-    times = start_times({"slot of a GPU": ["--env", f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={host[0]}-s0"]})
+    times = start_times({"slot of a GPU": ["--env", f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={host[0]}-s0"]},
+                        out / "start-samples-shared.json")
     times["whole GPU"] = WHOLE_GPU_START.get("guard, one GPU", times["slot of a GPU"])
     (out / "start-times-shared.json").write_text(json.dumps(times, indent=2))
     extra = (times["slot of a GPU"] - times["whole GPU"]) * 1000
