@@ -33,7 +33,7 @@ DIGEST_REF = re.compile(r"[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}")
 
 def default_images() -> dict[str, str]:
     """The pinned images, as stacks/monitoring.yml names them: the one place they are written."""
-    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    services = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))["services"]
     return {name: services[name]["image"] for name in SERVICES}
 
 
@@ -52,7 +52,7 @@ def render(images: dict[str, str] | None = None, *, docker_socket: str = DOCKER_
     images replaces services' images (names from SERVICES); docker_socket is the manager's
     Engine API socket (the rehearsal's engines have their own); scrape_interval is Prometheus's.
     """
-    doc = yaml.safe_load(COMPOSE.read_text())
+    doc = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
     for name, image in (images or {}).items():
         if name not in SERVICES:
             raise ValueError(f"monitoring image for {name!r}: the stack's services are {', '.join(SERVICES)}")
@@ -66,7 +66,7 @@ def render(images: dict[str, str] | None = None, *, docker_socket: str = DOCKER_
     files = {}
     for name, config in doc["configs"].items():
         rel = config["file"].removeprefix("./")
-        text = (STACKS / rel).read_text()
+        text = (STACKS / rel).read_text(encoding="utf-8")
         if rel.endswith("prometheus.yml"):
             text = text.replace("scrape_interval: 15s", f"scrape_interval: {scrape_interval}", 1)
         files[rel] = text
@@ -120,7 +120,7 @@ def tunnel_command(user: str, manager: str) -> str:
 
 def scrape_port_in_config() -> int:
     """The exporter port Prometheus's relabelling points at (a test compares it with the contract's)."""
-    text = (STACKS / "monitoring" / "prometheus.yml").read_text()
+    text = (STACKS / "monitoring" / "prometheus.yml").read_text(encoding="utf-8")
     return int(re.search(r'replacement: "\$1:(\d+)"', text)[1])
 
 
