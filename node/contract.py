@@ -5,9 +5,9 @@ node programs import it as a sibling (it lands on every node with them), the pro
 it by path (swarm/node_contract.py). Each comment says who writes the thing and who reads it.
 Shell cannot import Python: node/common.sh, the units and gpu-swarm-runtime spell the same
 values, and tests/test_node_contract.py keeps them equal. The runtime guard (gpu_guard.py, with
-its sibling guard_files.py) imports nothing else of ours, as it runs at every container start
-and must fail closed; it reads its settings from the path it is given (the ledger's and the MPS
-directory's among them). Stdlib only, and no imports at all.
+its siblings guard_files.py and guard_efa.py) imports nothing else of ours, as it runs at every
+container start and must fail closed; it reads its settings from the path it is given (the
+ledger's and the MPS directory's among them). Stdlib only, and no imports at all.
 """
 
 # ---------------------------------------------------------------- node labels (docker node update)
@@ -60,6 +60,10 @@ GPU_REPLICAS_LABEL = "gpu.replicas"  # slots per GPU; only on a pool that shares
 # place on it (engine.labels.efa.count == 32).
 EFA_LABEL_PREFIX = "efa."
 EFA_COUNT_LABEL = "efa.count"  # EFA devices the kernel shows (/sys/class/infiniband, driver efa)
+# The generic-resource kind of EFA devices: the agent advertises each as AWS-EFA=<device> (rdmap16s27) beside the
+# GPUs; a stack reserves a count of it (swarm/stack_files.py checks it against the pools); swarm names the devices
+# it assigned in DOCKER_RESOURCE_AWS-EFA, and the guard gives the task their /dev/infiniband devices.
+EFA_KIND = "AWS-EFA"
 
 # ---------------------------------------------------------------- labels on other swarm objects
 # The program's own; no node program reads them, but every gpu-swarm label lives here.
@@ -121,6 +125,11 @@ HEALTH_ENV_PATH = f"{CONFIG_DIR}/health.env"  # the program writes (see health.e
 RELEASE_ENV_PATH = f"{CONFIG_DIR}/release.env"  # the program writes (see release.env above); the installer reads
 RUNTIME_ENV_PATH = f"{CONFIG_DIR}/runtime.env"  # the agent writes the guard's settings; gpu-swarm-runtime and
 # gpu_guard.py read it (daemon.json passes its path to the runtime)
+# Two of its keys, on a node that advertises EFA devices (the guard imports nothing of ours and spells them
+# itself; tests/test_efa_devices.py runs the agent's file through the guard):
+RUNTIME_EFA_KIND_KEY = "EFA_KIND"  # EFA_KIND above: the guard reads DOCKER_RESOURCE_<it> in each task
+RUNTIME_EFA_DEVICES_KEY = "EFA_DEVICES"  # <device>:/dev/infiniband/uverbsN,...: the agent finds each device's
+# verbs node at boot, so the guard's create only stats the ones a task was given
 INSTALLER_PATH = "/usr/local/sbin/gpu-swarm-install"  # the program writes it; cloud-init and upgrades run it
 UNATTENDED_CONFIG = "/etc/apt/apt.conf.d/51gpu-swarm-unattended"  # the program writes; unattended-upgrades reads
 NVLSM_MODULES_CONF = "/etc/modules-load.d/gpu-swarm-nvlsm.conf"  # install-nvlink-subnet-manager.sh writes it
@@ -157,6 +166,8 @@ DOCKER_TASK_ID = "com.docker.swarm.task.id"  # dockerd sets it on task container
 DOCKERD_PIDFILE = "/var/run/docker.pid"  # dockerd writes; the watcher reads, to SIGHUP it after a label change
 TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"  # the agent sets swarm-resource; the toolkit reads
 EFA_SYSFS = "/sys/class/infiniband"  # the kernel lists RDMA devices, EFA among them: efa_detect.py reads
+EFA_VERBS_DIR = "/dev/infiniband"  # each RDMA device's user verbs node (uverbsN), which libibverbs opens: the
+# agent maps EFA devices to them, the guard gives a task those of the devices it reserved
 EFA_INSTALLER_DIR = "/opt/amazon/efa"  # aws-efa-installer installs libfabric and its tools here: install-efa.sh reads
 CLOUD_INIT_LOG = "/var/log/cloud-init-output.log"  # cloud-init writes the first boot's output; the program tails it
 CLOUD_INIT_STATUS = "/var/lib/cloud/data/status.json"  # cloud-init writes; the program waits for the first boot on it

@@ -23,12 +23,12 @@ import shutil
 import subprocess
 import sys
 
-from contract import EFA_COUNT_LABEL, EFA_LABEL_PREFIX, EFA_SYSFS
-from contract import (DOCKER_DAEMON_JSON, GPU_LABEL_PREFIX, GPU_REPLICAS_LABEL, GPU_SHARING_LABEL, GUARD_LEDGER_PATH,
-                      GUARD_PATH, GUARD_SERVER_DIR, KIND_ENV, MPS_DIR, RUNTIME_ENV_PATH, SHARED_KIND_ENV,
+from contract import (DOCKER_DAEMON_JSON, EFA_COUNT_LABEL, EFA_KIND, EFA_LABEL_PREFIX, EFA_SYSFS, GPU_LABEL_PREFIX,
+                      GPU_REPLICAS_LABEL, GPU_SHARING_LABEL, GUARD_LEDGER_PATH, GUARD_PATH, GUARD_SERVER_DIR, KIND_ENV,
+                      MPS_DIR, RUNTIME_EFA_DEVICES_KEY, RUNTIME_EFA_KIND_KEY, RUNTIME_ENV_PATH, SHARED_KIND_ENV,
                       SHARING_MODE_ENV, SLOTS_PER_GPU_ENV, TOOLKIT_CONFIG)
 from daemon_json import locked, read_daemon_json, set_labels, write_atomic
-from efa_detect import efa_labels
+from efa_detect import efa_labels, efa_resources, efa_verbs
 from gpu_detect import BadInput, DetectionFailed, detect_gpus, gpu_labels, load_inventory
 from gpu_resources import (DEFAULT_KIND, MAX_SLOTS_PER_GPU, SHARING_MODES, default_shared_kind, mps_slot_memory_mib,
                            mps_thread_percent, resource_entries, resource_env_name, slot_entries, validate_kind)
@@ -95,8 +95,9 @@ def merge_daemon_config(config: dict, resources: list[str], labels: dict, guard:
 
 def runtime_settings(*, kind: str, shared_kind: str, slots: int, gpus: list[dict], guard: str, delegate: str,
                      allow_docker_run_gpus: bool, ledger: str = GUARD_LEDGER_PATH, mode: str = "time-slicing",
-                     mps_dir: str = MPS_DIR, server: str = GUARD_SERVER_DIR) -> str:
-    """The guard's runtime.env: read by its sh front (sourced) and by gpu_guard.py."""
+                     mps_dir: str = MPS_DIR, server: str = GUARD_SERVER_DIR, efa: dict | None = None) -> str:
+    """The guard's runtime.env: read by its sh front (sourced) and by gpu_guard.py. efa: the advertised
+    EFA devices' verbs nodes (efa_detect.efa_verbs); none: no EFA keys, as before EFA was given."""
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
     values = {
         "DELEGATE": delegate,
@@ -119,6 +120,9 @@ def runtime_settings(*, kind: str, shared_kind: str, slots: int, gpus: list[dict
             "MPS_MEMORY_MIB": str(mps_slot_memory_mib(min(g.get("memory_mib") or 0 for g in gpus), slots)),
             "MPS_THREAD_PERCENT": str(mps_thread_percent(slots)),
         })
+    if efa:
+        values[RUNTIME_EFA_KIND_KEY] = EFA_KIND
+        values[RUNTIME_EFA_DEVICES_KEY] = ",".join(f"{name}:{path}" for name, path in sorted(efa.items()))
     for key, value in values.items():
         if not re.fullmatch(r"[A-Za-z0-9_./:,=+-]*", value):
             raise BadInput(f"{key}={value!r} cannot be written to the runtime settings safely")
@@ -277,6 +281,9 @@ def run(args: argparse.Namespace, warnings: list[str]) -> dict:
     resources, sharing = advertised(kind, shared_kind, args.slots_per_gpu, gpus, warnings, args.sharing_mode)
     labels = {**gpu_labels(gpus, extra, warnings), **sharing, **efa_labels(args.efa_sysfs)}
     guard = None if args.no_runtime else {"path": args.guard, "config": args.runtime_config}
+    # EFA devices are advertised only where the guard gives them to the tasks that reserve them.
+    efa = efa_verbs(args.efa_sysfs, warnings) if gpus and guard else {}
+    resources = resources + efa_resources(efa)
 
     new_daemon = merge_daemon_config(old_daemon or {}, resources, labels, guard if gpus else None, warnings)
     plans = {}
@@ -289,7 +296,7 @@ def run(args: argparse.Namespace, warnings: list[str]) -> dict:
         text = runtime_settings(kind=kind, shared_kind=shared_kind, slots=args.slots_per_gpu, gpus=gpus,
                                 guard=args.guard, delegate=args.runtime_delegate,
                                 allow_docker_run_gpus=not args.refuse_docker_run_gpus, ledger=args.guard_ledger,
-                                mode=args.sharing_mode, mps_dir=args.mps_dir, server=args.guard_server)
+                                mode=args.sharing_mode, mps_dir=args.mps_dir, server=args.guard_server, efa=efa)
         old = open(args.runtime_config).read() if os.path.exists(args.runtime_config) else None
         files["runtime_config"] = "unchanged"
         if text != old:
@@ -341,8 +348,8 @@ def parse_args(argv) -> argparse.Namespace:
     parser.add_argument("--guard-server", default=GUARD_SERVER_DIR, metavar="PATH",
                         help=f"where the guard's server listens (default {GUARD_SERVER_DIR}; empty: none)")
     parser.add_argument("--efa-sysfs", default=EFA_SYSFS, metavar="PATH",
-                        help=f"where the kernel lists EFA devices, for the {EFA_COUNT_LABEL} label "
-                             f"(default {EFA_SYSFS})")
+                        help=f"where the kernel lists EFA devices, for the {EFA_COUNT_LABEL} label and the "
+                             f"{EFA_KIND} resources (default {EFA_SYSFS})")
     parser.add_argument("--guard", default=GUARD_PATH, metavar="PATH",
                         help=f"the runtime guard made the default runtime (default {GUARD_PATH})")
     parser.add_argument("--runtime-config", default=RUNTIME_ENV_PATH, metavar="PATH",

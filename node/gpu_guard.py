@@ -10,7 +10,9 @@ gets exactly the GPUs swarm assigned to it, then hands the same call to the dele
   on an MPS pool also the GPU's MPS pipe directory (mounted) and its memory and thread limits;
 - a task that reserved nothing gets NVIDIA_VISIBLE_DEVICES=void, whatever its image says
   (every nvidia/cuda image sets NVIDIA_VISIBLE_DEVICES=all), and loses cdi.k8s.io
-  annotations, which the toolkit honours before the environment.
+  annotations, which the toolkit honours before the environment;
+- a task that reserved EFA devices (AWS-EFA) also gets their /dev/infiniband nodes (guard_efa.py);
+  many processes share an EFA device, so they are not claimed in the ledger.
 Every GPU (or slot) a container is given is written to the ledger (LEDGER in the settings):
 a second container that names a GPU a live container holds does not start, whatever its
 environment says. A claim lives as long as its holder's bundle and init process, so a crash
@@ -22,8 +24,8 @@ message that `docker service ps --no-trunc` shows.
 
 Every container start pays for this program, so it imports nothing it can do without: no re
 (UUIDs are checked by hand), no json package (whose import pulls in re, enum and more, half of
-the start-up; guard_files.py, its one sibling, reads and writes the files with the C codec
-_json) and no os. The sh front imports it, so Python caches its bytecode. Stdlib only.
+the start-up; guard_files.py, a sibling, reads and writes the files with the C codec _json;
+guard_efa.py is loaded for EFA tasks only) and no os. The sh front imports it, so Python caches its bytecode. Stdlib only.
 """
 
 import posix  # os without what it imports (stat, posixpath, _collections_abc): a tenth of a create
@@ -208,10 +210,34 @@ def guard(spec: dict, settings: dict[str, str]) -> Decision:
     else:
         env = _set(env, "NVIDIA_VISIBLE_DEVICES", "void")
         text = "no GPU reserved: none given"
+    efa_kind = settings.get("EFA_KIND")  # only on a node that advertises EFA devices
+    if efa_kind:
+        text += _efa(spec, env, efa_kind, settings.get("EFA_DEVICES", ""))
     if dropped:
         text += f"; removed annotations {', '.join(dropped)}"
     process["env"] = env
     return Decision(spec, text, claims, mps_gpu)
+
+
+def _efa(spec: dict, env: list[str], kind: str, node_devices: str) -> str:
+    """The EFA devices swarm assigned (DOCKER_RESOURCE_AWS-EFA=rdmap16s27,...), given as guard_efa.py gives them."""
+    name = env_name(kind)
+    fix = f"remove it from the service's environment and reserve {kind} with generic_resources"
+    if sum(e.partition("=")[0] == name for e in env) > 1:
+        raise Refused(f"{name} is set by the service as well as by swarm; {fix}")
+    wanted = _values(env, name)
+    if not wanted:
+        return ""
+    known = dict(item.partition(":")[::2] for item in node_devices.split(",") if item)
+    for device in (d for d in wanted if d not in known):
+        raise Refused(f"{name} names {device}, which is not an EFA device of this node "
+                      f"({', '.join(sorted(known)) or 'none'}); {fix}")
+    from guard_efa import NotGiven, add_devices  # only tasks that reserved EFA load it
+    try:
+        add_devices(spec, [known[device] for device in wanted])
+    except NotGiven as e:
+        raise Refused(str(e))
+    return f"; EFA {','.join(wanted)}"
 
 
 def _refuse_mps_mounts(spec: dict, mps_dir: str, own_gpu: str | None) -> None:

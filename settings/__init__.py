@@ -91,11 +91,12 @@ def load_settings() -> Settings:
         max_whole = max((p.gpus_per_node for p in resolved_pools if not p.slots_per_gpu), default=0)
         sharing = shared_kind if any(p.slots_per_gpu for p in resolved_pools) else None
         whole_pools = {p.name: p.gpus_per_node for p in resolved_pools if not p.slots_per_gpu}
+        efa_max = max((p.efa_interfaces for p in resolved_pools), default=0)  # 0: no pool has efa: true
         for i, name, file in stack_cfgs:
             text = (reader.PROJECT_DIR / file).read_text(encoding="utf-8")  # not the operator's locale (Windows)
             try:
                 info = validate_stack_file(text, kind=kind, max_gpus_per_node=max_whole, shared_kind=sharing,
-                                           source=file, pool_sizes=whole_pools)
+                                           source=file, pool_sizes=whole_pools, efa_max=efa_max)
             except StackFileError as exc:
                 for problem in exc.problems:
                     r.error(f"stacks[{i}].file", f"{file}: {problem}")

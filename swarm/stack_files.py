@@ -14,6 +14,7 @@ from typing import Mapping
 import yaml
 
 from swarm.compose_gpus import rewrite_gpu_requests
+from swarm.node_contract import EFA_KIND
 
 _GOOD_SHAPE = """\
     deploy:
@@ -42,6 +43,7 @@ class ServiceInfo:
     replicas: int | None  # None for `mode: global`
     gpus: int  # whole GPUs reserved per replica (0: the task sees no GPU)
     slots: int = 0  # slots of shared GPUs per replica: 0 or 1
+    efa: int = 0  # EFA devices (EFA_KIND) per replica
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ class StackInfo:
 
 def validate_stack_file(
     text: str, *, kind: str, max_gpus_per_node: int, shared_kind: str | None = None, source: str = "<stack>",
-    pool_sizes: Mapping[str, int] | None = None,
+    pool_sizes: Mapping[str, int] | None = None, efa_max: int = 0,
 ) -> StackInfo:
     """Parse a compose file, rewrite its Compose GPU requests, and check what is left against the cluster.
 
@@ -68,8 +70,10 @@ def validate_stack_file(
     pool shares its GPUs): a replica that reserves more can never be placed.
     `pool_sizes` names those pools (pool -> GPUs per node), for `count: all`; by default
     one unnamed pool of `max_gpus_per_node`. `shared_kind` is the kind of shared GPUs'
-    slots, or None when no pool shares. The checks run on the rewritten file, which is
-    StackInfo.content. Raises StackFileError listing all problems.
+    slots, or None when no pool shares. `efa_max` is the most EFA devices a node of a pool
+    with `efa: true` has (0: no such pool), which a service may reserve as EFA_KIND (AWS-EFA)
+    beside its GPUs. The checks run on the rewritten file, which is StackInfo.content.
+    Raises StackFileError listing all problems.
     """
     try:
         doc = yaml.safe_load(text)
@@ -109,11 +113,12 @@ def validate_stack_file(
                 "so push one to a registry and name it here"
             )
             image = ""
-        reserved = _check_resources(where, service, kind, max_gpus_per_node, shared_kind, problems)
+        reserved = _check_resources(where, service, kind, max_gpus_per_node, shared_kind, efa_max, problems)
         _check_env_file(where, service, problems)
         _check_environment(where, service.get("environment"), problems)
         infos.append(ServiceInfo(str(name), image, _replicas(where, service, problems),
-                                 reserved.get(kind, 0), reserved.get(shared_kind, 0) if shared_kind else 0))
+                                 reserved.get(kind, 0), reserved.get(shared_kind, 0) if shared_kind else 0,
+                                 reserved.get(EFA_KIND, 0)))
 
     if problems:
         raise StackFileError(source, problems)
@@ -134,7 +139,7 @@ def _replicas(where: str, service: dict, problems: list[str]) -> int | None:
 
 
 def _check_resources(
-    where: str, service: dict, kind: str, max_gpus: int, shared_kind: str | None, problems: list[str]
+    where: str, service: dict, kind: str, max_gpus: int, shared_kind: str | None, efa_max: int, problems: list[str]
 ) -> dict[str, int]:
     """Check the reservations; return what one replica reserves, by kind."""
     deploy = service.get("deploy")
@@ -157,7 +162,7 @@ def _check_resources(
         return {}
 
     reserved: dict[str, int] = {}
-    kinds = [kind] + ([shared_kind] if shared_kind else [])
+    kinds = [kind] + ([shared_kind] if shared_kind else []) + [EFA_KIND]  # EFA_KIND: checked against efa_max below
     for i, entry in enumerate(entries):
         at = f"{where}.generic_resources[{i}]"
         if not isinstance(entry, dict):
@@ -194,7 +199,8 @@ def _check_resources(
             value = int(value)  # the compose schema allows a quoted number
         if entry_kind not in kinds:
             offered = f"{kind!r} (gpu-swarm:gpuKind)" + (
-                f" and {shared_kind!r} (gpu-swarm:sharedGpuKind)" if shared_kind else "")
+                f" and {shared_kind!r} (gpu-swarm:sharedGpuKind)" if shared_kind else "") + (
+                f" and {EFA_KIND!r} (pools with efa: true)" if efa_max else "")
             problems.append(
                 f"{at}.discrete_resource_spec.kind: is {entry_kind!r}, but this cluster's nodes "
                 f"advertise {offered}; tasks would never be scheduled"
@@ -202,13 +208,17 @@ def _check_resources(
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             problems.append(
-                f"{at}.discrete_resource_spec.value: expected a whole number of GPUs >= 1, got {value!r}"
+                f"{at}.discrete_resource_spec.value: expected a whole number of "
+                f"{'EFA devices' if entry_kind == EFA_KIND else 'GPUs'} >= 1, got {value!r}"
             )
             continue
         if entry_kind in reserved:
             problems.append(f"{at}: {entry_kind} is reserved twice in one service; reserve it once with the total")
             continue
-        if reserved:
+        if entry_kind == EFA_KIND:
+            _check_efa(at, value, efa_max, reserved, problems)
+            continue
+        if set(reserved) - {EFA_KIND}:  # EFA devices go with either
             problems.append(f"{at}: a service reserves whole GPUs or one slot of a shared GPU, not both")
             continue
         if entry_kind == shared_kind and value != 1:
@@ -232,6 +242,22 @@ def _check_resources(
             continue
         reserved[entry_kind] = value
     return reserved
+
+
+def _check_efa(at: str, value: int, efa_max: int, reserved: dict[str, int], problems: list[str]) -> None:
+    if not efa_max:
+        problems.append(
+            f"{at}.discrete_resource_spec.kind: {EFA_KIND} are the EFA devices of pools with `efa: true` "
+            "(gpu-swarm:gpuPools), and no pool has them, so the tasks would never be scheduled; set efa: true on a "
+            "pool of an EFA instance type (p4d, p5), or remove the reservation (NCCL then uses TCP sockets)"
+        )
+    elif value > efa_max:
+        problems.append(
+            f"{at}.discrete_resource_spec.value: {value} EFA devices per replica, but a node of the pools with "
+            f"efa: true has at most {efa_max}; the tasks would stay Pending forever. Reserve at most {efa_max}"
+        )
+    else:
+        reserved[EFA_KIND] = value
 
 
 def _check_env_file(where: str, service: dict, problems: list[str]) -> None:
