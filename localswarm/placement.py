@@ -227,7 +227,8 @@ def render_table(view: dict) -> str:
                 rows.append((svc["name"], str(t["slot"]), run["node"] or "-", ",".join(run["gpus"]) or "-",
                              f"{run['state']} {run.get('age_s') or 0:.0f}s ago",
                              "-" if run["exit_code"] is None else str(run["exit_code"]),
-                             f"{runs.get('completed', 0)} completed, {runs.get('failed', 0)} failed",
+                             f"{runs.get('completed', 0)} completed, {runs.get('failed', 0)} failed"
+                             + (f", {runs['lost']} lost by the engine" if runs.get("lost") else ""),
                              "ended" if t.get("ended") else t["state"]))
     if len(rows) > 1:
         out.append(_table(rows))

@@ -21,6 +21,10 @@ STOPPED = ("shutdown", "remove", "orphaned")
 # restarting them, is a crash loop: more waiting only repeats it. Swarm's default restart
 # delay is 5 s, so this is seen about 15 s after the first failure.
 CRASH_LOOP_FAILURES = 3
+# A run that failed because its engine lost the container (dockerd restarted while it started: a
+# node's boot restarts it once the agent has written daemon.json) is the node's doing, not the
+# task's: it is counted as lost, never toward a crash loop.
+LOST_CONTAINER = "No such container"
 # A task counts as running once it has run this long: one that exits at once, as a smoke test
 # does (`nvidia-smi -L` takes 40 ms on a GPU node), is then seen ending instead of being
 # reported as running. `docker service create` waits 5 s for the same reason; each 0.1 s here
@@ -95,8 +99,13 @@ def task_view(group: list[dict], gpus_of, names_by_id: dict, state_of: dict) -> 
             "age_s": round(_age(last["Status"].get("Timestamp", "")) or 0, 1)},
         # Of the runs swarm still remembers (its task history keeps the last few per slot).
         "runs": {"completed": sum(t["Status"]["State"] == "complete" for t in runs),
-                 "failed": sum(t["Status"]["State"] != "complete" for t in runs)},
+                 "failed": sum(t["Status"]["State"] != "complete" and not _lost(t) for t in runs),
+                 "lost": sum(_lost(t) for t in runs)},
     }
+
+
+def _lost(task: dict) -> bool:
+    return task["Status"]["State"] != "complete" and LOST_CONTAINER in task["Status"].get("Err", "")
 
 
 def _exit_code(task: dict) -> int | None:

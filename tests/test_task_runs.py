@@ -69,7 +69,7 @@ def test_a_job_stack_under_the_default_policy_is_settled_while_swarm_restarts_it
 def test_only_the_crash_loop_keeps_the_stacks_from_converging():
     v = view()
     (crash,) = service(v, "crash")["tasks"]
-    assert crash["runs"] == {"completed": 0, "failed": crash["runs"]["failed"]} and crash["runs"]["failed"] >= 3
+    assert crash["runs"] == {"completed": 0, "failed": crash["runs"]["failed"], "lost": 0} and crash["runs"]["failed"] >= 3
     assert not settled(crash) and crash["exit_code"] == 1
     assert not converged(v)
     (why,) = stuck(v)
@@ -159,6 +159,23 @@ def test_a_crash_loop_is_stuck_from_the_third_failure():
     # once one run completed, restarts are what the restart policy asks for
     done = doc(state="complete", desired="shutdown", exit_code=0, created="2026-01-01T00:00:08Z")
     assert stuck(one(REPLICATED, *fails, done, restart)) == []
+
+
+def test_runs_the_engine_lost_are_no_crash_loop():
+    """A node's boot restarts dockerd once its agent has written daemon.json: a task starting then
+    fails with "No such container", as often as the engine restarts. That is the node's doing."""
+    lost = [doc(state="failed", desired="shutdown", exit_code=0, created=f"2026-01-01T00:00:0{i}Z",
+                err=f"No such container: gpu-smoke_gpu.2.task{i}") for i in range(CRASH_LOOP_FAILURES + 1)]
+    restart = doc(state="ready", desired="ready", created="2026-01-01T00:00:09Z")
+    view = one(REPLICATED, *lost, restart)
+    assert stuck(view) == []
+    (task,) = view["services"][0]["tasks"]
+    assert task["runs"] == {"completed": 0, "failed": 0, "lost": CRASH_LOOP_FAILURES + 1}
+    # the task's own failures still count, with lost runs among them
+    fails = [doc(state="failed", desired="shutdown", exit_code=1, created=f"2026-01-01T00:00:1{i}Z")
+             for i in range(CRASH_LOOP_FAILURES)]
+    assert len(stuck(one(REPLICATED, *lost, *fails, doc(state="ready", desired="ready",
+                                                          created="2026-01-01T00:00:19Z")))) == 1
 
 
 def test_missing_replicas_keep_a_stack_from_converging():
