@@ -70,6 +70,18 @@ def check(name: str, ok: bool, detail: str = "") -> bool:
     return bool(ok)
 
 
+def report(out: Path) -> int:
+    """The table of every check, results.json beside it; the exit status: 1 when one failed."""
+    print("\n| check | result | detail |\n|---|---|---|")
+    for name, ok, detail in results:
+        print(f"| {name} | {'PASS' if ok else 'FAIL'} | {detail.replace('|', '/')} |")
+    (out / "results.json").write_text(json.dumps([{"check": n, "ok": ok, "detail": d} for n, ok, d in results],
+                                                 indent=2))
+    failed = [n for n, ok, _ in results if not ok]
+    print(f"\n{len(results) - len(failed)} of {len(results)} checks passed" + (f"; FAILED: {failed}" if failed else ""))
+    return 1 if failed else 0
+
+
 def run(cmd: list[str], *, input: str | None = None, check_rc: bool = True, env: dict | None = None,
         timeout: float = 300) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, input=input, capture_output=True, text=True, env=env, timeout=timeout)
@@ -454,14 +466,7 @@ def main() -> int:
         stop_engine(engine)
         server.kill()
         server.wait()
-    print("\n| check | result | detail |\n|---|---|---|")
-    for name, ok, detail in results:
-        print(f"| {name} | {'PASS' if ok else 'FAIL'} | {detail.replace('|', '/')} |")
-    (out / "results.json").write_text(json.dumps([{"check": n, "ok": ok, "detail": d} for n, ok, d in results],
-                                                 indent=2))
-    failed = [n for n, ok, _ in results if not ok]
-    print(f"\n{len(results) - len(failed)} of {len(results)} checks passed" + (f"; FAILED: {failed}" if failed else ""))
-    return 1 if failed else 0
+    return report(out)
 
 
 if __name__ == "__main__":

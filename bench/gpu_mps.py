@@ -52,13 +52,7 @@ ROOT, RUN = Path("/var/lib/gpu-swarm-mps"), Path("/run/gpu-swarm-mps-bench")
 SOCK = f"unix://{RUN}/docker.sock"
 IMAGE = "nvidia/cuda:12.6.3-base-ubuntu24.04"  # the stand-in (bench/cuda_standin.sh), with cuda-probe
 UUID = re.compile(r"UUID: (GPU-[0-9a-f-]{36})")
-results: list[tuple[str, bool, str]] = []
-
-
-def check(name: str, ok: bool, detail: str = "") -> bool:
-    results.append((name, bool(ok), detail))
-    print(f"{'PASS' if ok else 'FAIL'}  {name}  {detail}", flush=True)
-    return bool(ok)
+check = e2e.check  # one table of checks, printed by e2e.report
 
 
 def run(cmd: list[str], *, check_rc: bool = True, env: dict | None = None, timeout: float = 120,
@@ -382,14 +376,7 @@ def main() -> int:
                 Path(RUNTIME_ENV_PATH).parent.rmdir()
         else:
             Path(RUNTIME_ENV_PATH).write_bytes(saved)
-    print("\n| check | result | detail |\n|---|---|---|")
-    for name, ok, detail in results:
-        print(f"| {name} | {'PASS' if ok else 'FAIL'} | {detail.replace('|', '/')} |")
-    (out / "results.json").write_text(json.dumps([{"check": n, "ok": ok, "detail": d} for n, ok, d in results],
-                                                 indent=2))
-    failed = [n for n, ok, _ in results if not ok]
-    print(f"\n{len(results) - len(failed)} of {len(results)} checks passed" + (f"; FAILED: {failed}" if failed else ""))
-    return 1 if failed else 0
+    return e2e.report(out)
 
 
 if __name__ == "__main__":
