@@ -130,12 +130,14 @@ def start_guard_server(out: Path, runtime_env: Path) -> subprocess.Popen:
     (directory / "server.pid").unlink(missing_ok=True)
     proc = subprocess.Popen(["/usr/bin/python3", "-I", "-S", str(REPO / "node" / "guard_server.py"), str(directory)],
                             stdout=open(out / "guard-server.log", "ab"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 10
-    while not (directory / "server.pid").exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"the guard's server did not start in {directory}; see {out / 'guard-server.log'}")
-        time.sleep(0.1)
+    started = (directory / "server.pid").exists
+    try:
+        wait(lambda: started() or proc.poll() is not None, 10, "the guard's server")
+    except RuntimeError:
+        pass  # said below, with where its log is
+    if proc.poll() is not None or not started():
+        proc.kill()
+        raise RuntimeError(f"the guard's server did not start in {directory}; see {out / 'guard-server.log'}")
     return proc
 
 
@@ -193,7 +195,7 @@ def wait(predicate, timeout: float, what: str):
         if value:
             return value
         time.sleep(0.5)
-    raise RuntimeError(f"timed out waiting for {what}")
+    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def remove_stack(name: str) -> None:

@@ -71,14 +71,7 @@ def docker(*args: str, **kw) -> subprocess.CompletedProcess:
     return run(["docker", *args], env=engine_env(), **kw)
 
 
-def wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+wait = e2e.wait  # one polling loop for the benches
 
 
 def smi(*query: str) -> str:

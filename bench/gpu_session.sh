@@ -241,6 +241,19 @@ print("   advertised:", " ".join(r["resources"]) or "nothing", "| warnings:", r.
   say "   toolkit: $(grep -E '^[[:space:]]*(swarm-resource|mode)[[:space:]]*=' "$toml" | paste -sd' ')"
 }
 
+await_up() {  # PID LOG WHAT CMD...: until CMD succeeds (30 s at most) while PID lives; else the end of LOG
+  local pid=$1 log=$2 what=$3 i
+  shift 3
+  for ((i = 0; i < 150; i++)); do
+    "$@" && return 0
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.2
+  done
+  say "   $what did not start; the end of its log:"
+  tail -n 20 "$log"
+  return 1
+}
+
 # The guard's server, as gpu-swarm-guard.service runs it before docker on a node, so that the
 # programs measure a node's real path. Its folder is the session's own (a program may start a
 # server of its own in the node's path, /run/gpu-swarm/guard).
@@ -249,15 +262,8 @@ start_guard() {
   rm -f "$GUARD_DIR/server.pid"
   /usr/bin/python3 -I -S "$SOFTWARE/guard_server.py" "$GUARD_DIR" >"$LOGS/guard-server.log" 2>&1 &
   GUARD_PID=$!
-  local i
-  for ((i = 0; i < 50; i++)); do
-    if [ -e "$GUARD_DIR/server.pid" ]; then say "   guard server $GUARD_PID in $GUARD_DIR"; return 0; fi
-    kill -0 "$GUARD_PID" 2>/dev/null || break
-    sleep 0.2
-  done
-  say "   the guard's server did not start; the end of its log:"
-  tail -n 20 "$LOGS/guard-server.log"
-  return 1
+  await_up "$GUARD_PID" "$LOGS/guard-server.log" "the guard's server" test -e "$GUARD_DIR/server.pid" || return 1
+  say "   guard server $GUARD_PID in $GUARD_DIR"
 }
 
 CONTAINERD_PID="" DOCKERD_PID=""
@@ -275,21 +281,13 @@ start_engine() {
     --pidfile "$RUN/dockerd.pid" -H "unix://$DOCKER_SOCK" --iptables=false --ip6tables=false --bridge=none \
     >"$LOGS/dockerd.log" 2>&1 &
   DOCKERD_PID=$!
-  local i
-  for ((i = 0; i < 150; i++)); do
-    if docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
-      ENGINE=up
-      say "   engine $(docker version --format '{{.Server.Version}}') up, default runtime" \
-        "$(docker info --format '{{.DefaultRuntime}}'), resources $(docker info --format '{{json .GenericResources}}' | head -c 300)"
-      return 0
-    fi
-    kill -0 "$DOCKERD_PID" 2>/dev/null || break
-    sleep 0.2
-  done
-  say "   dockerd did not answer; the end of its log:"
-  tail -n 20 "$LOGS/dockerd.log"
-  return 1
+  await_up "$DOCKERD_PID" "$LOGS/dockerd.log" dockerd engine_answers || return 1
+  ENGINE=up
+  say "   engine $(docker version --format '{{.Server.Version}}') up, default runtime" \
+    "$(docker info --format '{{.DefaultRuntime}}'), resources $(docker info --format '{{json .GenericResources}}' | head -c 300)"
 }
+
+engine_answers() { docker version --format '{{.Server.Version}}' >/dev/null 2>&1; }
 
 build_images() {
   GPU_SWARM_VERSIONS="$repo/node/versions.env" GPU_SWARM_NODE_ENV=/nonexistent GPU_SWARM_STATE="$STATE" \

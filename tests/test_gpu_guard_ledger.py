@@ -78,6 +78,17 @@ class Node:
         self.prepare(container, *env)
         return subprocess.run(self.args(container), capture_output=True, text=True, timeout=60)
 
+    def create_at_once(self, names: list[str], *env: str) -> list[int]:
+        """Each container's create started at the same moment; their exit codes, in order."""
+        for name in names:
+            self.prepare(name, *env)
+        procs = [subprocess.Popen(self.args(name), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for name in names]
+        codes = [p.wait(60) for p in procs]
+        for p in procs:
+            p.communicate()
+        return codes
+
     def created(self) -> list[str]:
         lines = self.calls.read_text().splitlines() if self.calls.exists() else []
         return [json.loads(line)[-1] for line in lines]
@@ -186,13 +197,7 @@ def test_slots_are_claimed_one_by_one(tmp_path):
 def test_creates_at_the_same_moment_give_a_gpu_to_exactly_one(node):
     for round_ in range(3):
         names = [f"r{round_}c{i}" for i in range(8)]
-        for name in names:
-            node.prepare(name, f"{WHOLE}={A}")
-        procs = [subprocess.Popen(node.args(name), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for name in names]
-        codes = [p.wait(60) for p in procs]
-        for p in procs:
-            p.communicate()
+        codes = node.create_at_once(names, f"{WHOLE}={A}")
         assert sorted(codes) == [0] + [1] * 7, codes
         (winner,) = [n for n, c in zip(names, codes) if c == 0]
         assert node.claims() == {A: winner} and node.created()[-1] == winner

@@ -79,13 +79,7 @@ def test_a_refusal_from_the_server_says_why_where_containerd_reads_it(served):
 def test_creates_at_the_same_moment_through_the_server_give_a_gpu_to_exactly_one(served):
     node, _ = served
     names = [f"c{i}" for i in range(8)]
-    for name in names:
-        node.prepare(name, f"{WHOLE}={B}")
-    procs = [subprocess.Popen(node.args(name), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name in names]
-    codes = [p.wait(60) for p in procs]
-    for p in procs:
-        p.communicate()
+    codes = node.create_at_once(names, f"{WHOLE}={B}")
     assert sorted(codes) == [0] + [1] * 7
     assert node.claims() == {B: names[codes.index(0)]}
 
