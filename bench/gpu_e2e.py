@@ -236,16 +236,23 @@ START_RUNS = 15  # --start-runs
 START_LIMIT_MS = 30  # issue 8: the guard's median overhead per container start
 
 
+def sample_starts(docker, image: str, variants: dict[str, list[str]], runs: int) -> dict[str, list[float]]:
+    """Seconds of `docker run --rm` per variant on the engine `docker` runs, interleaved so that
+    drift hits each alike."""
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for i in range(runs + 1):
+        for name, args in variants.items():
+            t0 = time.perf_counter()
+            docker("run", "--rm", *args, image, "true")
+            if i:  # the first round warms caches
+                samples[name].append(time.perf_counter() - t0)
+    return samples
+
+
 def start_times(variants: dict[str, list[str]], keep: Path) -> dict[str, float]:
     """Median seconds of `docker run --rm` per variant, interleaved so drift hits each alike.
     Every sample goes to `keep`: a median of ~20 starts of ~0.5 s moves by some 10 ms between runs."""
-    samples: dict[str, list[float]] = {name: [] for name in variants}
-    for i in range(START_RUNS + 1):
-        for name, args in variants.items():
-            t0 = time.perf_counter()
-            docker("run", "--rm", *args, CUDA_IMAGE, "true")
-            if i:  # the first round warms caches
-                samples[name].append(time.perf_counter() - t0)
+    samples = sample_starts(docker, CUDA_IMAGE, variants, START_RUNS)
     keep.write_text(json.dumps(samples, indent=1))
     return {name: statistics.median(s) for name, s in samples.items()}
 

@@ -169,15 +169,8 @@ def task_env(container: str) -> dict[str, str]:
 
 
 def start_times(variants: dict[str, list[str]], runs: int) -> dict[str, list[float]]:
-    """Seconds of `docker run --rm` per variant, interleaved so that drift hits each alike."""
-    samples: dict[str, list[float]] = {name: [] for name in variants}
-    for i in range(runs + 1):
-        for name, args in variants.items():
-            t0 = time.perf_counter()
-            docker("run", "--rm", *args, IMAGE, "true")
-            if i:  # the first round warms caches
-                samples[name].append(time.perf_counter() - t0)
-    return samples
+    """Seconds of `docker run --rm` per variant on this bench's engine, interleaved."""
+    return e2e.sample_starts(docker, IMAGE, variants, runs)
 
 
 def start_guard_server(out: Path) -> subprocess.Popen:
