@@ -70,7 +70,7 @@ def check(name: str, ok: bool, detail: str = "") -> bool:
     return bool(ok)
 
 
-def report(out: Path) -> int:
+def print_results(out: Path) -> int:
     """The table of every check, results.json beside it; the exit status: 1 when one failed."""
     print("\n| check | result | detail |\n|---|---|---|")
     for name, ok, detail in results:
@@ -475,7 +475,7 @@ def main() -> int:
         stop_engine(engine)
         server.kill()
         server.wait()
-    return report(out)
+    return print_results(out)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ ROOT, RUN = Path("/var/lib/gpu-swarm-mps"), Path("/run/gpu-swarm-mps-bench")
 SOCK = f"unix://{RUN}/docker.sock"
 IMAGE = "nvidia/cuda:12.6.3-base-ubuntu24.04"  # the stand-in (bench/cuda_standin.sh), with cuda-probe
 UUID = re.compile(r"UUID: (GPU-[0-9a-f-]{36})")
-check = e2e.check  # one table of checks, printed by e2e.report
+check = e2e.check  # one table of checks, printed by e2e.print_results
 
 
 def run(cmd: list[str], *, check_rc: bool = True, env: dict | None = None, timeout: float = 120,
@@ -362,7 +362,7 @@ def main() -> int:
                 Path(RUNTIME_ENV_PATH).parent.rmdir()
         else:
             Path(RUNTIME_ENV_PATH).write_bytes(saved)
-    return e2e.report(out)
+    return e2e.print_results(out)
 
 
 if __name__ == "__main__":
