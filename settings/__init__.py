@@ -56,7 +56,7 @@ def load_settings() -> Settings:
     shared_kind = read_shared_kind(r, kind if kind_ok else None)
     extra_keys = read_authorized_keys(r)
     health = read_health(r)
-    monitoring = read_monitoring(r, [name for _, name, _ in stack_cfgs])
+    monitoring = read_monitoring(r, [name for _, name, _, _ in stack_cfgs])
 
     # Checks against AWS, for the values that passed the checks above.
     resolved_pools: list[GpuPool] = []
@@ -92,7 +92,7 @@ def load_settings() -> Settings:
         sharing = shared_kind if any(p.slots_per_gpu for p in resolved_pools) else None
         whole_pools = {p.name: p.gpus_per_node for p in resolved_pools if not p.slots_per_gpu}
         efa_max = max((p.efa_interfaces for p in resolved_pools), default=0)  # 0: no pool has efa: true
-        for i, name, file in stack_cfgs:
+        for i, name, file, wait in stack_cfgs:
             text = (reader.PROJECT_DIR / file).read_text(encoding="utf-8")  # not the operator's locale (Windows)
             try:
                 info = validate_stack_file(text, kind=kind, max_gpus_per_node=max_whole, shared_kind=sharing,
@@ -104,7 +104,7 @@ def load_settings() -> Settings:
             # What is deployed, and hashed: the file with its Compose GPU requests rewritten (the
             # user's own bytes when there were none), so a second `pulumi up` changes nothing.
             stacks.append(StackFile(name, file, hashlib.sha256(info.content.encode()).hexdigest(), info.content,
-                                    info))
+                                    info, wait_seconds=wait))
 
     if r.problems:
         raise SettingsError(r.problems)

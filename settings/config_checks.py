@@ -339,7 +339,7 @@ def read_ssh(r: Reader) -> tuple[str, str | None, pulumi.Output[str] | None]:
     return user, public, pulumi.Output.secret(private)
 
 
-def read_stacks(r: Reader) -> list[tuple[int, str, str]]:
+def read_stacks(r: Reader) -> list[tuple[int, str, str, int]]:
     example = "pulumi config set --path 'stacks[0].name' smoke and --path 'stacks[0].file' stacks/gpu-smoke.yml"
     raw = r.json("stacks", list, example)
     out, names = [], set()
@@ -350,6 +350,9 @@ def read_stacks(r: Reader) -> list[tuple[int, str, str]]:
         for unknown in sorted(set(entry) - set(STACK_DEFAULTS)):
             r.error(f"stacks[{i}].{unknown}", "is not a stack setting" + suggest(unknown, STACK_DEFAULTS))
         name, file = str(entry.get("name") or "").strip(), str(entry.get("file") or "").strip()
+        # How long the deploy waits for the stack to settle (node/stack_settle.py) before it fails `pulumi up`.
+        wait = integer(entry.get("waitSeconds"), STACK_DEFAULTS["waitSeconds"], 1, 86400,
+                       lambda m: r.error(f"stacks[{i}].waitSeconds", m))
         if not _STACK_NAME_RE.match(name):
             r.error(f"stacks[{i}].name", f"{name!r} is not a stack name; use lowercase letters, digits, '-' and '_'")
             continue
@@ -364,8 +367,8 @@ def read_stacks(r: Reader) -> list[tuple[int, str, str]]:
             r.error(f"stacks[{i}].file", f"{file!r}: give a path inside the project directory, e.g. stacks/gpu-smoke.yml")
         elif not path.is_file():
             r.error(f"stacks[{i}].file", f"{file} does not exist (paths are relative to {reader.PROJECT_DIR})")
-        else:
-            out.append((i, name, file))
+        elif wait is not None:
+            out.append((i, name, file, wait))
     return out
 
 

@@ -81,6 +81,7 @@ class StackFile:
     sha256: str
     content: str  # deployed from this text: the file on disk may change after the checks
     info: StackInfo
+    wait_seconds: int = 600  # stacks[].waitSeconds: the deploy's bound on waiting for the stack to settle
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ HEALTH_DEFAULTS: dict[str, Any] = {
     "maxDrainedPercent": 50,
     "inventoryEachUp": True,
 }
-STACK_DEFAULTS: dict[str, Any] = {"name": None, "file": None}
+STACK_DEFAULTS: dict[str, Any] = {"name": None, "file": None, "waitSeconds": 600}
 
 
 def key(name: str) -> str:

@@ -132,6 +132,10 @@ BAD = [
     ("stack-unknown-field", {"stacks": [{"name": "s", "path": "stacks/gpu-smoke.yml"}]}, (),
      ["gpu-swarm:stacks[0].path: is not a stack setting; known keys: file, name",
       "gpu-swarm:stacks[0].file: required: the compose file"]),
+    ("stack-wait-zero", {"stacks": [{"name": "s", "file": "stacks/gpu-smoke.yml", "waitSeconds": 0}]}, (),
+     ["gpu-swarm:stacks[0].waitSeconds: 0 is out of range; use a number from 1 to 86400"]),
+    ("stack-wait-text", {"stacks": [{"name": "s", "file": "stacks/gpu-smoke.yml", "waitSeconds": "ten"}]}, (),
+     ["gpu-swarm:stacks[0].waitSeconds: expected a whole number, found 'ten'"]),
     ("tag-reserved-prefix", {"tags": {"aws:owner": "me"}}, (), ["gpu-swarm:tags: 'aws:owner': the aws: prefix is reserved"]),
     ("tag-name", {"tags": {"Name": "x"}}, (), ["gpu-swarm:tags: 'Name' is set by gpu-swarm on every resource"]),
     ("tag-not-text", {"tags": {"team": {"a": 1}}}, (), ["gpu-swarm:tags: 'team': tag values must be text"]),
@@ -289,7 +293,7 @@ def test_dev_stack_file_parses():
     assert pool.root_volume_gib == 200 and not pool.spot
     assert s.image == "ubuntu" and s.manager_ami_id == s.gpu_ami_id == UBUNTU_AMI and s.ami_from_ssm
     assert s.gpu_kind == "NVIDIA-GPU" and s.imds_hop_limit == 1 and s.ssh_user == "ubuntu"
-    assert [(st.name, st.file) for st in s.stacks] == [("gpu-smoke", "stacks/gpu-smoke.yml")]
+    assert [(st.name, st.file, st.wait_seconds) for st in s.stacks] == [("gpu-smoke", "stacks/gpu-smoke.yml", 600)]
     assert s.stacks[0].info.gpu_services[0].gpus == 1
     assert s.network.vpc_cidr == "10.42.0.0/16" and s.network.vpc_id is None
     assert s.ssh_private_key is None and s.tag_map == {"environment": "dev"}
