@@ -1,19 +1,28 @@
 """Checks a compose file for `docker stack deploy` on a GPU swarm, before anything is deployed.
 
 Pure Python + PyYAML, so `pulumi preview` and the local rehearsal run the same
-checks. Compose's own GPU requests are first rewritten into the reservation swarm
-understands (swarm/compose_gpus.py); the checks then run on what will be deployed.
+checks. The file is first read as Compose means it (compose_resolve.py: variables,
+extends, profiles), made what swarm accepts (compose_swarm.py), and its GPU requests
+rewritten into the reservation swarm understands (compose_gpus.py); the checks then
+run on what will be deployed.
 Every mistake below deploys without complaint and then fails quietly: tasks that
 never schedule, or tasks that see GPUs the scheduler did not give them.
 """
 from __future__ import annotations
 
+import difflib
+import re
 from dataclasses import dataclass
-from typing import Mapping
+from pathlib import Path
+from typing import Mapping, Sequence
 
 import yaml
 
 from swarm.compose_gpus import rewrite_gpu_requests
+from swarm.compose_resolve import ComposeError, resolve
+from swarm.compose_swarm import Translation, raise_version, to_swarm
+from swarm.compose_vars import Variables
+from swarm.compose_yaml import Scalar, dump, load, plain
 from swarm.node_contract import EFA_KIND
 
 _GOOD_SHAPE = """\
@@ -49,10 +58,12 @@ class ServiceInfo:
 @dataclass(frozen=True)
 class StackInfo:
     services: tuple[ServiceInfo, ...]
-    content: str = ""  # what to deploy: the file with its Compose GPU requests rewritten (swarm/compose_gpus.py)
-    rewrites: tuple[str, ...] = ()  # what the rewrite changed, each naming the key the user wrote
-    warnings: tuple[str, ...] = ()  # keys ignored on gpu-swarm, left out of content, and why
-    diff: str = ""  # unified diff from the file as written to content; "" when content is the file itself
+    content: str = ""  # what to deploy: the file as Compose means it, in what swarm accepts; secrets in clear
+    rewrites: tuple[str, ...] = ()  # what the translation changed, each naming the key the user wrote
+    warnings: tuple[str, ...] = ()  # keys left out of content, and what is lost
+    diff: str = ""  # unified diff from the file as written to `shown`; "" when it is the file itself
+    shown: str = ""  # content with each secret masked: what preview shows, logs and hashes
+    secrets: tuple[str, ...] = ()  # the secret variables content holds; () when content is `shown`
 
     @property
     def gpu_services(self) -> tuple[ServiceInfo, ...]:
@@ -61,9 +72,11 @@ class StackInfo:
 
 def validate_stack_file(
     text: str, *, kind: str, max_gpus_per_node: int, shared_kind: str | None = None, source: str = "<stack>",
-    pool_sizes: Mapping[str, int] | None = None, efa_max: int = 0,
+    pool_sizes: Mapping[str, int] | None = None, efa_max: int = 0, profiles: Sequence[str] = (),
+    variables: Mapping[str, str] | None = None, secrets: Mapping[str, str] | None = None,
+    base_dir: Path | None = None,
 ) -> StackInfo:
-    """Parse a compose file, rewrite its Compose GPU requests, and check what is left against the cluster.
+    """Read a compose file as Compose means it, make it what swarm accepts, and check it against the cluster.
 
     `kind` is the cluster's generic resource kind (gpu-swarm:gpuKind) and
     `max_gpus_per_node` the largest GPU count of any pool with whole GPUs (0: every
@@ -72,25 +85,41 @@ def validate_stack_file(
     one unnamed pool of `max_gpus_per_node`. `shared_kind` is the kind of shared GPUs'
     slots, or None when no pool shares. `efa_max` is the most EFA devices a node of a pool
     with `efa: true` has (0: no such pool), which a service may reserve as EFA_KIND (AWS-EFA)
-    beside its GPUs. The checks run on the rewritten file, which is StackInfo.content.
-    Raises StackFileError listing all problems.
+    beside its GPUs. `profiles`, `variables` and `secrets` are the stack's Compose profiles
+    and the values of its ${...} references (compose_resolve.py); `extends: {file: ...}` is
+    read from `base_dir`. The checks run on what will be deployed, StackInfo.content.
+    Raises StackFileError listing all problems, each once.
     """
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise StackFileError(source, [f"is not valid YAML: {exc}"]) from None
-    if not isinstance(doc, dict):
-        raise StackFileError(source, ["must be a mapping with a top-level `services:` key"])
-    services = doc.get("services")
-    if not isinstance(services, dict) or not services:
-        raise StackFileError(source, ["has no services: add a top-level `services:` mapping"])
-
     sizes = dict(pool_sizes) if pool_sizes is not None else ({"": max_gpus_per_node} if max_gpus_per_node else {})
-    rewrite = rewrite_gpu_requests(text, doc, kind=kind, pool_sizes=sizes, shared_kind=shared_kind, source=source)
-    problems = list(rewrite.problems)
-    if rewrite.text is not text:
-        doc = yaml.safe_load(rewrite.text)  # the checks below see what will be deployed
-        services = doc["services"]
+    read = (lambda name: (base_dir / name).read_text(encoding="utf-8")) if base_dir is not None else None
+
+    def deployable(mask: bool) -> tuple[str, Variables, list[str], list[str], list[str]]:
+        values = Variables(dict(variables or {}), dict(secrets or {}), mask_secrets=mask)
+        warnings: list[str] = []
+        try:
+            doc = resolve(text, variables=values, profiles=tuple(profiles), read=read, warnings=warnings)
+        except ComposeError as exc:
+            raise StackFileError(source, exc.problems) from None
+        translation = Translation()
+        to_swarm(doc, translation)
+        escaped = _dollars_escaped(doc)
+        rewrite = rewrite_gpu_requests(dump(escaped), plain(escaped), kind=kind, pool_sizes=sizes,
+                                       shared_kind=shared_kind, source=source)
+        final = load(rewrite.text)
+        changes = [*translation.changes, *rewrite.changes]
+        raise_version(final, changes)
+        return (dump(final), values, [*translation.problems, *rewrite.problems],
+                [*warnings, *translation.warnings, *rewrite.warnings], changes)
+
+    shown, values, problems, warnings, changes = deployable(mask=True)
+    unused = sorted(set(variables or {}) - values.used) + sorted(set(secrets or {}) - values.used_secrets)
+    if unused:
+        warnings.append(f"variables {', '.join(unused)}: set in the stack's config but not used by the file")
+    doc = yaml.safe_load(shown)  # the checks below see what will be deployed
+    services = doc.get("services") if isinstance(doc, dict) else None
+    if not isinstance(services, dict) or not services:
+        raise StackFileError(source, problems or ["has no services left to deploy: add a top-level `services:` "
+                                                  "mapping, or activate a profile"])
     for section in ("configs", "secrets"):
         entries = doc.get(section)
         for item, spec in (entries.items() if isinstance(entries, dict) else ()):
@@ -121,8 +150,50 @@ def validate_stack_file(
                                  reserved.get(EFA_KIND, 0)))
 
     if problems:
-        raise StackFileError(source, problems)
-    return StackInfo(tuple(infos), rewrite.text, rewrite.changes, rewrite.warnings, rewrite.diff)
+        raise StackFileError(source, _once(problems))
+    as_written = dump(load(text))
+    if shown == as_written:
+        shown = text  # nothing changed: the user's own bytes, comments and all
+    content = deployable(mask=False)[0] if values.used_secrets else shown
+    diff = "" if shown is text else "".join(difflib.unified_diff(
+        as_written.splitlines(keepends=True), shown.splitlines(keepends=True),
+        f"{source} (as written; comments and anchors not kept)", f"{source} (as deployed)"))
+    return StackInfo(tuple(infos), content, tuple(changes), tuple(warnings), diff, shown,
+                     tuple(sorted(values.used_secrets)))
+
+
+def _dollars_escaped(value):
+    """Every $ left after interpolation written as $$, so swarm's loader, which interpolates again, keeps it."""
+    if isinstance(value, Scalar):
+        return value.with_text(value.replace("$", "$$")) if "$" in value else value
+    if isinstance(value, dict):
+        return type(value)((k, _dollars_escaped(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return type(value)(_dollars_escaped(v) for v in value)
+    return value
+
+
+_SERVICE_PROBLEM = re.compile(r"^services\.([^.\[:\s]+)(.*)$", re.DOTALL)
+
+
+def _once(problems: list[str]) -> list[str]:
+    """Each problem once: the same one in several services is said once, naming them all."""
+    groups: dict[str, list[str]] = {}
+    for problem in problems:
+        match = _SERVICE_PROBLEM.match(problem)
+        key = match[2] if match else problem
+        names = groups.setdefault(key, [])
+        if match and match[1] not in names:
+            names.append(match[1])
+    out = []
+    for rest, names in groups.items():
+        if not names:
+            out.append(rest)
+        elif len(names) == 1:
+            out.append(f"services.{names[0]}{rest}")
+        else:
+            out.append(f"services.{names[0]}{rest} (the same in services {', '.join(names[1:])})")
+    return out
 
 
 def _replicas(where: str, service: dict, problems: list[str]) -> int | None:

@@ -1,0 +1,229 @@
+"""Compose's own meaning of a file, resolved on the operator's machine: variables, extends, profiles.
+
+Swarm's loader refuses `profiles` and `extends` and interpolates from the manager's shell, so
+what Compose would make of the file is worked out here first, as `docker compose config` does:
+${...} from the stack's config (compose_vars.py), `extends` from this file or one beside it
+with Compose's merge rules and its `!reset`/`!override` tags, and only the services of the
+active profiles. What comes out is still the user's data (compose_yaml.Scalar keeps each
+value's text); compose_swarm.py then makes it what swarm accepts.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from swarm.compose_vars import InterpolationError, Variables, interpolate
+from swarm.compose_yaml import Override, Reset, Scalar, load
+
+# Compose's merge rules (compose-spec merge.md), for `extends`: these replace what they extend...
+_REPLACED = {"command", "entrypoint"}
+# ...these are key=value lists or mappings, merged by key...
+_BY_KEY = {"environment", "labels", "annotations", "extra_hosts", "sysctls", "build_args"}
+# ...these sequences are merged on the field that identifies an entry (a volume by its target)...
+_BY_FIELD = {"volumes": "target", "devices": "target", "secrets": "target", "configs": "target"}
+# ...and every other sequence is appended to, without repeating an entry.
+
+
+class ComposeError(ValueError):
+    """Problems that keep the file from meaning anything: each names its key and the fix."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def resolve(text: str, *, variables: Variables, profiles: tuple[str, ...] = (),
+            read: Callable[[str], str] | None = None, warnings: list[str] | None = None) -> dict:
+    """The file as Compose means it: a dict of Scalars with every variable, extends and profile applied.
+
+    read(name) returns the text of a file that `extends: {file: name}` names (beside the stack
+    file); without it, extends from another file is refused. Raises ComposeError.
+    """
+    doc = _load(text, "the file")
+    problems: list[str] = []
+    doc = _interpolated(doc, variables, "", problems)
+    services = doc.get("services")
+    if not isinstance(services, dict) or not services:
+        raise ComposeError(problems or ["has no services: add a top-level `services:` mapping"])
+    files: dict[str, dict] = {}
+
+    def other_file(name: str) -> dict:
+        if name not in files:
+            if read is None:
+                raise ComposeError([f"extends.file: {name}: no file can be read beside this one"])
+            try:
+                files[name] = _interpolated(_load(read(name), name), variables, f"{name}: ", problems)
+            except OSError as exc:
+                raise ComposeError([f"extends.file: cannot read {name} ({exc.strerror or exc})"]) from None
+        found = files[name].get("services")
+        return found if isinstance(found, dict) else {}
+
+    for name in list(services):
+        if isinstance(services[name], dict):
+            try:
+                services[name] = _extended(name, services, other_file, [])
+            except ComposeError as exc:
+                problems += exc.problems
+    if problems:
+        raise ComposeError(problems)
+    _apply_profiles(services, profiles, problems, warnings if warnings is not None else [])
+    if problems:
+        raise ComposeError(problems)
+    return doc
+
+
+def _load(text: str, what: str) -> dict:
+    try:
+        doc = load(text)
+    except yaml.YAMLError as exc:
+        raise ComposeError([f"is not valid YAML ({what}): {exc}"]) from None
+    if not isinstance(doc, dict):
+        raise ComposeError(["must be a mapping with a top-level `services:` key"])
+    return doc
+
+
+def _interpolated(value: Any, variables: Variables, where: str, problems: list[str]) -> Any:
+    """Every value's ${...} resolved; keys are not interpolated, as in Compose."""
+    if isinstance(value, Scalar):
+        if "$" not in value:
+            return value
+        try:
+            return value.with_text(interpolate(value, variables))
+        except InterpolationError as exc:
+            problem = f"{where.rstrip('.')}: {exc}" if where else str(exc)
+            if problem not in problems:
+                problems.append(problem)
+            return value
+    if isinstance(value, dict):
+        return type(value)((k, _interpolated(v, variables, f"{where}{k}.", problems)) for k, v in value.items())
+    if isinstance(value, list):
+        return type(value)(_interpolated(v, variables, f"{where.rstrip('.')}[{i}].", problems)
+                           for i, v in enumerate(value))
+    if isinstance(value, Override):
+        return Override(_interpolated(value.value, variables, where, problems))
+    return value
+
+
+def _extended(name: str, services: dict, other_file: Callable[[str], dict], seen: list[str]) -> dict:
+    """The service with what it extends merged under it (recursively), and its tags applied."""
+    service = services[name]
+    where = f"services.{name}.extends"
+    if "extends" not in service:
+        return _untagged(service)
+    if name in seen:
+        raise ComposeError([f"{where}: extends itself through {' -> '.join(seen + [name])}"])
+    spec = service["extends"]
+    base_name, file = (spec, None) if isinstance(spec, str) else (
+        (spec.get("service"), spec.get("file")) if isinstance(spec, dict) else (None, None))
+    if not isinstance(base_name, str) or not base_name:
+        raise ComposeError([f"{where}: expected a service name, or {{service: NAME, file: FILE}}, got {spec!r}"])
+    pool = other_file(str(file)) if file else services
+    if base_name not in pool or not isinstance(pool[base_name], dict):
+        known = ", ".join(sorted(pool)) or "none"
+        raise ComposeError([f"{where}: no service {base_name!r} in {file or 'this file'} (its services: {known})"])
+    base = _extended(base_name, pool, other_file, seen + [name])
+    own = {k: v for k, v in service.items() if k != "extends"}
+    return _merge(base, own)
+
+
+def _merge(base: Any, over: Any, key: str = "") -> Any:
+    """Compose's merge of `over` into `base` (compose-spec merge.md)."""
+    if isinstance(over, Override):
+        return _untagged(over.value)
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for k, v in over.items():
+            if isinstance(v, Reset):
+                out.pop(k, None)
+            else:
+                out[k] = _merge(base[k], v, k) if k in base else _untagged(v)
+        return out
+    if key in _BY_KEY and isinstance(base, (dict, list)) and isinstance(over, (dict, list)):
+        return _merge_by_key(base, over)
+    if isinstance(base, list) and isinstance(over, list) and key not in _REPLACED:
+        return _merge_list(base, over, _BY_FIELD.get(key))
+    return _untagged(over)
+
+
+def _merge_by_key(base, over):
+    merged = {**_key_values(base), **_key_values(over)}
+    if isinstance(base, dict) or isinstance(over, dict):
+        return merged
+    return [Scalar(k if v is None else f"{k}={v}") for k, v in merged.items()]
+
+
+def _key_values(value) -> dict:
+    if isinstance(value, dict):
+        return dict(value)
+    out = {}
+    for entry in value:
+        text = str(entry)
+        k, sep, v = text.partition("=") if "=" in text else text.partition(":")
+        out[k.strip()] = Scalar(v) if sep else None
+    return out
+
+
+def _merge_list(base: list, over: list, field: str | None) -> list:
+    def ident(entry):
+        if field and isinstance(entry, dict):
+            return entry.get(field)
+        if field == "target" and isinstance(entry, str):
+            parts = entry.split(":")  # source:target[:mode], or a bare target
+            return parts[1] if len(parts) > 1 else parts[0]
+        return str(entry) if not isinstance(entry, (dict, list)) else repr(entry)
+    out = list(base)
+    for entry in over:
+        out = [e for e in out if ident(e) != ident(entry)] + [_untagged(entry)]
+    return out
+
+
+def _untagged(value: Any) -> Any:
+    """The value with `!override` taken as written and `!reset` keys removed: nothing left to merge into."""
+    if isinstance(value, Override):
+        return _untagged(value.value)
+    if isinstance(value, dict):
+        return type(value)((k, _untagged(v)) for k, v in value.items() if not isinstance(v, Reset))
+    if isinstance(value, list):
+        return type(value)(_untagged(v) for v in value if not isinstance(v, Reset))
+    return value
+
+
+def _apply_profiles(services: dict, active: tuple[str, ...], problems: list[str], warnings: list[str]) -> None:
+    """Leave out the services whose profiles are all inactive, as `docker compose --profile` does."""
+    declared: dict[str, list[str]] = {}
+    for name, service in services.items():
+        profiles = service.get("profiles") if isinstance(service, dict) else None
+        if profiles is None:
+            continue
+        if not isinstance(profiles, list) or not all(isinstance(p, str) for p in profiles):
+            problems.append(f"services.{name}.profiles: expected a list of names, got {profiles!r}")
+            continue
+        declared[name] = [str(p) for p in profiles]
+    known = sorted({p for names in declared.values() for p in names})
+    for profile in active:
+        if profile != "*" and profile not in known:
+            problems.append(f"profiles: {profile!r} is no profile of the file (its profiles: "
+                            f"{', '.join(known) or 'none'}); fix the stack's `profiles` setting")
+    left_out = [n for n, names in declared.items() if "*" not in active and not set(names) & set(active)]
+    for name in left_out:
+        del services[name]
+    if left_out:
+        warnings.append("left out, as `docker compose` leaves them out without their profile: "
+                        + ", ".join(f"{n} ({', '.join(declared[n])})" for n in left_out)
+                        + (f"; active profiles: {', '.join(active)}" if active else
+                           "; no profile is active (set the stack's `profiles` setting to deploy them)"))
+    for service in services.values():
+        if isinstance(service, dict):
+            service.pop("profiles", None)
+    for name, service in services.items():
+        deps = service.get("depends_on") if isinstance(service, dict) else None
+        wanted = deps if isinstance(deps, list) else list(deps) if isinstance(deps, dict) else []
+        for dep in wanted:
+            optional = isinstance(deps, dict) and isinstance(deps[dep], dict) and \
+                str(deps[dep].get("required", "true")).lower() == "false"
+            if str(dep) not in services and not optional:
+                why = (f"it is only in profile(s) {', '.join(declared[str(dep)])}, which are not active; add one to "
+                       "the stack's `profiles` setting") if str(dep) in declared else "there is no such service"
+                problems.append(f"services.{name}.depends_on: {dep} is not deployed: {why}")
