@@ -31,6 +31,7 @@ def test_compose_preview_bench_times_the_corpus():
     proc = subprocess.run([sys.executable, "bench/compose_preview.py", "--smoke"], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and not line.startswith(("| case", "| ---"))]
+    rows = [line for line in proc.stdout.splitlines()
+            if line.startswith("| ") and not line.startswith(("| case", "| ---"))]
     assert len(rows) == 3 and all(float(row.rstrip(" |").rsplit("|", 1)[1]) > 0 for row in rows), proc.stdout
     assert "cores (nproc)" in proc.stdout and "Python 3." in proc.stdout
