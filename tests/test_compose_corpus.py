@@ -308,6 +308,19 @@ def compose_shm(service: dict) -> int | None:
     return None if size is None else int(size)
 
 
+def published(service: dict) -> set[tuple[int, str | None, str]]:
+    """(target, published, protocol) of each port, from the short syntax or the long one."""
+    found = set()
+    for port in service.get("ports") or []:
+        if isinstance(port, dict):
+            found.add((int(port["target"]), scalar(port.get("published")), port.get("protocol") or "tcp"))
+            continue
+        spec, _, protocol = str(port).partition("/")
+        parts = spec.split(":")
+        found.add((int(parts[-1]), parts[-2] if len(parts) > 1 else None, protocol or "tcp"))
+    return found
+
+
 def compose_differences(meant: dict, info, per_node: int) -> list[str]:
     """Where what we deploy differs from what Compose means."""
     ours = yaml.safe_load(info.content)["services"]
@@ -321,6 +334,13 @@ def compose_differences(meant: dict, info, per_node: int) -> list[str]:
         for key in ("command", "entrypoint"):
             if command(theirs.get(key)) != command(mine.get(key)):
                 wrong.append(f"{name}.{key}: Compose {command(theirs.get(key))}, we {command(mine.get(key))}")
+        for key in ("user", "working_dir"):
+            if unescape(scalar(theirs.get(key))) != unescape(scalar(mine.get(key))):
+                wrong.append(f"{name}.{key}: Compose {theirs.get(key)!r}, we {mine.get(key)!r}")
+        if published(theirs) != published(mine) and (published(mine) or not any(
+                w.startswith(f"services.{name}.ports") for w in info.warnings)):
+            wrong.append(f"{name}.ports: Compose publishes {sorted(published(theirs), key=str)}, "
+                         f"we {sorted(published(mine), key=str)}")
         env, our_env = environment(theirs), environment(mine)
         for key in sorted(set(env) | set(our_env)):
             if key not in our_env:
