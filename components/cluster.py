@@ -3,7 +3,8 @@
 The order `pulumi up` follows, per node: the instance boots and installs itself from its
 user data; boot waits for that; the node joins the swarm (the first manager makes it);
 then, one node per pool at a time, the node is drained if its release changes, upgraded in
-place and admitted. Stacks, the reconcile and the health read come once every node is in.
+place and admitted. Once every node is in: the reconcile (stacks the program no longer has go),
+then the stacks, each deploy waiting until its stack has settled, then the health read.
 """
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ class Cluster(pulumi.ComponentResource):
     bootstrap_timings: pulumi.Output[dict[str, dict]]
     node_software: pulumi.Output[dict]  # the bundle's sha256 and URL
     monitoring: pulumi.Output[dict]  # how to open Grafana and Prometheus (monitoring: true), else how to turn it on
+    stack_tasks: pulumi.Output[dict]  # per stack, what its deploy saw once it settled (components/gpu_stack.py)
     private_key: pulumi.Output[str] | None  # secret; only when the key was generated here
 
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None):
@@ -151,14 +153,18 @@ class Cluster(pulumi.ComponentResource):
             manager=self._first_live, node_ids=node_ids, after=admitted,
             stacks=[st.name for st in s.stacks] + ([MONITORING_STACK] if s.monitoring.enabled else []),
         ), opts=self._child)
-        deployed = [GpuStack(f"{name}-stack-{stack.name}", GpuStackArgs(
-            stack_name=stack.name, content=stack.content, sha256=stack.sha256, manager=self._first_live,
-            after=admitted, rewrites=stack.info.rewrites, warnings=stack.info.warnings, diff=stack.info.diff,
-        ), opts=self._child) for stack in s.stacks]
+        # Stacks deploy after the reconcile has removed the stacks the program no longer has, so a
+        # swap frees their GPUs first; each deploy then waits until its stack has settled.
+        gpu_stacks = {stack.name: GpuStack(f"{name}-stack-{stack.name}", GpuStackArgs(
+            stack_name=stack.name, content=stack.deployed, sha256=stack.sha256, manager=self._first_live,
+            after=[*admitted, reconcile], rewrites=stack.info.rewrites, warnings=stack.info.warnings,
+            diff=stack.info.diff, wait_seconds=stack.wait_seconds,
+        ), opts=self._child) for stack in s.stacks}
+        deployed: list[pulumi.Resource] = list(gpu_stacks.values())
         if s.monitoring.enabled:
             deployed.append(Monitoring(f"{name}-monitoring", MonitoringArgs(
                 manager=self._first_live, manager_public_ip=first.public_ip, ssh_user=s.ssh_user,
-                images=dict(s.monitoring.images), after=admitted,
+                images=dict(s.monitoring.images), after=[*admitted, reconcile],
             ), opts=self._child))
         health = SwarmHealth(f"{name}-health", SwarmHealthArgs(
             manager=self._first_live, node_ids=node_ids,
@@ -183,8 +189,11 @@ class Cluster(pulumi.ComponentResource):
         self.node_software = self._bundle.url.apply(lambda url: {"bundleSha256": self._bundle.sha256, "url": url})
         self.monitoring = deployed[-1].access if s.monitoring.enabled else pulumi.Output.from_input(
             {"enabled": False, "how": "pulumi config set gpu-swarm:monitoring true && pulumi up"})
+        self.stack_tasks = pulumi.Output.all(**{n: st.tasks for n, st in gpu_stacks.items()}) if gpu_stacks \
+            else pulumi.Output.from_input({})
         self.private_key = self._key.private_key if self._key.generated else None
         self.register_outputs({
+            "stack_tasks": self.stack_tasks,
             "vpc_id": self.vpc_id,
             "manager_public_ips": self.manager_public_ips,
             "manager_private_ips": self.manager_private_ips,

@@ -8,7 +8,6 @@ resource exists.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 
 import pulumi
 
@@ -16,15 +15,15 @@ from settings import reader
 from settings.aws_checks import (check_overlay_pool, region_problem, resolve_amis, resolve_instance_types,
                                  resolve_network)
 from settings.config_checks import (read_authorized_keys, read_image, read_managers, read_network, read_pools, read_ssh,
-                                    read_ssh_cidrs, read_stacks, read_tags)
+                                    read_ssh_cidrs, read_tags)
 from settings.model import PROJECT, GpuPool, Health, Managers, Monitoring, Network, Settings, SettingsError, StackFile
 from settings.monitoring_checks import read_monitoring
 from settings.model import cluster_name
 from settings.pool_placement import place
 from settings.reader import DEFAULTS, Reader, suggest
+from settings.stack_checks import check_stacks, read_stacks
 from settings.swarm_checks import read_health, read_overlay_pool, read_shared_kind
 from swarm.gpu_kind import validate_kind
-from swarm.stack_files import StackFileError, validate_stack_file
 
 __all__ = ["DEFAULTS", "GpuPool", "Health", "Managers", "Monitoring", "Network", "Settings", "SettingsError", "StackFile",
            "load_settings"]
@@ -56,7 +55,7 @@ def load_settings() -> Settings:
     shared_kind = read_shared_kind(r, kind if kind_ok else None)
     extra_keys = read_authorized_keys(r)
     health = read_health(r)
-    monitoring = read_monitoring(r, [name for _, name, _, _ in stack_cfgs])
+    monitoring = read_monitoring(r, [stack.name for stack in stack_cfgs])
 
     # Checks against AWS, for the values that passed the checks above.
     resolved_pools: list[GpuPool] = []
@@ -88,23 +87,7 @@ def load_settings() -> Settings:
 
     stacks = []
     if kind_ok and shared_kind and pools and len(resolved_pools) == len(pools):
-        max_whole = max((p.gpus_per_node for p in resolved_pools if not p.slots_per_gpu), default=0)
-        sharing = shared_kind if any(p.slots_per_gpu for p in resolved_pools) else None
-        whole_pools = {p.name: p.gpus_per_node for p in resolved_pools if not p.slots_per_gpu}
-        efa_max = max((p.efa_interfaces for p in resolved_pools), default=0)  # 0: no pool has efa: true
-        for i, name, file, wait in stack_cfgs:
-            text = (reader.PROJECT_DIR / file).read_text(encoding="utf-8")  # not the operator's locale (Windows)
-            try:
-                info = validate_stack_file(text, kind=kind, max_gpus_per_node=max_whole, shared_kind=sharing,
-                                           source=file, pool_sizes=whole_pools, efa_max=efa_max)
-            except StackFileError as exc:
-                for problem in exc.problems:
-                    r.error(f"stacks[{i}].file", f"{file}: {problem}")
-                continue
-            # What is deployed, and hashed: the file with its Compose GPU requests rewritten (the
-            # user's own bytes when there were none), so a second `pulumi up` changes nothing.
-            stacks.append(StackFile(name, file, hashlib.sha256(info.content.encode()).hexdigest(), info.content,
-                                    info, wait_seconds=wait))
+        stacks = check_stacks(r, stack_cfgs, resolved_pools, kind, shared_kind)
 
     if r.problems:
         raise SettingsError(r.problems)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import pulumi
@@ -14,7 +13,7 @@ from settings import reader
 from settings.model import PROJECT, Managers
 from settings.pool_options import PoolOptions, read_pool_options
 from settings.pool_sharing import NOT_SHARED, read_sharing
-from settings.reader import (DEFAULTS, POOL_DEFAULTS, STACK_DEFAULTS, Reader, boolean, integer, key,
+from settings.reader import (DEFAULTS, POOL_DEFAULTS, Reader, boolean, integer, key,
                              suggest)
 
 MANAGER_COUNTS = (1, 3, 5, 7)
@@ -25,7 +24,6 @@ SUBNET_SLOTS = 16  # the VPC is cut into 16 equal subnets, one slot per AZ lette
 
 
 _POOL_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
-_STACK_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")  # what swarm/script.py's swarm_name accepts
 _INSTANCE_TYPE_RE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$")
 _AMI_RE = re.compile(r"^ami-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
 _ENDPOINT_RE = re.compile(r"vpce-([0-9a-f]{8}|[0-9a-f]{17})")
@@ -337,39 +335,6 @@ def read_ssh(r: Reader) -> tuple[str, str | None, pulumi.Output[str] | None]:
             "pulumi config set --secret sshPrivateKey < ~/.ssh/id_ed25519",
         )
     return user, public, pulumi.Output.secret(private)
-
-
-def read_stacks(r: Reader) -> list[tuple[int, str, str, int]]:
-    example = "pulumi config set --path 'stacks[0].name' smoke and --path 'stacks[0].file' stacks/gpu-smoke.yml"
-    raw = r.json("stacks", list, example)
-    out, names = [], set()
-    for i, entry in enumerate(raw or []):
-        if not isinstance(entry, dict):
-            r.error(f"stacks[{i}]", f"expected an object with name and file, found {entry!r}")
-            continue
-        for unknown in sorted(set(entry) - set(STACK_DEFAULTS)):
-            r.error(f"stacks[{i}].{unknown}", "is not a stack setting" + suggest(unknown, STACK_DEFAULTS))
-        name, file = str(entry.get("name") or "").strip(), str(entry.get("file") or "").strip()
-        # How long the deploy waits for the stack to settle (node/stack_settle.py) before it fails `pulumi up`.
-        wait = integer(entry.get("waitSeconds"), STACK_DEFAULTS["waitSeconds"], 1, 86400,
-                       lambda m: r.error(f"stacks[{i}].waitSeconds", m))
-        if not _STACK_NAME_RE.match(name):
-            r.error(f"stacks[{i}].name", f"{name!r} is not a stack name; use lowercase letters, digits, '-' and '_'")
-            continue
-        if name in names:
-            r.error(f"stacks[{i}].name", f"{name!r} is deployed twice; stack names must be unique")
-            continue
-        names.add(name)
-        path = (reader.PROJECT_DIR / file).resolve()
-        if not file:
-            r.error(f"stacks[{i}].file", "required: the compose file, relative to the project directory")
-        elif Path(file).is_absolute() or not path.is_relative_to(reader.PROJECT_DIR):
-            r.error(f"stacks[{i}].file", f"{file!r}: give a path inside the project directory, e.g. stacks/gpu-smoke.yml")
-        elif not path.is_file():
-            r.error(f"stacks[{i}].file", f"{file} does not exist (paths are relative to {reader.PROJECT_DIR})")
-        elif wait is not None:
-            out.append((i, name, file, wait))
-    return out
 
 
 def read_authorized_keys(r: Reader) -> tuple[str, ...]:

@@ -79,9 +79,14 @@ class StackFile:
     name: str
     file: str  # relative to the project directory, so the state does not hold this machine's paths
     sha256: str
-    content: str  # deployed from this text: the file on disk may change after the checks
+    content: str  # deployed from this text: the file on disk may change after the checks; holds its secrets
     info: StackInfo
     wait_seconds: int = 600  # stacks[].waitSeconds: the deploy's bound on waiting for the stack to settle
+
+    @property
+    def deployed(self) -> pulumi.Input[str]:
+        """What the deploy sends: a Pulumi secret when the file holds values of gpu-swarm:stackSecrets."""
+        return pulumi.Output.secret(self.content) if self.info.secrets else self.content
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ DEFAULTS: dict[str, Any] = {
     "amiId": "",
     "gpuKind": DEFAULT_KIND,
     "stacks": [],
+    "stackSecrets": {},  # {stack: {VARIABLE: value}}, a Pulumi secret (settings/stack_checks.py)
     "tags": {},
     "sshUser": "ubuntu",
     "sshPublicKey": "",
@@ -71,7 +72,8 @@ HEALTH_DEFAULTS: dict[str, Any] = {
     "maxDrainedPercent": 50,
     "inventoryEachUp": True,
 }
-STACK_DEFAULTS: dict[str, Any] = {"name": None, "file": None, "waitSeconds": 600}
+STACK_DEFAULTS: dict[str, Any] = {"name": None, "file": None, "waitSeconds": 600,
+                                  "profiles": [], "variables": {}}  # settings/stack_checks.py
 
 
 def key(name: str) -> str:

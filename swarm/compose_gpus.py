@@ -19,6 +19,8 @@ from swarm import compose_nodes as nodes
 from swarm.labels import GPU_COUNT_LABEL, GPU_MEMORY_LABEL, GPU_PRODUCT_LABEL, POOL_GPU_COUNT_LABEL, POOL_LABEL
 
 NVIDIA = "nvidia"
+CDI = "cdi"  # docker's CDI driver: device_ids are CDI names, and NVIDIA's GPUs are nvidia.com/gpu=<index|uuid|all>
+CDI_GPU = "nvidia.com/gpu="
 GPU_CAPABILITY = "gpu"
 # The capabilities moby's nvidia device driver accepts (daemon/nvidia_linux.go): gpu and nvidia
 # select the driver, the rest are NVIDIA driver capabilities, which docker hands the toolkit
@@ -144,10 +146,16 @@ def _resolve(at: str, request, gpu_implied: bool, service: dict, kind: str, pool
     for key in sorted(set(map(str, request)) - set(_DEVICE_KEYS)):
         problems.append(f"{at}.{key}: not a key of a device request ({', '.join(_DEVICE_KEYS)})")
     driver = request.get("driver")
-    if driver is not None and driver != NVIDIA:
+    cdi_all = driver == CDI and _cdi_all(request.get("device_ids"))
+    if driver not in (None, NVIDIA, CDI):
         problems.append(f"{at}.driver: is {driver!r}, but gpu-swarm nodes offer NVIDIA GPUs only, reserved as "
                         f"{kind}; write `driver: nvidia`, or leave it out")
+    elif driver == CDI and not _cdi_gpus(request.get("device_ids")):
+        problems.append(f"{at}.device_ids: with driver: cdi, gpu-swarm reserves NVIDIA GPUs named {CDI_GPU}all "
+                        f"(or {CDI_GPU}<index>), got {request.get('device_ids')!r}; write `driver: nvidia` and "
+                        "`count: N`")
     capabilities = request.get("capabilities")
+    gpu_implied = gpu_implied or driver == CDI  # a CDI name says what the device is
     if capabilities is None and not gpu_implied:
         problems.append(f"{at}.capabilities: missing; Compose requires it, and a GPU request is [gpu]")
     elif capabilities is not None and (not isinstance(capabilities, list)
@@ -160,10 +168,10 @@ def _resolve(at: str, request, gpu_implied: bool, service: dict, kind: str, pool
         for unknown in [c for c in capabilities if c not in _KNOWN_CAPABILITIES]:
             problems.append(f"{at}.capabilities: {unknown!r} is not a capability of NVIDIA's driver; use "
                             f"{', '.join(_KNOWN_CAPABILITIES)}")
-    if "device_ids" in request:
+    if "device_ids" in request and not cdi_all and (driver != CDI or _cdi_gpus(request["device_ids"])):
         problems.append(_device_ids_problem(at, request["device_ids"], kind))
-    count_at = f"{at}.count" if "count" in request or not gpu_implied else at
-    count = request.get("count", "all")  # Compose: no count (and no device_ids) means all
+    count_at = f"{at}.count" if "count" in request or not gpu_implied else f"{at}.device_ids" if cdi_all else at
+    count = request.get("count", "all")  # Compose: no count (and no device_ids) means all; so does nvidia.com/gpu=all
     if isinstance(count, str) and count.strip().isdigit():
         count = int(count)
     if len(problems) > before:
@@ -261,6 +269,14 @@ def _device_ids_problem(at: str, ids, kind: str) -> str:
             "each node's GPU agent sets: deploy.placement.constraints: "
             f"[node.engine.labels.{GPU_PRODUCT_LABEL} == NVIDIA-H100-80GB-HBM3] (or {GPU_MEMORY_LABEL}, "
             f"{GPU_COUNT_LABEL}; node.labels.{POOL_LABEL} for a pool)")
+
+
+def _cdi_gpus(ids) -> bool:
+    return isinstance(ids, list) and bool(ids) and all(isinstance(i, str) and i.startswith(CDI_GPU) for i in ids)
+
+
+def _cdi_all(ids) -> bool:
+    return _cdi_gpus(ids) and f"{CDI_GPU}all" in ids
 
 
 def _generic_kinds(reservations: dict, kind: str, shared_kind: str | None) -> list[str]:

@@ -9,7 +9,6 @@ value's text); compose_swarm.py then makes it what swarm accepts.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable
 
 import yaml

@@ -98,7 +98,7 @@ def _braced(text: str, i: int, variables: Variables) -> tuple[str, int]:
     if op in (":+", "+"):
         return arg, end + 1
     if empty:  # :? and ?
-        raise InterpolationError(f"${{{name}}} is required: {arg or 'it is not set'}")
+        raise InterpolationError(f"${{{name}}} is required: {arg or 'it is not set'}. {_how_to_set(name)}")
     return value, end + 1
 
 
@@ -125,7 +125,11 @@ def _required(name: str, variables: Variables) -> str:
     value = variables.get(name)
     if value is None:
         raise InterpolationError(f"${{{name}}} is not set, and the file gives it no default; docker would make it "
-                                 f"empty. Set it in the stack's config (variables: {{{name}: ...}}), or as a secret "
-                                 f"(pulumi config set --secret --path 'stackSecrets.<stack>.{name}' ...), or write a "
-                                 f"default: ${{{name}:-value}}")
+                                 f"empty. {_how_to_set(name)}, or write a default: ${{{name}:-value}}")
     return value
+
+
+def _how_to_set(name: str) -> str:
+    # gpu-swarm reads values from the stack's config only, never from the shell a Compose message has in mind.
+    return (f"Set it in the stack's config (variables: {{{name}: ...}}), or as a secret "
+            f"(pulumi config set --secret --path 'stackSecrets.<stack>.{name}' ...)")

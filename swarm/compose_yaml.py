@@ -134,10 +134,18 @@ def _represent_scalar(dumper: _Dumper, data: Scalar) -> ScalarNode:
 
 
 _Dumper.add_representer(Scalar, _represent_scalar)
+# The tags as written, for the file as the user wrote it (the diff at preview); what is deployed has none.
+_Dumper.add_representer(Reset, lambda dumper, data: ScalarNode("!reset", ""))
+_Dumper.add_representer(Override, lambda dumper, data: _retagged(dumper.represent_data(data.value), "!override"))
 _Dumper.add_representer(FlowList, lambda dumper, data: dumper.represent_sequence(
     "tag:yaml.org,2002:seq", data, flow_style=True))
 _Dumper.add_representer(FlowDict, lambda dumper, data: dumper.represent_mapping(
     "tag:yaml.org,2002:map", data.items(), flow_style=True))
+
+
+def _retagged(node, tag: str):
+    node.tag = tag
+    return node
 
 
 def dump(doc: Any) -> str:

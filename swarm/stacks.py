@@ -8,9 +8,14 @@ touches a stack someone deployed by hand.
 """
 from __future__ import annotations
 
+import json
+import posixpath
+
 from swarm.labels import STACK_LABEL
+from swarm.node_contract import STACK_SETTLE_PATH
 from swarm.script import quote, script, sha256_hex, swarm_name, wait_until
 
+DEFAULT_WAIT_SECONDS = 600  # a stack's waitSeconds when its config gives none (settings/reader.py)
 STACK_MARKER_PREFIX = f"{STACK_LABEL}."  # the marker of stack s is the config STACK_LABEL.s, labelled STACK_LABEL=s
 
 
@@ -18,19 +23,38 @@ def marker(name: str) -> str:
     return STACK_MARKER_PREFIX + swarm_name(name, "stack name")
 
 
-def deploy_stack(name: str, content_sha256: str) -> str:
-    """Deploy (or update) a stack from the compose file on stdin; content_sha256 names that content."""
+def deploy_stack(name: str, content_sha256: str, wait_seconds: int = DEFAULT_WAIT_SECONDS) -> str:
+    """Deploy (or update) a stack from the compose file on stdin, then wait until it has settled;
+    content_sha256 names that content. The last line of stdout is the waiter's JSON report
+    (node/stack_settle.py); a task swarm refuses fails the command with swarm's reason."""
     stack = quote(swarm_name(name, "stack name"))
     sha = sha256_hex(content_sha256, "the compose file")
+    if not isinstance(wait_seconds, int) or isinstance(wait_seconds, bool) or wait_seconds < 1:
+        raise ValueError(f"the wait for stack {name} must be a whole number of seconds, 1 or more; got {wait_seconds!r}")
+    software, settle = posixpath.split(STACK_SETTLE_PATH)
     return script(
         f'echo "deploying stack {name} (compose file sha256 {sha[:16]})"',
-        # --detach=true: the CLI says its default will flip to waiting for convergence, and a
-        # task that waits for a free GPU would hold `pulumi up` for ever.
-        f"docker stack deploy --detach=true --with-registry-auth --prune -c - {stack}",
+        # --detach=true: the CLI's own wait would hold `pulumi up` for ever on a task that waits
+        # for a free GPU, and never says why a task was rejected. The waiter below does both.
+        f"docker stack deploy --detach=true --with-registry-auth --prune -c - {stack} >&2",
+        # The marker first: a stack whose tasks fail is still ours, for the reconcile to remove.
         f"docker config inspect {quote(marker(name))} >/dev/null 2>&1 ||",
         f"  printf '%s' {stack} | docker config create --label {STACK_LABEL}={stack} {quote(marker(name))} - "
         ">/dev/null",
+        # The installed node software's waiter (the rehearsal points GPU_SWARM_SOFTWARE at node/).
+        f'exec python3 -I "${{GPU_SWARM_SOFTWARE:-{software}}}/{settle}" --stack {stack} --timeout {wait_seconds}',
     )
+
+
+def settle_report(stdout: str | None) -> dict:
+    """The waiter's JSON report from a deploy command's stdout (its last line); {} when there is none
+    (a preview, where the command has not run)."""
+    lines = (stdout or "").strip().splitlines()
+    try:
+        found = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def remove_stack(name: str, *, timeout_s: int = 120) -> str:
