@@ -382,3 +382,11 @@ def test_compose_means_what_we_deploy_for_every_stack_of_the_repository(path):
     info = validate_stack_file(path.read_text(encoding="utf-8"), source=f"stacks/{path.name}", **options)
     wrong = compose_differences(compose_config(path)["services"], info, max(options["pool_sizes"].values()))
     assert not wrong, "what we deploy is not what Compose means:\n" + "\n".join(wrong)
+
+
+def test_the_compose_keys_table_names_every_key_the_translator_handles():
+    """docs/compose-on-swarm.md is the README's table: a key the translator learns must appear in it."""
+    from swarm.compose_swarm import DROPPED, REFUSED, TRANSLATED
+    table = (REPO / "docs" / "compose-on-swarm.md").read_text(encoding="utf-8")
+    missing = sorted(k for k in {*DROPPED, *REFUSED, *TRANSLATED} if f"`{k}`" not in table)
+    assert not missing, f"docs/compose-on-swarm.md does not say what happens to {', '.join(missing)}"
