@@ -46,6 +46,9 @@ def resolve(text: str, *, variables: Variables, profiles: tuple[str, ...] = (),
     services = doc.get("services")
     if not isinstance(services, dict) or not services:
         raise ComposeError(problems or ["has no services: add a top-level `services:` mapping"])
+    # A value that cannot be interpolated matters only in a service that is deployed, or that one extends.
+    wanted = _deployed_or_extended(services, profiles)
+    problems = [p for p in problems if not p.startswith("services.") or p.split(".")[1] in wanted]
     files: dict[str, dict] = {}
 
     def other_file(name: str) -> dict:
@@ -71,6 +74,22 @@ def resolve(text: str, *, variables: Variables, profiles: tuple[str, ...] = (),
     if problems:
         raise ComposeError(problems)
     return doc
+
+
+def _deployed_or_extended(services: dict, active: tuple[str, ...]) -> set[str]:
+    def on(service) -> bool:
+        profiles = service.get("profiles") if isinstance(service, dict) else None
+        return not isinstance(profiles, list) or "*" in active or bool(set(map(str, profiles)) & set(active))
+    wanted = {str(n) for n, s in services.items() if on(s)}
+    for name in list(wanted):
+        seen = services.get(name)
+        while isinstance(seen, dict) and "extends" in seen:
+            base = seen["extends"] if isinstance(seen["extends"], str) else (seen["extends"] or {}).get("service")
+            if not isinstance(seen["extends"], str) and (seen["extends"] or {}).get("file") or base in wanted:
+                break  # another file's problems name that file; a wanted base is there already
+            wanted.add(str(base))
+            seen = services.get(base)
+    return wanted
 
 
 def _load(text: str, what: str) -> dict:

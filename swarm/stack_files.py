@@ -99,7 +99,7 @@ def validate_stack_file(
         try:
             doc = resolve(text, variables=values, profiles=tuple(profiles), read=read, warnings=warnings)
         except ComposeError as exc:
-            raise StackFileError(source, exc.problems) from None
+            raise StackFileError(source, _once(exc.problems)) from None
         translation = Translation()
         to_swarm(doc, translation)
         escaped = _dollars_escaped(doc)
