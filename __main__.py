@@ -21,6 +21,8 @@ pulumi.export("vpcId", cluster.vpc_id)
 # Each stack as deployed: the hash of the file swarm gets (its Compose GPU requests rewritten) and each rewrite.
 pulumi.export("stacks", {s.name: {"file": s.file, "sha256": s.sha256, "rewrites": list(s.info.rewrites),
                                   "warnings": list(s.info.warnings)} for s in settings.stacks})
+# Per stack, once its deploy settled: each service's tasks, and the tasks waiting for GPUs with the scheduler's reason.
+pulumi.export("stackTasks", cluster.stack_tasks)
 pulumi.export("monitoring", cluster.monitoring)  # the SSH tunnel to Grafana and Prometheus (monitoring: true)
 if cluster.private_key is not None:
     # Secret: `pulumi stack output privateKey --show-secrets > gpu-swarm.key && chmod 600 gpu-swarm.key`

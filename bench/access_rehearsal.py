@@ -92,7 +92,7 @@ def main() -> int:
         out["manager_elastic_ips"] = sorted(eips)
         machines.stop(machine_of(state, managers[0]))
         say(f"stopped {managers[0]}; a second up must go through {managers[1]}")
-        second = program.up(stack="dev", overrides=OVERRIDES, progress=say, converge_timeout=600)
+        second = program.up(stack="dev", overrides=OVERRIDES, progress=say)
         state = program.load_state()
         conns = connections(state)
         manager_1 = next(c["host"] for n, c in conns.items() if n == "gpu-swarm-member-managers-1-join")

@@ -8,7 +8,7 @@ import pulumi
 import pulumi_command as command
 
 from components.remote import as_root
-from swarm.stacks import deploy_stack
+from swarm.stacks import DEFAULT_WAIT_SECONDS, deploy_stack, settle_report
 
 
 @dataclass
@@ -21,9 +21,25 @@ class GpuStackArgs:
     rewrites: Sequence[str] = ()  # what the rewrite changed in the user's file, naming each key
     warnings: Sequence[str] = ()  # keys that gpu-swarm ignores, left out of content, and why
     diff: str = ""  # unified diff from the user's file to content; "" when content is the file itself
+    wait_seconds: int = DEFAULT_WAIT_SECONDS  # how long the deploy waits for the stack to settle (waitSeconds)
+
+
+def stack_tasks(stdout: str | None) -> dict:
+    """The deploy's report as the stackTasks output shows it: each service's tasks in a line, the
+    tasks that wait for GPUs with the scheduler's reason, and how long the stack took to settle.
+    Empty until the command has run (a preview)."""
+    found = settle_report(stdout)
+    if not found:
+        return {}
+    return {"services": {s["name"]: s["outcome"] for s in found.get("services", [])},
+            "waitingForGpus": [{"service": w["service"], "task": w["slot"], "reason": w["reason"]}
+                               for w in found.get("waiting", [])],
+            "settledInSeconds": found.get("seconds")}
 
 
 class GpuStack(pulumi.ComponentResource):
+    tasks: pulumi.Output[dict]  # stack_tasks() of the last deploy
+
     def __init__(self, name: str, args: GpuStackArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-swarm:swarm:GpuStack", name, None, opts)
         # `pulumi preview` shows these beside the stack's resource, so the user sees what will
@@ -36,13 +52,15 @@ class GpuStack(pulumi.ComponentResource):
         # The compose file travels on stdin, so every run of the deploy has it, whichever
         # manager it reaches. A new hash changes the script, which makes it an update:
         # `docker stack deploy` rolls the services in place. Removal is SwarmReconcile's
-        # job, so this command has no delete that could hold up `pulumi destroy`.
-        command.remote.Command(
+        # job, so this command has no delete that could hold up `pulumi destroy`. The command
+        # returns once the stack has settled, or fails `pulumi up` with swarm's reason.
+        deploy = command.remote.Command(
             f"{name}-deploy",
             connection=args.manager,
-            create=as_root(deploy_stack(args.stack_name, args.sha256)),
-            stdin=args.content,
+            create=as_root(deploy_stack(args.stack_name, args.sha256, args.wait_seconds)),
+            stdin=args.content,  # a str, or an Output (a secret, when the file takes secret variables)
             opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after)),
         )
+        self.tasks = deploy.stdout.apply(stack_tasks)
         self.register_outputs({"sha256": args.sha256, "rewrites": list(args.rewrites),
-                               "warnings": list(args.warnings)})
+                               "warnings": list(args.warnings), "tasks": self.tasks})

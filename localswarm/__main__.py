@@ -37,10 +37,12 @@ def _parser() -> argparse.ArgumentParser:
 
     up = command("up", "create nodes, form the swarm, deploy stacks, show placement")
     up.description = ("Create nodes, form the swarm, deploy stacks, wait until every task is settled, show "
-                      "placement. A task is settled when it runs, waits for a free GPU, or has ended: tasks that "
-                      "exit, as jobs and smoke tests do, are shown with their last state, exit code and GPUs, "
-                      "restarted or not. Stacks that do not settle (a task that fails again and again without "
-                      "ever completing, or 120 s without settling) fail `up` and keep the swarm to look at.")
+                      "placement. Each stack's deploy command waits on the manager, as the program's does "
+                      "(node/stack_settle.py). A task is settled when it runs, waits for a GPU that no task is "
+                      "about to free, or has ended: tasks that exit, as jobs and smoke tests do, are shown with "
+                      "their last state, exit code and GPUs, restarted or not. Stacks that do not settle (a task "
+                      "swarm refuses, one that fails again and again without ever completing, or 120 s without "
+                      "settling) fail `up` and keep the swarm to look at.")
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--gpus-per-node", type=int, default=2)
     up.add_argument("--managers", type=int, default=1)
@@ -94,7 +96,6 @@ def _parser() -> argparse.ArgumentParser:
     program.add_argument("--bump-node-software", action="store_true",
                          help="as if node/ had changed (and stays changed for later runs): a new bundle "
                               "that rolls through the nodes")
-    program.add_argument("--converge-timeout", type=float, default=300, metavar="S")
     return p
 
 
@@ -180,7 +181,7 @@ def _run(args, say):
         if args.action == "status":
             return program.status(progress=say)
         return program.up(stack=args.stack, overrides=_overrides(args.set), parallel=args.parallel,
-                          bump_software=args.bump_node_software, converge_timeout=args.converge_timeout,
+                          bump_software=args.bump_node_software,
                           progress=say)
     raise AssertionError(args.command)
 

@@ -2,10 +2,10 @@
 
 components/ wires these builders into pulumi-command resources; here they run one after the
 other through each node's socket: probe the other managers, init (or join a live swarm),
-read the tokens, join every node, admit it, reconcile, deploy the stacks. Running
-converge() again is what a second `pulumi up` does, so the scenarios in the tests (replace
-the first manager, scale down, remove a stack, roll new software) exercise the very scripts
-the program sends to AWS.
+read the tokens, join every node, admit it, reconcile, deploy the stacks (each deploy waits
+until its stack has settled). Running converge() again is what a second `pulumi up` does, so
+the scenarios in the tests (replace the first manager, scale down, remove a stack, roll new
+software) exercise the very scripts the program sends to AWS.
 """
 from __future__ import annotations
 
@@ -107,8 +107,14 @@ def form_swarm(desired: Desired, engine: Engine, say: Callable[[str], None] = la
     return {"cluster_id": cluster, "node_ids": node_ids, "checks": checks}
 
 
-def deploy_stacks(desired: Desired, engine: Engine) -> None:
+def deploy_stacks(desired: Desired, engine: Engine, wait_seconds: int = stack_scripts.DEFAULT_WAIT_SECONDS) -> dict:
+    """Every stack's deploy command, side by side as the program's run: each returns once its stack
+    has settled (node/stack_settle.py), or fails with swarm's reason. Returns each stack's report."""
     first = next(n for n in desired.nodes if n.role == "manager")
-    for name, text in desired.stacks.items():
-        run_script(first, engine, stack_scripts.deploy_stack(name, hashlib.sha256(text.encode()).hexdigest()),
-                   stdin=text)
+
+    def deploy(item: tuple[str, str]) -> dict:
+        name, text = item
+        script = stack_scripts.deploy_stack(name, hashlib.sha256(text.encode()).hexdigest(), wait_seconds)
+        return stack_scripts.settle_report(run_script(first, engine, script, stdin=text))
+
+    return dict(zip(desired.stacks, parallel(deploy, list(desired.stacks.items()))))

@@ -240,7 +240,9 @@ def run_script(node: Node, engine: Engine, script: str, *, stdin: str = "", time
     The scripts run as root on this host, which sees each node's data root, so the few
     that read a node's files (its swarm certificate) find them as they would on the node.
     """
-    proc = run(["bash", "-c", script], env=engine.env(node.sock), input=stdin, check=False, timeout=timeout)
+    # A node runs the waiter of its installed software (stack deploys); here, the repository's.
+    env = {**engine.env(node.sock), "GPU_SWARM_SOFTWARE": str(REPO / "node")}
+    proc = run(["bash", "-c", script], env=env, input=stdin, check=False, timeout=timeout)
     if proc.returncode != 0:
         raise RehearsalError(f"on {node.name}: {(proc.stderr or proc.stdout).strip()}")
     return proc.stdout

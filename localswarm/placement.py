@@ -4,7 +4,7 @@ A task's GPUs are read from its container's configuration on its node (`docker i
 .Config.Env, DOCKER_RESOURCE_<KIND>): what dockerd handed the runtime, whatever the
 task's processes did with their environment since. When the node cannot be asked (its
 engine is down), the manager's record of the assignment is shown and marked as such.
-Tasks that ended are shown too (localswarm/task_runs.py decides what counts as settled).
+Tasks that ended are shown too (node/stack_tasks.py decides what counts as settled).
 Everything is read through the engines' API (localswarm.api): `up` and the tests poll this.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from localswarm import api
 from localswarm.host import Engine, RehearsalError
 from localswarm import task_runs
 from localswarm.nodes import Node
-from localswarm.task_runs import converged, outcome, settled, stuck  # noqa: F401 (for the callers of placement)
+from localswarm.task_runs import outcome  # noqa: F401 (for the callers of placement)
 from swarm.gpu_kind import resource_env_name, slot_gpu
 from swarm.labels import CONDITION_LABEL, DRAINED_BY_LABEL, HEALTH_LABEL, HEALTH_LAST_LABEL, MAINTENANCE_LABEL
 from swarm.rollout import advertised_gpus
@@ -120,28 +120,8 @@ def _services(manager: Node, gpus_of, names_by_id: dict, state_of: dict) -> list
 
 def services_view(services_docs: list[dict], tasks_docs: list[dict], gpus_of, names_by_id: dict,
                   state_of: dict) -> list[dict]:
-    """Every service with one entry per slot (a replica's number; a node, for a global service):
-    its newest task, and what the slot's tasks that ended did (localswarm/task_runs.py)."""
-    by_service: dict[str, list[dict]] = {}
-    for task in tasks_docs:
-        by_service.setdefault(task.get("ServiceID", ""), []).append(task)
-    services = []
-    for svc in services_docs:
-        mode = svc["Spec"].get("Mode", {})
-        tasks = [task_runs.task_view(group, gpus_of, names_by_id, state_of)
-                 for group in task_runs.slots(svc, by_service.get(svc["ID"], []))]
-        replicated = mode.get("Replicated")
-        job = mode.get("ReplicatedJob")
-        services.append({
-            "name": svc["Spec"]["Name"],
-            "mode": ("replicated" if replicated is not None else "replicated-job" if job is not None
-                     else "global-job" if "GlobalJob" in mode else "global"),
-            "replicas": (replicated.get("Replicas", 1) if replicated is not None
-                         else job.get("TotalCompletions", 1) if job is not None else None),
-            **({"max_concurrent": job.get("MaxConcurrent", 1)} if job is not None else {}),
-            "tasks": sorted(tasks, key=lambda t: (t["slot"], t["node"])),
-        })
-    return sorted(services, key=lambda s: s["name"])
+    """Every service with one entry per slot (node/stack_tasks.py, the deploy command's own rules)."""
+    return task_runs.services_view(services_docs, tasks_docs, gpus_of, names_by_id, state_of)
 
 
 def _condition(engine_labels: dict, labels: dict) -> dict:
@@ -159,22 +139,6 @@ def _answers(node: Node, engine: Engine) -> bool:
         return True
     except (OSError, api.ApiError, http.client.HTTPException):
         return False
-
-
-def quick_view(nodes: list[Node], engine: Engine) -> dict | None:
-    """The services as collect() shows them, from the manager's records alone (GPUs as the scheduler
-    assigned them): two reads, where collect() asks every task's node too. None: no manager answers."""
-    manager = next((n for n in nodes if n.role == "manager" and _answers(n, engine)), None)
-    if manager is None:
-        return None
-    scheduler = lambda task: (_assigned(task, ""), [], "scheduler")  # noqa: E731 (GPUs do not matter here)
-    return {"services": _services(manager, scheduler, {}, {})}
-
-
-def looks_converged(nodes: list[Node], engine: Engine) -> bool:
-    """converged() by the manager's records alone (see quick_view)."""
-    view = quick_view(nodes, engine)
-    return view is not None and converged(view)
 
 
 def render_table(view: dict) -> str:

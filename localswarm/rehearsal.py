@@ -5,6 +5,7 @@ Pulumi components send over SSH, and each node's GPUs come from the real agent.
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
@@ -154,18 +155,20 @@ def _build(state: dict, engine, say, clock: _Clock, converge_timeout: float) -> 
     swarm_ready = clock.now()
     managers = sum(n.role == "manager" for n in nodes)
     say(f"swarm formed: {managers} manager(s), {len(nodes) - managers} worker(s), every node's GPUs proven")
-    deploy_stacks(desired(state), engine)
-    stacks_deployed = clock.lap("stack_deploy")
-    say(f"stack(s) deployed: {', '.join(state['stacks'])}")
     try:
-        view = with_checks(wait_converged(nodes, engine, state["kind"], converge_timeout,
-                                          state.get("shared_kind", "")), state)
-    except NotConverged:
+        # Each deploy command waits, on the manager, until its stack has settled (node/stack_settle.py):
+        # the same wait, and the same failures, as the program's.
+        deploy_stacks(desired(state), engine, wait_seconds=max(1, math.ceil(converge_timeout)))
+    except RehearsalError as e:
         # The swarm stays up for a look (see up), so give it everything a working one has.
         health.start_all(nodes, engine, state["kind"], state.get("shared_kind", ""))
         metrics.start_all(nodes, state["kind"], state.get("shared_kind", ""))
-        raise
-    converged = clock.lap("stack_converge")
+        view = placement.collect(nodes, engine, state["kind"], state.get("shared_kind", ""))
+        raise NotConverged(f"the stacks did not settle: {e}\n" + placement.render_table(view)) from None
+    stacks_deployed = clock.lap("stack_deploy")
+    say(f"stack(s) deployed and settled: {', '.join(state['stacks'])}")
+    view = with_checks(placement.collect(nodes, engine, state["kind"], state.get("shared_kind", "")), state)
+    converged = clock.lap("stack_converge")  # reading the view; the wait was the deploy's
     say("stacks converged: " + "; ".join(placement.outcome(view)))
     # As the node software installs them; started last, so that they leave the CPU to the steps above.
     health.start_all(nodes, engine, state["kind"], state.get("shared_kind", ""))
@@ -181,28 +184,6 @@ def stack_name(path: Path) -> str:
     stem = path.stem.lower()
     stem = stem[4:] if stem.startswith("gpu-") and len(stem) > 4 else stem
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in stem)
-
-
-def wait_converged(nodes: list[Node], engine, kind: str, timeout: float, shared_kind: str = "") -> dict:
-    """The swarm's view once every task is settled (placement.settled: running, waiting for a GPU,
-    ended, or restarting after it completed); NotConverged at the timeout, or as soon as a task
-    fails over and over without ever completing."""
-    deadline = time.monotonic() + timeout
-    while True:
-        # The full view asks every task's node for its container: read it only once the manager's
-        # own records say the stacks converged, so the polling leaves the CPU to the tasks starting.
-        quick = placement.quick_view(nodes, engine)
-        late = time.monotonic() > deadline
-        if (quick and placement.converged(quick)) or (quick and placement.stuck(quick)) or late:
-            view = placement.collect(nodes, engine, kind, shared_kind)
-            if placement.converged(view):
-                return view
-            failing = placement.stuck(view)
-            if failing or late:
-                why = (f"cannot converge: {'; '.join(failing)}" if failing
-                       else f"did not converge in {timeout:.0f} s")
-                raise NotConverged(f"the stacks {why}:\n" + placement.render_table(view))
-        time.sleep(0.1)
 
 
 def status(*, progress: Progress = print) -> dict:

@@ -115,6 +115,8 @@ AGENT_PATH = f"{SOFTWARE_DIR}/gpu_agent.py"  # gpu-swarm-agent.service runs it
 WATCHER_PATH = f"{SOFTWARE_DIR}/gpu_health.py"  # gpu-swarm-health.service runs it
 RECONCILER_PATH = f"{SOFTWARE_DIR}/swarm_reconciler.py"  # gpu-swarm-reconciler.service runs it
 METRICS_PATH = f"{SOFTWARE_DIR}/gpu_metrics.py"  # gpu-swarm-metrics.service runs it
+STACK_SETTLE_PATH = f"{SOFTWARE_DIR}/stack_settle.py"  # the stack deploy command (swarm/stacks.py) runs it on
+# the first manager, right after `docker stack deploy`; stdlib only
 TOP_PATH = f"{SOFTWARE_DIR}/gpu_top.py"  # an operator runs it on a manager (README "GPU metrics"); stdlib only
 GUARD_PATH = f"{SOFTWARE_DIR}/gpu-swarm-runtime"  # the agent makes it dockerd's default runtime (daemon.json)
 AGENT_VENV = f"{NODE_DIR}/venv"  # install-gpu-agent.sh creates it (pynvml, prometheus_client); the agent's, the

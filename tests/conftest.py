@@ -135,6 +135,18 @@ def command_stdout(name: str, create: str) -> str:
                                    "drainedBy": "", "health": "", "healthLast": ""}) + "\n" for i in ids)
     if "bootstrap-timings.json" in create:
         return '{"install-docker": {"seconds": 41.250, "status": "done"}}\n'
+    if "stack_settle.py" in create:  # deploy_stack: node/stack_settle.py's report, one GPU replica waiting
+        stack = re.search(r"--stack (\S+)", create)[1]
+        service, why = f"{stack}_gpu", "no suitable node (insufficient resources on 1 node)"
+        tasks = [{"slot": 1, "node": "ip-10-42-0-7", "state": "running", "desired_state": "running", "reason": "",
+                  "exit_code": None},
+                 {"slot": 2, "node": "", "state": "pending", "desired_state": "running", "reason": why,
+                  "exit_code": None}]
+        report = {"stack": stack, "settled": True, "seconds": 4.2, "problems": [],
+                  "services": [{"name": service, "mode": "replicated", "replicas": 2, "tasks": tasks,
+                                "outcome": "1 running, 1 waiting for resources"}],
+                  "waiting": [{"service": service, "slot": 2, "reason": why}]}
+        return f"deploying stack {stack}\n" + json.dumps(report) + "\n"
     return ""
 
 

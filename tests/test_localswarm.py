@@ -190,7 +190,7 @@ def test_a_failed_up_leaves_nothing_behind_and_says_so(engine):
     cli("down")
     with pytest.raises(RehearsalError) as err:
         rehearsal_mod.up(n_nodes=2, gpus=1, progress=lambda _: None, converge_timeout=0, keep_on_failure=False)
-    assert "did not converge" in str(err.value) and "Nothing is left behind" in str(err.value)
+    assert "did not settle in 1 s" in str(err.value) and "Nothing is left behind" in str(err.value)
     assert network.our_netns() == [] and network.our_rules() == []
     assert _our_processes() == []
     assert not STATE_ROOT.exists() and not RUN_ROOT.exists()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from localswarm import __main__ as cli_main
-from localswarm.placement import converged, render_table
+from localswarm.placement import render_table
+from localswarm.task_runs import converged
 
 GPU = ["GPU-0a0a0a0a-0000-4000-8000-000000000001", "GPU-0a0a0a0a-0000-4000-8000-000000000002"]
 

@@ -484,6 +484,31 @@ def test_stacks_deploy_from_stdin_after_every_node_is_in(prod):
     assert not prod.of_type("command:remote:CopyFile")
 
 
+def test_stacks_deploy_after_the_reconcile_and_wait_until_they_settle(prod):
+    """A swap of stacks frees the old stack's GPUs (the reconcile removes it) before the new one
+    is deployed; each deploy then waits, bounded by the stack's waitSeconds, on the manager."""
+    for deploy in prod.commands("-deploy"):
+        assert prod.depends_on(deploy, "gpu-swarm-reconcile-run"), deploy
+        assert not prod.depends_on("gpu-swarm-reconcile-run", deploy), deploy
+    create = inner(prod.plain("gpu-swarm-stack-gpu-smoke-deploy"))
+    assert create.index("docker stack deploy") < create.index('stack_settle.py" --stack gpu-smoke --timeout 600')
+
+
+def test_each_stack_waits_as_long_as_its_config_says():
+    stacks = [{"name": "gpu-smoke", "file": "stacks/gpu-smoke.yml", "waitSeconds": 90}]
+    graph = Graph(run_program(stack_config("dev", stacks=stacks)))
+    assert "--timeout 90" in inner(graph.plain("gpu-swarm-stack-gpu-smoke-deploy"))
+
+
+def test_the_stack_tasks_output_reports_what_waits_for_a_gpu_with_the_schedulers_reason(dev):
+    """Derived from the deploy command's own report (the mocks answer as node/stack_settle.py prints)."""
+    assert dev.run.exports["stackTasks"] == {"gpu-smoke": {
+        "services": {"gpu-smoke_gpu": "1 running, 1 waiting for resources"},
+        "waitingForGpus": [{"service": "gpu-smoke_gpu", "task": 2,
+                            "reason": "no suitable node (insufficient resources on 1 node)"}],
+        "settledInSeconds": 4.2}}
+
+
 # ---------------------------------------------------------------- outputs
 
 

@@ -1,4 +1,7 @@
-"""Stacks whose tasks end: which tasks are settled, which cannot converge, and what `up` shows of them.
+"""The rules of node/stack_tasks.py: which tasks are settled, which never will be, and what `up` shows of them.
+
+The deploy command's waiter on the manager (node/stack_settle.py) runs these very rules: the
+tests load the file by path, through localswarm.task_runs.
 
 tests/data/swarm-tasks-that-end.json holds the task documents a rehearsal manager returned
 30 s after these services were created (Docker 26.1.5; fields the rehearsal does not read
@@ -16,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from localswarm import task_runs
 from localswarm.placement import render_table, services_view
-from localswarm.task_runs import CRASH_LOOP_FAILURES, converged, outcome, settled, stuck
+from localswarm.task_runs import (CRASH_LOOP_FAILURES, converged, failing, outcome, releasing, settled, stuck,
+                                  unsettled)
 
 DATA = json.loads((Path(__file__).resolve().parent / "data" / "swarm-tasks-that-end.json").read_text())
 
@@ -209,3 +214,78 @@ def test_a_task_counts_as_running_after_half_a_second_so_one_that_exits_at_once_
     assert not settled({"state": "running", "reason": "", "state_age_s": 0.2})
     assert settled({"state": "running", "reason": "", "state_age_s": 0.5})
     assert settled({"state": "running", "reason": ""})  # views without the age (older callers) as before
+
+
+def test_the_rules_are_the_node_softwares_own_file():
+    """One copy: the rehearsal's rules are node/stack_tasks.py, the file the nodes install."""
+    assert task_runs.RULES_PATH == Path(__file__).resolve().parent.parent / "node" / "stack_tasks.py"
+    assert converged.__code__.co_filename == str(task_runs.RULES_PATH)
+    assert not (Path(__file__).resolve().parent.parent / "localswarm" / "stack_tasks.py").exists()
+
+
+# ---------------------------------------------------------------- a swap of stacks, and tasks swarm refuses
+
+NO_GPU = "no suitable node (insufficient resources on 1 node)"
+BIND = 'invalid mount config for type "bind": bind source path does not exist: /srv/models'
+
+
+def test_a_task_waiting_for_a_gpu_another_task_is_still_releasing_is_not_settled():
+    """The swap hole: on a second `up` the old stack's task still holds the GPU (swarm is stopping it)
+    while the new stack's task waits for it. Only once the old task is gone is the wait the answer."""
+    waiting = one(REPLICATED, doc(state="pending", err=NO_GPU))
+    old = doc(service="old-stack", state="running", desired="shutdown", node="n1")
+    assert releasing([old], ready_nodes={"n1"}) == [old]
+    assert not converged(waiting, freeing=True)
+    (why,) = unsettled(waiting, freeing=True)
+    assert why == f"svc task 1: pending ({NO_GPU}), while other tasks still release theirs"
+    assert converged(waiting, freeing=False) and unsettled(waiting) == []
+    # a task that is not waiting for resources does not wait for the release either
+    assert converged(one(REPLICATED, doc(state="running")), freeing=True)
+
+
+@pytest.mark.parametrize("task, ready, holds", [
+    (doc(state="running", desired="shutdown"), {"n1"}, True),  # an update or a removed stack stopping it
+    (doc(state="starting", desired="remove"), {"n1"}, True),  # a removed service's task, not yet stopped
+    (doc(state="running", desired="shutdown"), set(), False),  # its node is down: it frees nothing usable
+    (doc(state="shutdown", desired="shutdown"), {"n1"}, False),  # stopped: its GPU is free
+    (doc(state="complete", desired="shutdown"), {"n1"}, False),
+    (doc(state="pending", desired="shutdown"), {"n1"}, False),  # never placed: it holds nothing
+    (doc(state="running", desired="running"), {"n1"}, False),  # wanted: it frees nothing
+])
+def test_releasing_tasks_are_those_swarm_stops_that_still_hold_a_node(task, ready, holds):
+    assert (releasing([task], ready_nodes=ready) == [task]) is holds
+
+
+def test_a_rejected_task_that_swarm_keeps_restarting_fails_with_swarms_reason():
+    rejected = [doc(state="rejected", desired="shutdown", err=BIND, created=f"2026-01-01T00:00:0{i}Z")
+                for i in range(CRASH_LOOP_FAILURES)]
+    again = doc(state="pending", created="2026-01-01T00:00:09Z", err=NO_GPU)
+    assert failing(one(REPLICATED, *rejected[:-1], again)) == []  # two rejections: swarm may place it elsewhere
+    (why,) = failing(one(REPLICATED, *rejected, again))
+    assert why == f"svc task 1 failed 3 times and never completed (rejected: {BIND}); swarm keeps restarting it"
+
+
+@pytest.mark.parametrize("run, refused", [
+    (doc(state="rejected", desired="shutdown", err=BIND), True),
+    (doc(state="rejected", desired="shutdown", err="No such image: registry.example/model:1"), True),
+    (doc(state="failed", desired="shutdown", exit_code=128,
+         err="starting container failed: gpu-swarm: refused: this task reserves no GPU"), True),
+    (doc(state="failed", desired="shutdown", exit_code=128,
+         err="starting container failed: nvidia-container-cli: requirement error: unsatisfied condition: "
+             "cuda>=12.4, please update your driver to a newer version"), True),
+    (doc(state="failed", desired="shutdown", exit_code=3, err="task: non-zero exit (3)"), False),  # it ran, as told
+])
+def test_a_task_refused_once_that_swarm_will_not_restart_fails_at_once(run, refused):
+    """restart_policy none: the one task swarm or its runtime refused is the stack's end, so fail now."""
+    problems = failing(one(REPLICATED, run))
+    assert bool(problems) is refused
+    if refused:
+        assert problems == [f"svc task 1 was {run['Status']['State']} and swarm will not start it again: "
+                            f"{run['Status']['Err']}"]
+
+
+def test_an_update_swarm_paused_fails_with_its_message():
+    message = "update paused due to failure or early termination of task x1"
+    v = one(REPLICATED, doc(), UpdateStatus={"State": "paused", "Message": message})
+    assert failing(v) == [f"svc: update paused: {message}"]
+    assert failing(one(REPLICATED, doc(), UpdateStatus={"State": "completed", "Message": "update completed"})) == []
