@@ -3,6 +3,7 @@
 
     python3 bench/gpu_e2e.py [--slots-per-gpu 4] [--start-runs 15] [--out DIR]   # as root
     bash bench/gpu_session.sh 'e2e:300=bench/gpu_e2e.py'    # on a bare GPU machine, with .kit
+    python3 bench/gpu_e2e.py --smoke [--gpus 2]     # no GPU: stand-in GPUs (bench/gpu_standins.py), as root
 
 Needs root, one or more NVIDIA GPUs, Docker Engine >= 25.0.3 (dockerd, docker) and
 nvidia-container-toolkit >= 1.19 (nvidia-ctk, nvidia-container-runtime, its hooks) on PATH,
@@ -54,6 +55,9 @@ from swarm.labels import DRAINED_BY_LABEL, GPU_REPLICAS_LABEL, GPU_SHARING_LABEL
 
 import yaml  # noqa: E402
 
+sys.path.insert(0, str(REPO / "bench"))
+import gpu_standins  # noqa: E402  (--smoke)
+
 KIND, SHARED_KIND = "NVIDIA-GPU", "NVIDIA-GPU-SHARED"
 ROOT = Path("/var/lib/gpu-swarm-e2e")
 RUN = Path("/run/gpu-swarm-e2e")
@@ -92,7 +96,10 @@ def run(cmd: list[str], *, input: str | None = None, check_rc: bool = True, env:
 
 
 def engine_env() -> dict:
-    return {**os.environ, "DOCKER_HOST": SOCK, "PATH": f"/usr/local/bin:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    # GPU_SWARM_SOFTWARE: the node software the swarm/ scripts run (the stack deploy's waiter) is
+    # this checkout's node/, as in the rehearsal, not a node's installed copy.
+    return {**os.environ, "DOCKER_HOST": SOCK, "PATH": f"/usr/local/bin:{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "GPU_SWARM_SOFTWARE": str(REPO / "node")}
 
 
 def docker(*args: str, **kw) -> subprocess.CompletedProcess:
@@ -150,6 +157,7 @@ def start_engine(out: Path) -> subprocess.Popen:
     env = {**engine_env(), "DOCKER_SERVICE_PREFER_OFFLINE_IMAGE": "1"}  # no registry here: use local images
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=open(out / "dockerd.log", "ab"),
                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    STARTED.append(proc)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if docker("version", "--format", "{{.Server.Version}}", check_rc=False).returncode == 0:
@@ -158,8 +166,18 @@ def start_engine(out: Path) -> subprocess.Popen:
     raise RuntimeError(f"dockerd did not start; see {out / 'dockerd.log'}")
 
 
+STARTED: list[subprocess.Popen] = []  # every engine this run started: all are stopped at the end, whatever failed
+
+
 def clear_root() -> None:
-    """What an earlier run left (on a machine kept warm between runs): its mounts, then its files."""
+    """What an earlier run left (on a machine kept warm between runs): its engine, its mounts, then its files."""
+    try:
+        stale = int((RUN / "dockerd.pid").read_text())
+        if str(ROOT) in Path(f"/proc/{stale}/cmdline").read_text():
+            os.kill(stale, signal.SIGTERM)
+            wait(lambda: not Path(f"/proc/{stale}").exists(), 30, f"the engine an earlier run left (pid {stale})")
+    except (OSError, ValueError):
+        pass  # none left
     mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
               if line.split()[4].startswith(f"{ROOT}/")]
     for point in sorted(mounts, key=len, reverse=True):
@@ -170,6 +188,8 @@ def clear_root() -> None:
 
 
 def stop_engine(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
     proc.terminate()
     try:
         proc.wait(30)
@@ -430,7 +450,11 @@ def main() -> int:
                         help="a built bench/cuda_probe.c (default: $CUDA_PROBE, else build it with cc)")
     parser.add_argument("--start-runs", type=int, default=START_RUNS,
                         help="interleaved `docker run` starts per variant for the cost figures (default %(default)s)")
+    parser.add_argument("--smoke", action="store_true", help=gpu_standins.SMOKE_HELP)
+    parser.add_argument("--gpus", type=int, default=2, help="stand-in GPUs for --smoke (default %(default)s)")
     args = parser.parse_args()
+    if args.smoke:
+        return gpu_standins.smoke("gpu_e2e.py", args.gpus, "--start-runs", "1", "--slots-per-gpu", "2")
     START_RUNS = args.start_runs
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -472,7 +496,8 @@ def main() -> int:
         check("the run itself", False, f"{type(e).__name__}: {e}"[:400])
     finally:
         docker("swarm", "leave", "--force", check_rc=False)
-        stop_engine(engine)
+        for proc in STARTED:  # the shared phase restarts the engine: a failure there must not leave one running
+            stop_engine(proc)
         server.kill()
         server.wait()
     return print_results(out)

@@ -3,6 +3,7 @@
 
     python3 bench/gpu_metrics.py --out DIR [--mib 2048] [--cuda-probe PATH]     # as root; one GPU is enough
     bash bench/gpu_session.sh 'metrics:150=bench/gpu_metrics.py'               # on a bare GPU machine, with .kit
+    python3 bench/gpu_metrics.py --smoke [--gpus 2]    # no GPU: stand-in GPUs (bench/gpu_standins.py), as root
 
 Needs what bench/gpu_e2e.py needs, and sets up the same way with its functions: root, an NVIDIA
 GPU and its driver, Docker Engine >= 25.0.3 and nvidia-container-toolkit >= 1.19 on PATH, python3
@@ -17,7 +18,8 @@ swarm (swarm/formation.py), and then:
 3. scrapes again once the probe says it allocated, and checks that the series of the GPU swarm
    gave the task carry the service's name, task and container; that the GPU's memory rose by at
    least MIB; that the task's own memory (NVML's compute processes -> cgroup -> container) is at
-   least MIB; and that the GPU's other readings are there; and times the exporter's scrape.
+   least MIB; that no other GPU's series name the task; that the GPU's other readings are there;
+   and times the exporter's scrape. Swarm picks the GPU: any number of GPUs will do.
 It writes results.json (every check), figures.json, scrape-before.txt, scrape-after.txt,
 exporter.log, dockerd.log and the agent's report to --out, prints a table, and exits 1 when a
 check fails. It removes its service, stops the exporter and its engine.
@@ -40,6 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 import gpu_e2e as e2e  # noqa: E402  (its engine, agent and image steps, proven on real GPUs)
+import gpu_standins  # noqa: E402  (--smoke)
 from swarm import formation  # noqa: E402  (pure Python: no Pulumi needed here)
 
 # An engine of its own, beside (never instead of) gpu_e2e.py's: its own data and socket.
@@ -97,11 +100,17 @@ def wait(predicate, timeout: float, what: str):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="results go here (a folder; made if missing)")
+    parser.add_argument("--out", help="results go here (a folder; made if missing); required but with --smoke")
     parser.add_argument("--mib", type=int, default=2048, help="MiB the probe allocates (default %(default)s)")
     parser.add_argument("--cuda-probe", default=os.environ.get("CUDA_PROBE"),
                         help="a built bench/cuda_probe.c (default: $CUDA_PROBE, else build it with cc)")
+    parser.add_argument("--smoke", action="store_true", help=gpu_standins.SMOKE_HELP)
+    parser.add_argument("--gpus", type=int, default=2, help="stand-in GPUs for --smoke (default %(default)s)")
     args = parser.parse_args()
+    if args.smoke:
+        return gpu_standins.smoke("gpu_metrics.py", args.gpus, "--mib", "512")
+    if not args.out:
+        parser.error("--out is required")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
@@ -110,7 +119,7 @@ def main() -> int:
     sock = str(e2e.RUN / "docker.sock")
     try:
         host = e2e.gpus_of_host()
-        shutil.rmtree(e2e.ROOT, ignore_errors=True)  # a bare engine every run: no image or swarm left over
+        e2e.clear_root()  # a bare engine every run: no engine, image or swarm left over
         e2e.ROOT.mkdir(parents=True)
         probe = args.cuda_probe or str(e2e.ROOT / "cuda-probe")
         if not args.cuda_probe:
@@ -186,6 +195,12 @@ def main() -> int:
         own = value(after, "gpu_swarm_task_memory_used_bytes", gpu=gpu, service=SERVICE)
         check("the task's own memory (compute processes -> cgroup -> container) is at least what it allocated",
               bool(own) and own[1] >= args.mib * 2**20, f"{(own[1] if own else 0) / 2**20:.0f} MiB")
+        others = sorted(set(gpus) - {gpu})
+        theirs = [f"{labels.get('gpu')}: {labels.get('service')}" for metric, labels, _ in samples(after)
+                  if labels.get("gpu") in others and labels.get("service") == SERVICE]
+        check("no other GPU's series name the task", bool(gpus) and gpu in gpus and not theirs,
+              "; ".join(theirs)[:200] or (f"{len(others)} other GPU(s) name no task of it" if others
+                                          else "one GPU: no other to compare"))
         readings = [n for n in ("gpu_swarm_gpu_utilization_percent", "gpu_swarm_power_watts",
                                 "gpu_swarm_temperature_celsius", "gpu_swarm_sm_clock_hertz",
                                 "gpu_swarm_throttle_reasons") if value(after, n, gpu=gpu)]
@@ -217,8 +232,8 @@ def main() -> int:
             log.close()
         if made_swarm:
             docker("swarm", "leave", "--force", check_rc=False)
-        if engine:
-            e2e.stop_engine(engine)
+        for proc in e2e.STARTED:
+            e2e.stop_engine(proc)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print("\n| check | result | detail |\n|---|---|---|")
     for r in results:

@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
-"""MPS sharing and the guard's ledger on one real NVIDIA GPU, with the project's own node software.
+"""MPS sharing and the guard's ledger on real NVIDIA GPUs (one or more), with the project's own node software.
 
     python3 bench/gpu_mps.py --out DIR [--slots 4] [--start-runs 15]     # as root
     bash bench/gpu_session.sh 'mps:200=bench/gpu_mps.py'                # on a bare GPU machine, with .kit
+    python3 bench/gpu_mps.py --smoke [--gpus 2]     # no GPU: stand-in GPUs (bench/gpu_standins.py), as root
 
 Needs root, an NVIDIA GPU and its driver (nvidia-smi, nvidia-cuda-mps-control), Docker Engine
 >= 25.0.3 and nvidia-container-toolkit >= 1.19 on PATH, and a built bench/cuda_probe.c
 (--cuda-probe, else $CUDA_PROBE as bench/gpu_session.sh sets it). It starts an engine of its
 own (data under /var/lib/gpu-swarm-mps), a one-node swarm, and writes the guard's settings where
 a node has them (/etc/gpu-swarm/runtime.env, put back at the end), so that daemon.json names the
-guard without runtimeArgs, as on a node. On the first GPU:
-1. Whole GPU (compute mode Default): a service that reserved the GPU holds it; a service that
-   reserved nothing but sets DOCKER_RESOURCE_NVIDIA-GPU=<its UUID> does not start, and the
+guard without runtimeArgs, as on a node. Swarm chooses which GPU or slot a task gets, so every
+check is about what a task got against what swarm gave it (its DOCKER_RESOURCE_* variable), never
+about a GPU's index: the same checks hold on 1, 2 or 4 GPUs.
+1. Whole GPU (compute mode Default): a service that reserved a GPU holds it; a service that
+   reserved nothing but sets DOCKER_RESOURCE_NVIDIA-GPU=<the held UUID> does not start, and the
    guard's message names the holder (the bug seen on an H100); once the holder is gone the same
    service gets the free GPU (README "Isolation": the guard cannot tell its variable from
    swarm's); a task that reserved nothing sees no GPU. Then the guard's cost, its server
@@ -19,11 +22,12 @@ guard without runtimeArgs, as on a node. On the first GPU:
    --rm` each, guard against nvidia-container-runtime alone, with one GPU and with none; and
    bench/guard_cost.py per OCI call on this machine (with and without the server).
 2. MPS (--slots K): node/gpu-swarm-mps start (what gpu-swarm-mps.service runs), the agent with
-   --sharing-mode mps, the engine restarted. K slot tasks allocate --mib each through CUDA at
-   once; one task that asks for more than its slot's share fails (CUDA error 2) while the
+   --sharing-mode mps, the engine restarted. K slot tasks per GPU (every slot) allocate --mib
+   each through CUDA at once, each on its slot's GPU, with that GPU's MPS pipe and its share as
+   its limit; one task that asks for more than its slot's share fails (CUDA error 2) while the
    others keep running and keep their memory; a task gets almost its whole share; a task with
    no reservation sees no GPU and no MPS pipe; one that names a held slot, or mounts the MPS
-   directory, does not start. node/gpu-swarm-mps stop puts the GPU back in compute mode Default.
+   directory, does not start. node/gpu-swarm-mps stop puts every GPU back in compute mode Default.
 It prints a table of every check, writes results.json, logs and nvidia-smi evidence to --out,
 and exits 1 when a check fails.
 """
@@ -44,6 +48,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 import gpu_e2e as e2e  # noqa: E402  (its guard server step)
+import gpu_standins  # noqa: E402  (--smoke)
 from swarm import formation  # noqa: E402  (pure Python)
 from swarm.node_contract import GPU_SHARING_LABEL, MPS_DIR, RUNTIME_ENV_PATH  # noqa: E402
 
@@ -157,6 +162,21 @@ def used(gpu: str) -> int:
     return int(smi("-i", gpu, "--query-gpu=memory.used", "--format=csv,noheader,nounits").strip())
 
 
+def modes(gpus: list[str]) -> dict[str, str]:
+    return {g: smi("-i", g, "--query-gpu=compute_mode", "--format=csv,noheader").strip() for g in gpus}
+
+
+def given(container: str, kind: str) -> str:
+    """What swarm gave the task: its DOCKER_RESOURCE_<kind> in the container's config (the guard's
+    rewrite shows only in the process's environment)."""
+    env = json.loads(docker("inspect", "--format", "{{json .Config.Env}}", container).stdout)
+    return next((e.split("=", 1)[1] for e in env if e.startswith(f"DOCKER_RESOURCE_{kind}=")), "")
+
+
+def gpu_of_slot(slot: str) -> str:
+    return slot.rsplit("-s", 1)[0]  # slots are <uuid>-s<k> (the agent's naming)
+
+
 def apps() -> str:
     return smi("--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader")
 
@@ -185,10 +205,12 @@ def time_left() -> float:
     return float(ends) - time.time() if ends else float("inf")
 
 
-def whole_gpu(out: Path, gpu: str, start_runs: int) -> None:
+def whole_gpu(out: Path, gpus: list[str], start_runs: int, cost_runs: int) -> None:
     docker("service", "create", "--detach", "--name", "holder", "--generic-resource", f"{KIND}=1", IMAGE,
            "sleep", "3600")
-    wait(lambda: containers("holder"), 60, "the holder to run")
+    holder = next(iter(wait(lambda: containers("holder"), 60, "the holder to run")))
+    gpu = given(holder, KIND)  # whichever GPU swarm chose
+    check("the holder got one of the machine's GPUs", gpu in gpus, f"swarm gave it {gpu or 'nothing'}")
     log = job("names-held", "nvidia-smi -L", "--env", f"DOCKER_RESOURCE_{KIND}={gpu}")
     (out / "names-held-gpu.log").write_text(log)
     check("a service naming a held GPU without a reservation does not start",
@@ -215,65 +237,81 @@ def whole_gpu(out: Path, gpu: str, start_runs: int) -> None:
         guard, alone = (statistics.median(samples[f"{who}, {what}"]) * 1000 for who in ("guard", "nvidia alone"))
         check(f"guard's cost per container start, {what} (median of {start_runs}, interleaved)",
               what == "no GPU" or guard - alone <= 15, f"{guard:.0f} ms vs {alone:.0f} ms: {guard - alone:+.1f} ms")
-    cost = run([sys.executable, str(REPO / "bench" / "guard_cost.py"), "--runs", "100"], check_rc=False, timeout=240)
+    cost = run([sys.executable, str(REPO / "bench" / "guard_cost.py"), "--runs", str(cost_runs)], check_rc=False,
+               timeout=240)
     (out / "guard-cost.txt").write_text(cost.stdout + cost.stderr)
     check("bench/guard_cost.py on this machine", cost.returncode == 0, cost.stdout.strip().splitlines()[-1][:160]
           if cost.stdout.strip() else cost.stderr[-200:])
 
 
-def mps(out: Path, gpu: str, slots: int, mib: int, engine: Engine) -> None:
+def mps(out: Path, gpus: list[str], slots: int, mib: int, engine: Engine) -> None:
     started = run(["bash", str(REPO / "node" / "gpu-swarm-mps"), "start"], check_rc=False, timeout=120)
     (out / "gpu-swarm-mps-start.log").write_text(started.stdout + started.stderr)
-    mode = smi("-i", gpu, "--query-gpu=compute_mode,memory.used", "--format=csv,noheader").strip()
-    check("gpu-swarm-mps start: Exclusive_Process and an MPS daemon and server on the GPU",
-          started.returncode == 0 and mode.startswith("Exclusive_Process"), f"{mode}; {started.stdout.strip()[-120:]}")
+    mode = modes(gpus)
+    daemons = [g for g in gpus if (Path(MPS_DIR) / g / "pipe" / "nvidia-cuda-mps-control.pid").exists()]
+    check("gpu-swarm-mps start: every GPU in Exclusive_Process, with an MPS daemon and server",
+          started.returncode == 0 and set(mode.values()) == {"Exclusive_Process"} and len(daemons) == len(gpus),
+          f"{len(daemons)} of {len(gpus)} daemons; modes {sorted(set(mode.values()))}; "
+          f"memory used by the MPS servers alone: {[used(g) for g in gpus]} MiB")
     if started.returncode:
         return
     report = agent(out, "mps", "--slots-per-gpu", str(slots), "--shared-kind", SHARED_KIND, "--sharing-mode", "mps")
     settings = dict(line.split("=", 1) for line in Path(RUNTIME_ENV_PATH).read_text().splitlines()
                     if "=" in line and not line.startswith("#"))
     share = int(settings["MPS_MEMORY_MIB"])
-    check("the agent advertises the GPU's MPS slots", report["labels"].get(GPU_SHARING_LABEL) == "mps" and
-          sum(r.startswith(f"{SHARED_KIND}={gpu}-s") for r in report["resources"]) == slots,
-          f"{len(report['resources'])} slots; share {share} MiB, threads {settings['MPS_THREAD_PERCENT']} %; "
-          f"memory used by the MPS server alone: {mode.split(',')[1].strip()}")
+    per_gpu = {g: sum(r.startswith(f"{SHARED_KIND}={g}-s") for r in report["resources"]) for g in gpus}
+    check("the agent advertises every GPU's MPS slots", report["labels"].get(GPU_SHARING_LABEL) == "mps" and
+          set(per_gpu.values()) == {slots} and len(report["resources"]) == slots * len(gpus),
+          f"{len(report['resources'])} slots, {sorted(set(per_gpu.values()))} per GPU; share {share} MiB, "
+          f"threads {settings['MPS_THREAD_PERCENT']} %")
     engine.stop()
     engine.start()  # dockerd reads node-generic-resources only at start
     wait(lambda: SHARED_KIND in docker("node", "inspect", "self", "--format",
                                        "{{json .Description.Resources.GenericResources}}").stdout, 30, "the slots")
 
     slot = ["--generic-resource", f"{SHARED_KIND}=1"]
-    docker("service", "create", "--detach", "--name", "steady", "--replicas", str(slots), *slot, IMAGE,
+    every = slots * len(gpus)
+    docker("service", "create", "--detach", "--name", "steady", "--replicas", str(every), *slot, IMAGE,
            "cuda-probe", str(mib))
-    logs = wait(lambda: (lambda c: c if len(c) == slots and all("allocated" in v for v in c.values()) else None)(
-        containers("steady")), 120, f"{slots} slot tasks allocating")
+    logs = wait(lambda: (lambda c: c if len(c) == every and all("allocated" in v for v in c.values()) else None)(
+        containers("steady")), 120, f"{every} slot tasks allocating")
     (out / "steady.log").write_text(json.dumps(logs, indent=2))
     (out / "compute-apps-steady.csv").write_text(apps())
-    check(f"{slots} MPS slot tasks allocate {mib} MiB each at once",
-          all(f"allocated {mib} MiB (UUID: {gpu})" in v for v in logs.values()), f"GPU memory used {used(gpu)} MiB")
-    first = next(iter(logs))
-    env = task_env(first)  # as the task runs it (docker inspect shows the environment before the guard)
-    pipe = f"{MPS_DIR}/{gpu}/pipe"
-    listed = docker("exec", first, "ls", pipe, check_rc=False).stdout.split()
-    check("each gets its GPU's MPS pipe (mounted by the guard) and its share as a limit",
-          env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") == f"0={share}M" and env.get("CUDA_MPS_PIPE_DIRECTORY") == pipe
-          and "control" in listed, ", ".join(f"{k}={v}" for k, v in env.items() if k.startswith("CUDA_MPS_")) +
-          f"; {pipe} holds {' '.join(listed)}")
+    wrong, wrong_env, on_gpu = [], [], {g: 0 for g in gpus}
+    for container, log in logs.items():
+        held = given(container, SHARED_KIND)
+        gpu = gpu_of_slot(held)
+        on_gpu[gpu] = on_gpu.get(gpu, 0) + 1
+        if UUID.findall(log) != [gpu] or f"allocated {mib} MiB (UUID: {gpu})" not in log:
+            wrong.append(f"{container[:12]} holds {held[-44:] or 'no slot'}, CUDA saw {UUID.findall(log)}")
+        env = task_env(container)  # as the task runs it (docker inspect shows the environment before the guard)
+        pipe = f"{MPS_DIR}/{gpu}/pipe"
+        listed = docker("exec", container, "ls", pipe, check_rc=False).stdout.split()
+        if not (env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") == f"0={share}M" and
+                env.get("CUDA_MPS_PIPE_DIRECTORY") == pipe and "control" in listed):
+            wrong_env.append(f"{container[:12]} on {gpu}: " + ", ".join(
+                f"{k}={v}" for k, v in env.items() if k.startswith("CUDA_MPS_")) + f"; {pipe} holds {listed}")
+    check(f"{every} MPS slot tasks ({slots} per GPU) allocate {mib} MiB each at once, each on its slot's GPU",
+          not wrong and set(on_gpu.values()) == {slots}, "; ".join(wrong)[:300] or
+          f"tasks per GPU {sorted(on_gpu.values())}; GPU memory used {[used(g) for g in gpus]} MiB")
+    check("each gets its own GPU's MPS pipe (mounted by the guard) and its share as a limit", not wrong_env,
+          "; ".join(wrong_env)[:300] or f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={share}M, the pipe of its slot's GPU")
 
-    docker("service", "scale", "--detach", f"steady={slots - 1}")
-    wait(lambda: len(containers("steady")) == slots - 1, 60, "one slot freed")
+    docker("service", "scale", "--detach", f"steady={every - 1}")
+    wait(lambda: len(containers("steady")) == every - 1, 60, "one slot freed")
     time.sleep(2)
-    kept, used_before = containers("steady"), used(gpu)
+    kept, used_before = containers("steady"), {g: used(g) for g in gpus}
     log = job("greedy", f"cuda-probe {share + 1024}", *slot)
     (out / "greedy.log").write_text(log)
     check(f"a task asking for {share + 1024} MiB, over its share, fails", log.startswith("Failed") and
           "CUDA error 2" in log, " | ".join(line for line in log.splitlines() if "cuda-probe" in line or
                                             line.startswith("Failed"))[:200])
     time.sleep(2)
-    now, used_after = containers("steady"), used(gpu)
+    now, used_after = containers("steady"), {g: used(g) for g in gpus}
     (out / "compute-apps-after-greedy.csv").write_text(apps())
-    check("the others keep running and keep their memory", set(now) == set(kept) and used_after >= used_before - 64,
-          f"{len(now)} still running; GPU memory used {used_before} -> {used_after} MiB")
+    check("the others keep running and keep their memory", set(now) == set(kept) and
+          all(used_after[g] >= used_before[g] - 64 for g in gpus),
+          f"{len(now)} still running; GPU memory used {list(used_before.values())} -> {list(used_after.values())} MiB")
     big = share - 2048
     docker("service", "create", "--detach", "--name", "big", *slot, IMAGE, "cuda-probe", str(big))
     try:
@@ -288,8 +326,7 @@ def mps(out: Path, gpu: str, slots: int, mib: int, engine: Engine) -> None:
     (out / "no-reservation-mps.log").write_text(log)
     check("a task that reserved nothing sees no GPU and no MPS pipe", log.startswith("Complete") and
           not UUID.search(log) and "exit 2" in log, " | ".join(log.splitlines()[1:4])[:200])
-    held = json.loads(docker("inspect", "--format", "{{json .Config.Env}}", next(iter(now))).stdout)  # swarm's
-    held_slot = next(e.split("=", 1)[1] for e in held if e.startswith(f"DOCKER_RESOURCE_{SHARED_KIND}="))
+    held_slot = given(next(iter(now)), SHARED_KIND)
     log = job("names-slot", "nvidia-smi -L", "--env", f"DOCKER_RESOURCE_{SHARED_KIND}={held_slot}")
     check("a service naming a held slot without a reservation does not start",
           log.startswith(("Failed", "Rejected")) and f"slot {held_slot} is held by container" in log,
@@ -302,12 +339,20 @@ def mps(out: Path, gpu: str, slots: int, mib: int, engine: Engine) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="logs and JSON results go here")
+    parser.add_argument("--out", help="logs and JSON results go here (required but with --smoke)")
     parser.add_argument("--slots", type=int, default=4, help="MPS slots per GPU (default %(default)s)")
     parser.add_argument("--mib", type=int, default=1024, help="what each steady slot task allocates")
     parser.add_argument("--start-runs", type=int, default=15, help="interleaved starts per variant")
     parser.add_argument("--cuda-probe", default=os.environ.get("CUDA_PROBE"), help="a built bench/cuda_probe.c")
+    parser.add_argument("--guard-cost-runs", type=int, default=100, help="bench/guard_cost.py's --runs")
+    parser.add_argument("--smoke", action="store_true", help=gpu_standins.SMOKE_HELP)
+    parser.add_argument("--gpus", type=int, default=2, help="stand-in GPUs for --smoke (default %(default)s)")
     args = parser.parse_args()
+    if args.smoke:
+        return gpu_standins.smoke("gpu_mps.py", args.gpus, "--start-runs", "1", "--guard-cost-runs", "3",
+                                  "--slots", "2", "--mib", "512")
+    if not args.out:
+        parser.error("--out is required")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
@@ -319,8 +364,9 @@ def main() -> int:
     if missing:
         sys.exit(f"not on PATH: {', '.join(missing)}")
     gpus = UUID.findall(smi("-L"))
-    gpu = gpus[0]
-    print(f"GPU {gpu} ({len(gpus)} on this machine)", flush=True)
+    if not gpus:
+        sys.exit("nvidia-smi -L lists no GPU")
+    print(f"{len(gpus)} GPU(s): {', '.join(gpus)}", flush=True)
     saved = Path(RUNTIME_ENV_PATH).read_bytes() if Path(RUNTIME_ENV_PATH).exists() else None
     made_dir = not Path(RUNTIME_ENV_PATH).parent.exists()
     shutil.rmtree(ROOT, ignore_errors=True)
@@ -330,16 +376,16 @@ def main() -> int:
     try:
         report = agent(out, "whole")
         daemon = json.loads((ROOT / "daemon.json").read_text())
-        check("the agent advertises the GPU and makes the guard the default runtime, as on a node",
-              f"{KIND}={gpu}" in report["resources"] and daemon["runtimes"]["gpu-swarm"] == {
+        check("the agent advertises every GPU and makes the guard the default runtime, as on a node",
+              sorted(report["resources"]) == sorted(f"{KIND}={g}" for g in gpus) and daemon["runtimes"]["gpu-swarm"] == {
                   "path": str(REPO / "node" / "gpu-swarm-runtime")}, "no runtimeArgs: no /bin/sh wrapper")
         server = start_guard_server(out)
         engine.start()
         run(["bash", str(REPO / "bench" / "cuda_standin.sh"), IMAGE, args.cuda_probe], env=engine_env())
         addr = run(["hostname", "-I"]).stdout.split()[0]
         run(["bash", "-c", formation.init_swarm(addr)], env=engine_env(), input="")
-        whole_gpu(out, gpu, args.start_runs)
-        mps(out, gpu, args.slots, args.mib, engine)
+        whole_gpu(out, gpus, args.start_runs, args.guard_cost_runs)
+        mps(out, gpus, args.slots, args.mib, engine)
     except Exception as e:  # a broken step is a failed check, with its reason in the table
         check("the run itself", False, f"{type(e).__name__}: {e}"[:400])
     finally:
@@ -353,9 +399,10 @@ def main() -> int:
         stopped = run(["bash", str(REPO / "node" / "gpu-swarm-mps"), "stop"], check_rc=False, timeout=90)
         for log in Path(MPS_DIR).glob("*/log/*.log"):
             shutil.copy(log, out / f"mps-{log.parent.parent.name[:12]}-{log.name}")
-        mode = smi("-i", gpu, "--query-gpu=compute_mode", "--format=csv,noheader").strip()
-        check("gpu-swarm-mps stop: the GPU back in compute mode Default", stopped.returncode == 0 and mode == "Default",
-              f"{mode}; {stopped.stdout.strip()[-120:]}")
+        mode = modes(gpus)
+        check("gpu-swarm-mps stop: every GPU back in compute mode Default",
+              stopped.returncode == 0 and set(mode.values()) == {"Default"},
+              f"{sorted(set(mode.values()))}; {stopped.stdout.strip()[-120:]}")
         if saved is None:
             Path(RUNTIME_ENV_PATH).unlink(missing_ok=True)
             if made_dir:

@@ -1,6 +1,7 @@
 """How the program's evaluation cost grows with the cluster: time and memory under Pulumi's mocks.
 
-    .venv/bin/python bench/scale.py [--sizes 10 100 500] [--runs 3]
+    .venv/bin/python bench/scale.py [--sizes 100 500 1000] [--runs 3] [--profile]
+    .venv/bin/python bench/scale.py --smoke          # tiny sizes, one run: that the bench still runs
 
 Each size runs in a fresh interpreter, so peak memory of one size does not hide another's.
 It measures the Python side only (settings, components, every registration answered by the
@@ -9,12 +10,19 @@ mocks); with the real engine, provider calls and SSH commands add to it.
 Beside each size it times the SDK's floor: a program with no logic of its own that replays the
 program's registrations (same types, same input values as plain data, same dependencies)
 through the same mocks. The ratio is what the program's own logic (settings, Output wiring,
-rendering the scripts) costs on top of what Pulumi needs for those resources.
+rendering the scripts) costs on top of what Pulumi needs for those resources. The floor finds
+each type's SDK class where the SDK itself does (the resource modules each provider package
+registers), so a type the program starts to use needs nothing here.
+
+A size that crashes (the program or its floor) is a row with the error, and the exit status is 1.
+--profile runs each size once more under cProfile, program and floor, and prints the top entries.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import re
 import resource
 import subprocess
 import sys
@@ -23,6 +31,7 @@ import tracemalloc
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+SMOKE_SIZES = [1, 3]
 
 
 def _config(gpu_nodes: int) -> dict:
@@ -36,7 +45,18 @@ def _config(gpu_nodes: int) -> dict:
     )
 
 
-def measure(gpu_nodes: int, trace: bool, types_out: str | None = None) -> dict:
+def _profiled(call, profile_out: str | None):
+    if not profile_out:
+        return call()
+    import cProfile
+    profiler = cProfile.Profile()
+    try:
+        return profiler.runcall(call)
+    finally:
+        profiler.dump_stats(profile_out)
+
+
+def measure(gpu_nodes: int, trace: bool, types_out: str | None = None, profile_out: str | None = None) -> dict:
     sys.path.insert(0, str(REPO))
     from tests.conftest import run_program  # the test suite's mocks
 
@@ -44,18 +64,12 @@ def measure(gpu_nodes: int, trace: bool, types_out: str | None = None) -> dict:
     if trace:
         tracemalloc.start()
     start = time.perf_counter()
-    run = run_program(config, stack="bench")
+    run = _profiled(lambda: run_program(config, stack="bench"), profile_out)
     seconds = time.perf_counter() - start
     peak = tracemalloc.get_traced_memory()[1] if trace else 0
     assert len(run.exports["inventory"]) == gpu_nodes + 3
     if types_out:
-        from tests.conftest import request_inputs, unwrap
-        requests = [r for r in run.monitor.requests.values() if r.type != "pulumi:pulumi:Stack"]
-        index = {r.name: i for i, r in enumerate(r for r in requests if r.custom)}
-        Path(types_out).write_text(json.dumps([
-            (r.type, r.custom, unwrap(request_inputs(r)) if r.custom else {},
-             sorted({index[d.split("::")[-1]] for d in r.dependencies if d.split("::")[-1] in index}))
-            for r in requests]))
+        Path(types_out).write_text(json.dumps(registrations(run.monitor)))
     return {
         "gpu_nodes": gpu_nodes,
         "resources": len(run.monitor.requests),
@@ -65,110 +79,226 @@ def measure(gpu_nodes: int, trace: bool, types_out: str | None = None) -> dict:
     }
 
 
-def _sdk_classes() -> dict:
-    """The SDK classes of the resource types the program registers, by type token."""
-    import pulumi_aws as aws
-    import pulumi_command as command
-    import pulumi_tls as tls
-    classes = [aws.ec2.Instance, aws.ec2.Vpc, aws.ec2.Subnet, aws.ec2.InternetGateway, aws.ec2.RouteTable,
-               aws.ec2.RouteTableAssociation, aws.ec2.SecurityGroup, aws.ec2.KeyPair, aws.vpc.SecurityGroupIngressRule,
-               aws.vpc.SecurityGroupEgressRule, command.remote.Command, command.remote.CopyToRemote, tls.PrivateKey]
-    return {_token(cls): cls for cls in classes}
+def registrations(monitor) -> list:
+    """(type, custom, inputs as plain data, indexes of the custom resources it depends on), in registration order."""
+    from tests.conftest import request_inputs, unwrap
+    requests = [r for r in monitor.requests.values() if r.type != "pulumi:pulumi:Stack"]
+    index = {r.name: i for i, r in enumerate(r for r in requests if r.custom)}
+    return [(r.type, r.custom, unwrap(request_inputs(r)) if r.custom else {},
+             sorted({index[d.split("::")[-1]] for d in r.dependencies if d.split("::")[-1] in index}))
+            for r in requests]
 
 
-def _token(cls) -> str:
-    # Each SDK class passes its type token to super().__init__ as a literal; read it from the source.
-    import inspect
-    import re
-    return re.search(r"super\(\w+, __self__\)\.__init__\(\s*'([^']+)'", inspect.getsource(cls._internal_init))[1]
+def sdk_class(typ: str):
+    """The SDK class of a type token, found as the SDK finds it when it reads a resource back:
+    the package `pulumi_<pkg>` registers a resource module per `<pkg>:<module>`, which names the class."""
+    from pulumi.runtime import rpc
+    try:
+        pkg, mod, _ = typ.split(":")
+    except ValueError:
+        raise SystemExit(f"bench/scale.py: '{typ}' is not a Pulumi type token (pkg:module:Type)") from None
+    try:
+        importlib.import_module(f"pulumi_{pkg}")
+    except ImportError:
+        raise SystemExit(f"bench/scale.py: the SDK floor cannot replay '{typ}': no Python package pulumi_{pkg} "
+                         f"is installed; add it to requirements.txt as the program's other providers are") from None
+    module = rpc.get_resource_module(pkg, mod, "")
+    classes = getattr(module, "mod_info", {}).get("classes", {})
+    if typ not in classes:
+        raise SystemExit(f"bench/scale.py: the SDK floor cannot replay '{typ}': pulumi_{pkg} registers no class for "
+                         f"it (its resource module '{pkg}:{mod}' has {sorted(classes) or 'none'}); a component "
+                         f"the program defines is not replayed, so is this type registered as custom?")
+    return getattr(importlib.import_module(module.mod_info["fqn"]), classes[typ])
 
 
-def _snake(value):
-    import re
-    if isinstance(value, dict):
-        return {re.sub(r"(?<!^)(?=[A-Z])", "_", k).lower(): _snake(v) for k, v in value.items()}
+def _as_sdk_value(value):
+    """Plain data back into what the SDK serializes to it: assets and archives are objects, not dicts."""
+    import pulumi
+    from pulumi.runtime import rpc
     if isinstance(value, list):
-        return [_snake(v) for v in value]
-    return value
+        return [_as_sdk_value(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    sig = value.get(rpc._special_sig_key)
+    if sig is None:
+        return {k: _as_sdk_value(v) for k, v in value.items()}
+    if sig == rpc._special_archive_sig:
+        if "assets" in value:
+            return pulumi.AssetArchive({k: _as_sdk_value(v) for k, v in value["assets"].items()})
+        return pulumi.FileArchive(value["path"]) if "path" in value else pulumi.RemoteArchive(value["uri"])
+    if sig == rpc._special_asset_sig:
+        if "text" in value:
+            return pulumi.StringAsset(value["text"])
+        return pulumi.FileAsset(value["path"]) if "path" in value else pulumi.RemoteAsset(value["uri"])
+    raise SystemExit(f"bench/scale.py: the SDK floor cannot replay an input of kind {sig} (a resource reference "
+                     f"or an output value); teach _as_sdk_value to make it")
 
 
-def floor(types_file: str) -> dict:
+def _kwarg(name: str) -> str:
+    # Only the top-level names are Python's: the SDK maps a nested dict's camelCase keys as they are,
+    # and tags or environment names must not change.
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def floor(types_file: str, profile_out: str | None = None) -> dict:
     """The bare SDK for the same resources: each declared with its SDK class and its input values as
     plain data, with the same dependencies, and no logic: no settings, components or Outputs between them."""
     sys.path.insert(0, str(REPO))
     import pulumi
     from tests.conftest import use_mocks
 
-    registrations = [r for r in json.loads(Path(types_file).read_text()) if r[1]]  # components are program logic
-    classes = _sdk_classes()
+    replayed = [r for r in json.loads(Path(types_file).read_text()) if r[1]]  # components are program logic
+    classes = {typ: sdk_class(typ) for typ in {r[0] for r in replayed}}  # before the clock: each type once
     monitor = use_mocks(_config(0), stack="bench")
 
     @pulumi.runtime.test
     def program():
         made: list[pulumi.Resource] = []
-        for i, (typ, _, inputs, deps) in enumerate(registrations):
+        for i, (typ, _, inputs, deps) in enumerate(replayed):
             opts = pulumi.ResourceOptions(depends_on=[made[d] for d in deps if d < len(made)])
-            if typ == "command:remote:CopyToRemote":
-                inputs = {**inputs, "source": pulumi.FileArchive(inputs["source"]["path"])}
-            made.append(classes[typ](f"r{i}", opts=opts, **_snake(inputs)))
+            made.append(classes[typ](f"r{i}", opts=opts, **{_kwarg(k): _as_sdk_value(v) for k, v in inputs.items()}))
         return pulumi.Output.all(*[r.urn for r in made])
 
     start = time.perf_counter()
-    program()
+    _profiled(program, profile_out)
     seconds = time.perf_counter() - start
+    _check_replay(monitor, replayed)
     return {"resources": len(monitor.requests), "seconds": seconds,
             "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+def _check_replay(monitor, replayed: list) -> None:
+    """The floor is only a floor if it registered what the program did: same types, inputs and dependencies."""
+    from tests.conftest import request_inputs, unwrap
+    wrong = []
+    for i, (typ, _, inputs, deps) in enumerate(replayed):
+        request = monitor.requests.get(f"r{i}")
+        got_deps = sorted(int(d.split("::")[-1][1:]) for d in request.dependencies) if request else None
+        if request is None or request.type != typ or unwrap(request_inputs(request)) != inputs or got_deps != deps:
+            wrong.append(f"r{i} ({typ})")
+    if wrong:
+        raise SystemExit(f"bench/scale.py: the SDK floor did not replay {len(wrong)} of the program's "
+                         f"{len(replayed)} resources as registered: {', '.join(wrong[:3])}")
+
+
 def child(*args: str) -> dict:
-    cmd = [sys.executable, __file__, *args]
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    """One measurement in a fresh interpreter; a crash comes back as {"error": its last line}."""
+    done = subprocess.run([sys.executable, __file__, *args], cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        return {"error": lines[-1] if lines else f"exit {done.returncode}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def top_entries(profile_file: str, limit: int) -> str:
+    """The functions with the most time of their own, and with the most time under them."""
+    import io
+    import pstats
+    text = io.StringIO()
+    stats = pstats.Stats(profile_file, stream=text)
+    stats.sort_stats("tottime").print_stats(limit)
+    stats.sort_stats("cumulative").print_stats(limit)
+    # the header repeats the file name, and each table's preamble the totals: keep the tables
+    return "\n".join(line.replace(str(Path(sys.prefix)), "$VENV") for line in text.getvalue().splitlines()
+                     if line.strip() and not line.startswith(profile_file))
+
+
+def run_sizes(sizes: list[int], runs: int) -> list[dict]:
+    import statistics
+    import tempfile
+    rows = []
+    for size in sizes:
+        row: dict = {"gpu_nodes": size}
+        with tempfile.NamedTemporaryFile(suffix=".json") as types:
+            program_s, floor_s = [], []
+            for _ in range(runs):  # tracemalloc slows Python down: time without it
+                timed = child("--child", str(size), "--types-out", types.name)
+                if "error" in timed:
+                    row["error"] = f"program: {timed['error']}"
+                    break
+                program_s.append(timed["seconds"])
+                floored = child("--floor", types.name)
+                if "error" in floored:
+                    row["error"] = f"SDK floor: {floored['error']}"
+                    break
+                floor_s.append(floored["seconds"])
+        if "error" not in row:
+            traced = child("--child", str(size), "--trace")
+            row.update(resources=timed["resources"], program_s=statistics.median(program_s),
+                       floor_s=statistics.median(floor_s), maxrss_mib=timed["maxrss_mib"],
+                       traced_peak_mib=traced.get("traced_peak_mib", float("nan")))
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print("| GPU nodes (+3 managers) | resources | program s | SDK floor s | program / floor | maxrss MiB "
+          "| traced peak MiB | ms per added node |")
+    print("|---|---|---|---|---|---|---|---|")
+    base = next((r for r in rows if "error" not in r), None)
+    for row in rows:
+        if "error" in row:
+            print(f"| {row['gpu_nodes']} | crash: {row['error']} | | | | | | |")
+            continue
+        added = row["gpu_nodes"] - base["gpu_nodes"]
+        per_ms = f"{(row['program_s'] - base['program_s']) * 1000 / added:.1f}" if added else "-"
+        print(f"| {row['gpu_nodes']} | {row['resources']} | {row['program_s']:.2f} | {row['floor_s']:.2f} "
+              f"| {row['program_s'] / row['floor_s']:.2f} | {row['maxrss_mib']:.0f} | {row['traced_peak_mib']:.1f} "
+              f"| {per_ms} |")
+    if base:
+        print(f"(per added node: the growth over the {base['gpu_nodes']}-node run, which holds the fixed cost)")
+
+
+def print_profiles(sizes: list[int], limit: int) -> None:
+    import tempfile
+    for size in sizes:
+        with tempfile.TemporaryDirectory() as tmp:
+            types, prog, flo = f"{tmp}/types.json", f"{tmp}/program.prof", f"{tmp}/floor.prof"
+            for what, args, prof in (("program", ("--child", str(size), "--types-out", types), prog),
+                                     ("SDK floor", ("--floor", types), flo)):
+                result = child(*args, "--profile-out", prof)
+                print(f"\n## {size} GPU nodes, {what}: "
+                      + (f"crash: {result['error']}" if "error" in result else f"{result['seconds']:.2f} s under cProfile"))
+                if Path(prof).exists():
+                    print(top_entries(prof, limit))
+                if "error" in result:
+                    break
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 500])
     parser.add_argument("--runs", type=int, default=3, help="runs of each, program and floor in turn; medians")
+    parser.add_argument("--smoke", action="store_true", help=f"sizes {SMOKE_SIZES}, one run: that the bench runs")
+    parser.add_argument("--profile", action="store_true", help="then profile each size once (cProfile) and print "
+                        "the top entries, program and floor")
+    parser.add_argument("--top", type=int, default=25, help="entries per profile table (default %(default)s)")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--trace", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--types-out", help=argparse.SUPPRESS)
     parser.add_argument("--floor", help=argparse.SUPPRESS)
+    parser.add_argument("--profile-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.floor:
-        print(json.dumps(floor(args.floor)))
+        print(json.dumps(floor(args.floor, args.profile_out)))
         return
     if args.child is not None:
-        print(json.dumps(measure(args.child, args.trace, args.types_out)))
+        print(json.dumps(measure(args.child, args.trace, args.types_out, args.profile_out)))
         return
+    if args.smoke:
+        args.sizes, args.runs = SMOKE_SIZES, 1
 
     import os
     import platform
-    import statistics
-    import tempfile
     print(f"machine: {os.cpu_count()} cores, {platform.python_implementation()} {platform.python_version()}; "
           f"median of {args.runs} runs, program and floor alternating")
-    rows = []
-    for size in args.sizes:
-        with tempfile.NamedTemporaryFile(suffix=".json") as types:
-            program_s, floor_s = [], []
-            for _ in range(args.runs):  # tracemalloc slows Python down: time without it
-                timed = child("--child", str(size), "--types-out", types.name)
-                program_s.append(timed["seconds"])
-                floor_s.append(child("--floor", types.name)["seconds"])
-        traced = child("--child", str(size), "--trace")
-        rows.append((size, timed, statistics.median(program_s), statistics.median(floor_s), traced))
+    rows = run_sizes(args.sizes, args.runs)
+    print_table(rows)
+    if args.profile:
+        print_profiles(args.sizes, args.top)
+    if any("error" in row for row in rows):
+        sys.exit(1)
 
-    print("| GPU nodes (+3 managers) | resources | program s | SDK floor s | program / floor | maxrss MiB "
-          "| traced peak MiB | ms per added node |")
-    print("|---|---|---|---|---|---|---|---|")
-    base_size, _, base_s, _, _ = rows[0]
-    for size, timed, program, floor_time, traced in rows:
-        added = size - base_size
-        per_ms = f"{(program - base_s) * 1000 / added:.1f}" if added else "-"
-        print(f"| {size} | {timed['resources']} | {program:.2f} | {floor_time:.2f} | {program / floor_time:.2f} "
-              f"| {timed['maxrss_mib']:.0f} | {traced['traced_peak_mib']:.1f} | {per_ms} |")
-    print(f"(per added node: the growth over the {base_size}-node run, which holds the fixed cost)")
 
 if __name__ == "__main__":
     main()
