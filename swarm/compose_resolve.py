@@ -13,8 +13,9 @@ from typing import Any, Callable
 
 import yaml
 
+from swarm.compose_gpus import VISIBLE_DEVICES
 from swarm.compose_vars import InterpolationError, Variables, interpolate
-from swarm.compose_yaml import Override, Reset, Scalar, load
+from swarm.compose_yaml import STR, Override, Reset, Scalar, load
 
 # Compose's merge rules (compose-spec merge.md), for `extends`: these replace what they extend...
 _REPLACED = {"command", "entrypoint"}
@@ -68,6 +69,8 @@ def resolve(text: str, *, variables: Variables, profiles: tuple[str, ...] = (),
                 services[name] = _extended(name, services, other_file, [])
             except ComposeError as exc:
                 problems += exc.problems
+            if name in wanted:
+                _passed_through(f"services.{name}.environment", services[name], variables, problems)
     if problems:
         raise ComposeError(problems)
     _apply_profiles(services, profiles, problems, warnings if warnings is not None else [])
@@ -122,6 +125,36 @@ def _interpolated(value: Any, variables: Variables, where: str, problems: list[s
     if isinstance(value, Override):
         return Override(_interpolated(value.value, variables, where, problems))
     return value
+
+
+def _passed_through(where: str, service: dict, variables: Variables, problems: list[str]) -> None:
+    """`- NAME` and `NAME:` in environment take their value from where Compose runs: here, the stack's values.
+
+    Left as they are, `docker stack deploy` would take them from the manager's shell.
+    """
+    env = service.get("environment")
+    missing = []
+    owned = (VISIBLE_DEVICES,)  # the GPU rewrite's to judge (compose_gpus.py): dropped beside a GPU request
+    if isinstance(env, dict):
+        for name, value in env.items():
+            if str(name) not in owned and (value is None or (isinstance(value, Scalar) and value.is_null)):
+                found = variables.get(str(name))
+                if found is None:
+                    missing.append(str(name))
+                else:
+                    env[name] = Scalar(found, STR, '"')
+    elif isinstance(env, list):
+        for i, entry in enumerate(env):
+            if isinstance(entry, Scalar) and "=" not in entry and entry.strip() not in owned:
+                found = variables.get(entry.strip())
+                if found is None:
+                    missing.append(entry.strip())
+                else:
+                    env[i] = Scalar(f"{entry.strip()}={found}", STR, '"')
+    for name in missing:
+        problems.append(f"{where}.{name}: takes its value from the environment Compose runs in, which for gpu-swarm is "
+                        f"the stack's config; set it there (variables: {{{name}: ...}}, or as a secret: pulumi config set "
+                        f"--secret --path 'stackSecrets.<stack>.{name}' ...), or write {name}=value")
 
 
 def _extended(name: str, services: dict, other_file: Callable[[str], dict], seen: list[str]) -> dict:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from swarm.compose_yaml import INT, Scalar, plain, scalar
+from swarm.compose_yaml import BOOL, INT, STR, Scalar, plain, scalar
 
 # Service keys swarm takes as they are (docker CLI 26.1.5's v3 schema, less what it ignores).
 SWARM_KEYS = frozenset({
@@ -103,6 +103,7 @@ def to_swarm(doc: dict, t: Translation) -> None:
                                   "or ignores it); remove it")
         _restart(where, service, t)
         _resources(where, service, t)
+        _typed(service)
         _shm(where, service, t)
         _network_mode(where, doc, service, t)
         _volumes(where, doc, service, t)
@@ -119,6 +120,55 @@ def _top_level(doc: dict, t: Translation) -> None:
         t.warnings.append(f"name: {doc.pop('name')!r} left out: the stack is named by its `name` in gpu-swarm:stacks")
     if "include" in doc:
         t.problems.append("include: swarm cannot include other files; copy their services in, or use `extends`")
+
+
+# Where swarm's loader wants text and Compose takes a boolean (`HF_HUB_DISABLE_TELEMETRY: true`), and where it
+# wants a number that interpolation left as text (`published: "${PORT:-8080}"`), values are given the type swarm
+# wants, as Compose's own loader casts them by its schema.
+_TEXT_MAPS = (("environment",), ("labels",), ("deploy", "labels"), ("sysctls",), ("extra_hosts",),
+              ("logging", "options"))
+_TEXT_LISTS = (("command",), ("entrypoint",), ("healthcheck", "test"), ("dns",), ("dns_search",), ("cap_add",),
+               ("cap_drop",), ("tmpfs",))
+_NUMBERS = (("deploy", "replicas"), ("deploy", "restart_policy", "max_attempts"),
+            ("deploy", "placement", "max_replicas_per_node"), ("deploy", "update_config", "parallelism"),
+            ("deploy", "rollback_config", "parallelism"), ("healthcheck", "retries"))
+
+
+def _typed(service: dict) -> None:
+    def at(path):
+        node = service
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        return node
+    for path in _TEXT_MAPS:  # swarm reads numbers here as Compose does, and refuses only booleans
+        found = at(path)
+        if isinstance(found, dict):
+            for key, value in found.items():
+                found[key] = _text(value) if getattr(value, "tag", None) == BOOL else value
+    for path in _TEXT_LISTS:  # `${PORT}` in a command is text, whatever it reads as
+        found = at(path)
+        if isinstance(found, list):
+            found[:] = [_text(v) for v in found]
+    for path in _NUMBERS:
+        parent = at(path[:-1])
+        if isinstance(parent, dict) and path[-1] in parent:
+            parent[path[-1]] = _number(parent[path[-1]])
+    for port in service.get("ports") or ():
+        if isinstance(port, dict):
+            for key in ("published", "target"):
+                if key in port:
+                    port[key] = _number(port[key])
+
+
+def _text(value):
+    if not isinstance(value, Scalar) or value.tag == STR or value.is_null:
+        return value
+    text = str(value).lower() if value.tag == BOOL else str(value)  # as Compose writes a boolean: true, false
+    return Scalar(text, STR, '"')
+
+
+def _number(value):
+    return Scalar(str(value), INT) if isinstance(value, Scalar) and str(value).strip().isdigit() else value
 
 
 def _restart(where: str, service: dict, t: Translation) -> None:

@@ -129,6 +129,13 @@ def validate_stack_file(
                     f"{spec['file']!r} would be missing there; create it beforehand "
                     f"(docker {section[:-1]} create {item} ...) and declare it `external: true`"
                 )
+            if isinstance(spec, dict) and "environment" in spec:
+                problems.append(
+                    f"{section}.{item}.environment: swarm does not read {section} from an environment variable "
+                    f"(`docker stack deploy` would read {spec['environment']!r} from the manager's shell); create it "
+                    f"beforehand (docker {section[:-1]} create {item} -) and declare it `external: true`, or pass "
+                    f"the value as ${{{spec['environment']}}} from gpu-swarm:stackSecrets"
+                )
     infos = []
     for name, service in services.items():
         where = f"services.{name}"
