@@ -6,9 +6,10 @@ through the node's one NVML reader (nvml_reader.py): utilization, memory, power,
 SM clock, throttle reasons, ECC counts, the XIDs it has seen since it started, and the condition
 the health watcher published. Every GPU series has the labels gpu (UUID), index, model and
 node; a GPU held by a swarm task also has service, task and container, and slot for a slot of
-a shared GPU (one series per holder then, so sum over a shared GPU with max by (gpu)). Each
-task's own GPU memory comes from NVML's compute processes, mapped to containers through their
-cgroups (gpu_tasks.py). A GPU whose NVML calls fail reports gpu_swarm_gpu_up 0 and counts the
+a shared GPU (one series per holder then, so sum over a shared GPU with max by (gpu)): those are
+the GPU's figures. Each task's own GPU memory and utilization come from NVML's compute processes,
+MPS clients and per-process samples, mapped to containers through their cgroups (gpu_tasks.py),
+so a sharer's series never carry a neighbour's; the MPS server is no task's. A GPU whose NVML calls fail reports gpu_swarm_gpu_up 0 and counts the
 failures in gpu_swarm_nvml_errors_total; the other GPUs go on.
 Stdlib plus pynvml (nvidia-ml-py) and prometheus_client.
 
@@ -171,7 +172,8 @@ class GpuCollector:
                 condition = self._condition(config, uuid)
                 if condition:
                     add("condition", labels, RANK[condition[0]], *condition)
-            self._task_memory(uuid, base, holders, values.get("processes"), add)
+            self._task_memory(uuid, base, holders, _processes(values), add)
+            self._task_utilization(uuid, base, holders, values.get("process_utilization"), add)
         for uuid in advertised:  # advertised to swarm, but NVML does not list it: off the bus, or NVML is down
             if uuid not in seen:
                 index, model = self.known.get(uuid, ("", ""))
@@ -232,6 +234,24 @@ class GpuCollector:
         if processes is not None:
             add("untracked", base, untracked)
 
+    def _task_utilization(self, uuid, base, holders, samples, add) -> None:
+        """Each holder's share of the GPU's kernel time, from NVML's per-process samples: its own
+        processes' only, never the GPU's figure under its name. A sample of a process in no task
+        (the MPS server, where the driver names it for its clients) goes to no task."""
+        if samples is None:
+            return  # NVML cannot say per process: no series, rather than a neighbour's figure
+        busy = {holder: 0 for holder in holders if holder is not FREE}
+        untracked = 0
+        for pid, sm in samples.items():
+            holder = self.tasks.holder_of_process(pid, uuid)
+            if holder is None:
+                untracked += sm
+            else:
+                busy[holder] = busy.get(holder, 0) + sm
+        for holder, sm in busy.items():
+            add("task_util", base + [holder.service, holder.task, holder.container, holder.slot], min(sm, 100))
+        add("untracked_util", base, min(untracked, 100))
+
     def _families(self, rows: dict[str, list]) -> list:
         described = {
             "up": ("gpu_swarm_gpu_up", "1 when every NVML reading of the GPU succeeded at this scrape, else 0", []),
@@ -253,17 +273,34 @@ class GpuCollector:
             "condition": ("gpu_swarm_condition", "The health watcher's condition (0 healthy, 1 degraded, "
                           "2 unhealthy, 3 reclaim), on the GPU it names", ["condition", "reason"]),
             "task_memory": ("gpu_swarm_task_memory_used_bytes", "GPU memory of the task's processes on this GPU", []),
+            "task_util": ("gpu_swarm_task_utilization_percent", "Percent of the last sample period the task's "
+                          "own processes ran kernels on this GPU (NVML's per-process samples)", []),
         }
         families = [self._gauge(name, doc, GPU_LABELS + extra, rows.get(key, []), *counter)
                     for key, (name, doc, extra, *counter) in described.items()]
         families.append(self._gauge("gpu_swarm_untracked_memory_used_bytes",
                                     "GPU memory of processes in no swarm task (docker run, the host)",
                                     ["gpu", "index", "model", "node"], rows.get("untracked", [])))
+        families.append(self._gauge("gpu_swarm_untracked_utilization_percent",
+                                    "Percent of the period processes in no swarm task ran kernels (under MPS: "
+                                    "what NVML gives the MPS server rather than its clients)",
+                                    ["gpu", "index", "model", "node"], rows.get("untracked_util", [])))
         families.append(self._gauge("gpu_swarm_exporter_nvml_up", "1 when NVML answers the exporter", ["node"],
                                     [([self.node], 1 if self.nvml else 0)]))
         families.append(self._gauge("gpu_swarm_exporter_docker_up", "1 when dockerd said which task holds which GPU",
                                     ["node"], [([self.node], 0 if self.tasks.error else 1)]))
         return families
+
+
+def _processes(values: dict) -> list[tuple[int, int]] | None:
+    """The GPU's compute processes and MPS clients, each pid once (with the larger figure, where
+    both lists name it): under MPS a task's memory is its client processes', the server's is no task's."""
+    if "processes" not in values and "mps_processes" not in values:
+        return None
+    memory: dict[int, int] = {}
+    for pid, used in (values.get("processes") or []) + (values.get("mps_processes") or []):
+        memory[pid] = max(memory.get(pid, 0), used)
+    return sorted(memory.items())
 
 
 def parse_args(argv, env=os.environ) -> argparse.Namespace:

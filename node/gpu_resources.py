@@ -91,9 +91,45 @@ def mps_thread_percent(slots_per_gpu: int) -> int:
     return -(-100 // slots_per_gpu)
 
 
+def mps_daemon_limits(memory_mibs, slots_per_gpu: int) -> tuple[int, int]:
+    """(memory ceiling MiB, thread percentage) that gpu-swarm-mps gives every GPU's control daemon
+    before its server starts. The node's smallest GPU sets the share, as the agent's runtime.env
+    says it to the guard: a slot's value names its GPU, but a stack asks for a share of "a GPU of
+    this pool". The daemon's ceiling is what no client can raise (FACTS: its own
+    CUDA_MPS_PINNED_DEVICE_MEM_LIMIT only lowers it); the guard's variables may only ask for less."""
+    memory = [int(m) for m in memory_mibs]
+    if not memory or min(memory) <= MPS_RESERVED_MIB:
+        raise ValueError(f"GPU memory {memory} MiB leaves nothing to share after the MPS server's "
+                         f"{MPS_RESERVED_MIB} MiB")
+    if not 2 <= slots_per_gpu <= MAX_SLOTS_PER_GPU:
+        raise ValueError(f"slots per GPU must be from 2 to {MAX_SLOTS_PER_GPU}, got {slots_per_gpu}")
+    return mps_slot_memory_mib(min(memory), slots_per_gpu), mps_thread_percent(slots_per_gpu)
+
+
 def slot_gpu(value: str) -> str:
     """The GPU UUID a slot value such as GPU-...-s3 belongs to."""
     match = SLOT_RE.fullmatch(value or "")
     if not match:
         raise ValueError(f"{value!r} is not a GPU slot (expected <GPU UUID>-s<number>)")
     return match["gpu"]
+
+
+def main(argv: list[str]) -> int:
+    """`gpu_resources.py mps-limits SLOTS MIB...`: what node/gpu-swarm-mps tells each control
+    daemon ("<ceiling MiB> <thread percent>"), from the one copy of the rule, here."""
+    import sys
+    if len(argv) < 3 or argv[0] != "mps-limits" or not all(a.isdigit() for a in argv[1:]):
+        print("usage: gpu_resources.py mps-limits SLOTS_PER_GPU GPU_MEMORY_MIB...", file=sys.stderr)
+        return 2
+    try:
+        ceiling, threads = mps_daemon_limits(argv[2:], int(argv[1]))
+    except ValueError as e:
+        print(f"gpu_resources.py: {e}", file=sys.stderr)
+        return 2
+    print(ceiling, threads)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main(sys.argv[1:]))

@@ -217,7 +217,36 @@ class Nvml:
             read(f"ecc_{kind}", getattr(nv, "nvmlDeviceGetTotalEccErrors", None), parent,
                  getattr(nv, error_type, kind == "uncorrected"), getattr(nv, "NVML_VOLATILE_ECC", 0))
         read("processes", getattr(nv, "nvmlDeviceGetComputeRunningProcesses", None), handle)
-        if "processes" in values:
-            # usedGpuMemory is None where the driver cannot say (Windows WDDM, some vGPUs)
-            values["processes"] = [(int(p.pid), int(p.usedGpuMemory or 0)) for p in values["processes"]]
+        # Under MPS the compute processes are the MPS server (the GPU's one context); its clients,
+        # each a task's process with its own memory, are listed here (nvidia-smi's M+C rows).
+        read("mps_processes", getattr(nv, "nvmlDeviceGetMPSComputeRunningProcesses", None), handle)
+        for key in ("processes", "mps_processes"):
+            if key in values:
+                # usedGpuMemory is None where the driver cannot say (Windows WDDM, some vGPUs)
+                values[key] = [(int(p.pid), int(p.usedGpuMemory or 0)) for p in values[key]]
+        samples = self.process_samples(handle, errors)
+        if samples is not None:
+            values["process_utilization"] = samples
         return values, errors
+
+    def process_samples(self, handle, errors: list[str]) -> dict[int, int] | None:
+        """{pid: SM utilization %} of each process's latest sample in NVML's buffer (the last few
+        seconds); {} when no process ran a kernel (NVML says NotFound); None when not supported."""
+        nv = self.nv
+        call = getattr(nv, "nvmlDeviceGetProcessUtilization", None)
+        if call is None:
+            return None
+        try:
+            samples = call(handle, 0)
+        except getattr(nv, "NVMLError_NotFound", ()):
+            return {}
+        except (nv.NVMLError_NotSupported, nv.NVMLError_FunctionNotFound, AttributeError):
+            return None
+        except nv.NVMLError as e:
+            errors.append(f"process_utilization: {e}")
+            return None
+        latest: dict[int, tuple[int, int]] = {}
+        for s in samples:
+            if int(s.pid) not in latest or int(s.timeStamp) >= latest[int(s.pid)][0]:
+                latest[int(s.pid)] = (int(s.timeStamp), int(s.smUtil))
+        return {pid: sm for pid, (_, sm) in latest.items()}

@@ -222,6 +222,60 @@ def test_a_shared_gpu_has_one_series_per_slot_holder_and_each_its_own_memory(nod
     assert one(got["gpu_swarm_task_memory_used_bytes"], slot=f"{G[0]}-s2") == 3000 * 2**20
 
 
+def sharers(node, mode: str) -> dict[str, int]:
+    """Four tasks share GPU 0, each with its own processes of its own size; {container: pid}."""
+    node.advertise([])
+    node.daemon_json.write_text(json.dumps({"node-generic-resources": [f"NVIDIA-GPU-SHARED={G[0]}-s{k}"
+                                                                       for k in range(4)]}))
+    node.gpus = node.gpus[:1]
+    pids = {}
+    for k, name in enumerate("abcd"):
+        node.docker.add(task_container(CID[name], f"infer_{name}", 1, [f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={G[0]}-s{k}"]))
+        pids[name] = node.process(300 + k, CID[name])
+    sizes = {"a": 10240, "b": 4096, "c": 2048, "d": 1024}
+    if mode == "mps":
+        # NVML names the MPS server (a host process) among the compute processes, with the GPU's
+        # memory, and the clients among the MPS processes; the server's samples are its clients'.
+        server = node.process(299, None)
+        node.gpus[0]["processes"] = [{"pid": server, "used_mib": sum(sizes.values()) + 512}]
+        node.gpus[0]["mps_processes"] = [{"pid": pids[n], "used_mib": mib} for n, mib in sizes.items()]
+        node.gpus[0]["process_utilization"] = [{"pid": server, "sm": 90}, {"pid": pids["a"], "sm": 60},
+                                               {"pid": pids["c"], "sm": 30}]
+    else:
+        node.gpus[0]["processes"] = [{"pid": pids[n], "used_mib": mib} for n, mib in sizes.items()]
+        node.gpus[0]["process_utilization"] = [{"pid": pids["a"], "sm": 5, "stamp": 1}, {"pid": pids["a"], "sm": 60,
+                                                                                          "stamp": 2},
+                                               {"pid": pids["c"], "sm": 30, "stamp": 2}]
+    return sizes
+
+
+@pytest.mark.parametrize("mode", ["time-slicing", "mps"])
+def test_each_sharer_has_its_own_memory_and_utilization_never_a_neighbours(node, mode):
+    sizes = sharers(node, mode)
+    got = node.scrape()
+    for k, name in enumerate("abcd"):
+        labels = {"gpu": G[0], "service": f"infer_{name}", "container": CID[name][:12], "slot": f"{G[0]}-s{k}"}
+        assert one(got["gpu_swarm_task_memory_used_bytes"], **labels) == sizes[name] * 2**20
+        # its processes' latest sample only; a task whose processes ran no kernel is at 0
+        assert one(got["gpu_swarm_task_utilization_percent"], **labels) == {"a": 60, "c": 30}.get(name, 0)
+    # The MPS server is no task's: its memory (the clients' as the driver counts it) and samples are untracked.
+    untracked_mib = sum(sizes.values()) + 512 if mode == "mps" else 0
+    assert one(got["gpu_swarm_untracked_memory_used_bytes"], gpu=G[0]) == untracked_mib * 2**20
+    assert one(got["gpu_swarm_untracked_utilization_percent"], gpu=G[0]) == (90 if mode == "mps" else 0)
+
+
+def test_without_per_process_samples_no_task_gets_a_utilization(node):
+    """No series rather than the GPU's figure under a sharer's name."""
+    sharers(node, "time-slicing")
+    node.gpus[0]["failing"] = ["nvmlDeviceGetProcessUtilization"]
+    got = node.scrape()
+    assert not got.get("gpu_swarm_task_utilization_percent")
+    assert one(got["gpu_swarm_nvml_errors_total"], gpu=G[0], error="process_utilization", slot=f"{G[0]}-s0") == 1
+    node.gpus[0].pop("failing")
+    node.gpus[0]["process_utilization"] = []  # no process ran a kernel: NVML says NotFound, every task is at 0
+    assert {v for _, v in node.scrape()["gpu_swarm_task_utilization_percent"]} == {0}
+
+
 def test_a_holder_with_no_process_on_its_gpu_uses_none_of_its_memory(node):
     node.docker.add(task_container(CID["a"], "train_worker", 1, [f"DOCKER_RESOURCE_NVIDIA-GPU={G[0]}"]))
     assert one(node.scrape()["gpu_swarm_task_memory_used_bytes"], service="train_worker") == 0

@@ -194,7 +194,7 @@ echo "command $command pipe=$CUDA_MPS_PIPE_DIRECTORY" >>"$FAKE_CALLS"
 if [ "$command" = quit ]; then kill "$(cat "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid")"; fi
 """
 FAKE_SMI = f"""
-case "$*" in --query-gpu=uuid*) printf '%s\\n' {A} {B} ;; esac
+case "$*" in --query-gpu=uuid,memory.total*) printf '%s, %s\\n' {A} 81559 {B} 46068 ;; esac
 """
 
 
@@ -205,6 +205,7 @@ def mps_node(tmp_path):
     made.write(made.bin / "nvidia-cuda-mps-control", "#!/bin/bash\n" + FAKE_MPS)
     made.fake("nvidia-smi", FAKE_SMI)
     made.env["GPU_SWARM_MPS_DIR"] = str(tmp_path / "mps")
+    made.env["GPU_SWARM_SLOTS_PER_GPU"] = "4"  # node.env, which the unit loads
     yield made
     subprocess.run(["bash", str(REPO / "node" / "gpu-swarm-mps"), "stop"], env=made.env, capture_output=True)
 
@@ -218,18 +219,25 @@ def daemon_pid(node: ShellNode, gpu: str) -> int:
     return int((node.root / "mps" / gpu / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
 
 
-def test_each_gpu_gets_its_own_exclusive_daemon_and_a_server_for_root(mps_node):
+def test_each_gpu_gets_its_own_exclusive_daemon_with_a_slots_ceilings_and_a_server_for_root(mps_node):
     done = mps(mps_node, "start")
     assert done.returncode == 0, done.stderr
     calls = mps_node.called()
+    # The node's smallest GPU (46068 MiB) sets the share, as the agent tells the guard.
+    ceiling, threads = gpu_resources.mps_daemon_limits([81559, 46068], 4)
+    assert (ceiling, threads) == ((46068 - 1024) // 4, 25)
     for gpu in (A, B):
         pipe, log = mps_node.root / "mps" / gpu / "pipe", mps_node.root / "mps" / gpu / "log"
         assert stat.S_IMODE(pipe.stat().st_mode) == 0o700 and log.is_dir()
-        # the mode first, then the daemon on that GPU alone, then its server at once
+        # the mode first, then the daemon on that GPU alone, its ceilings, and only then its server:
+        # a server keeps the defaults it started with, and no client can raise them
         order = [calls.index(f"nvidia-smi -i {gpu} -c EXCLUSIVE_PROCESS"),
                  calls.index(f"daemon gpu={gpu} pipe={pipe} log={log}"),
+                 calls.index(f"command set_default_device_pinned_mem_limit 0 {ceiling}M pipe={pipe}"),
+                 calls.index(f"command set_default_active_thread_percentage {threads} pipe={pipe}"),
                  calls.index(f"command start_server -uid 0 pipe={pipe}")]
         assert order == sorted(order)
+        assert f"{gpu}: MPS daemon and server started ({pipe}), each client at most {ceiling} MiB" in done.stdout
         assert Path(f"/proc/{daemon_pid(mps_node, gpu)}/comm").read_text().startswith("nvidia-cuda-mps")
     again = mps(mps_node, "start")  # a restart of the unit's start finds them running
     assert again.returncode == 0 and again.stdout.count("already running") == 2
@@ -243,6 +251,15 @@ def test_stop_quits_every_daemon_and_gives_the_gpus_back_in_default_mode(mps_nod
     assert done.returncode == 0, done.stderr
     assert not any(guard_files.mps_daemon_alive(str(mps_node.root / "mps"), gpu) for gpu in (A, B))
     assert mps_node.called()[-1] == "nvidia-smi -c DEFAULT"
+
+
+@pytest.mark.parametrize("slots", ["", "0", "1"])
+def test_without_a_slots_share_no_daemon_starts(mps_node, slots):
+    """No ceiling, no server: a server without one would let every client take the whole GPU."""
+    done = mps(mps_node, "start", GPU_SWARM_SLOTS_PER_GPU=slots)
+    assert done.returncode == 1 and "no MPS server starts" in done.stderr
+    assert f"GPU_SWARM_SLOTS_PER_GPU={slots} in /etc/gpu-swarm/node.env" in done.stderr
+    assert not any(c.startswith("daemon ") for c in mps_node.called())
 
 
 def test_a_daemon_that_does_not_start_fails_the_unit(mps_node):

@@ -14,6 +14,7 @@ written into it reaches a running watcher:
              "utilization": {"gpu": 37, "memory": 12}, "power_w": 71.5, "temperature_c": 41, "sm_clock_mhz": 1980,
              "throttle_reasons": 4, "ecc": {"corrected": 0, "uncorrected": 0} | "unsupported",
              "memory_used_mib": 0, "processes": [{"pid": 4242, "used_mib": 1024}],
+             "mps_processes": [{"pid": 4243, "used_mib": 512}], "process_utilization": [{"pid": 4242, "sm": 37}],
              "failing": ["nvmlDeviceGetPowerUsage", ...]}],
    "events": [{"uuid": "GPU-...", "type": "xid" | "ecc_double" | "ecc_single", "xid": 79}]}
 A GPU with "mig_slots" is in MIG mode; null slots are empty. "bytes" makes string calls return
@@ -28,8 +29,10 @@ Two ways to raise an event:
   that registered it about once a second; "missing" takes the GPU out of NVML (fallen off the
   bus); "pending_retirement" is what nvmlDeviceGetRetiredPagesPendingStatus answers.
 The exporter's readings (utilization, power, temperature, SM clock, throttle reasons, volatile
-ECC counts, running compute processes) come from the GPU's keys of those names, with quiet
-defaults (an idle GPU); its memory used is "memory_used_mib" plus its processes' memory. A
+ECC counts, running compute processes, MPS clients, per-process utilization samples) come from
+the GPU's keys of those names, with quiet defaults (an idle GPU; no samples is NotFound, as in
+NVML); its memory used is "memory_used_mib" plus its processes' memory (an MPS client's is part of
+its server's, as the driver counts it). A
 call named in "failing" raises NVMLError_Unknown for that GPU, as a GPU that half answers does.
 `registrations` records (uuid, mask) of each registration. Only the calls the agent, the health
 watcher and the metrics exporter make exist here; any other fails loudly with AttributeError. Stdlib only.
@@ -305,6 +308,27 @@ def nvmlDeviceGetTotalEccErrors(handle, error_type, counter_type):
 def nvmlDeviceGetComputeRunningProcesses(handle):
     device = _reading(handle, "nvmlDeviceGetComputeRunningProcesses")
     return [_Process(int(p["pid"]), int(p.get("used_mib", 0) * 1024 * 1024)) for p in device.get("processes") or ()]
+
+
+def nvmlDeviceGetMPSComputeRunningProcesses(handle):
+    device = _reading(handle, "nvmlDeviceGetMPSComputeRunningProcesses")
+    return [_Process(int(p["pid"]), int(p.get("used_mib", 0) * 1024 * 1024))
+            for p in device.get("mps_processes") or ()]
+
+
+class _ProcessSample:
+    def __init__(self, pid, sm, mem, stamp):
+        self.pid, self.smUtil, self.memUtil, self.timeStamp = pid, sm, mem, stamp
+        self.encUtil = self.decUtil = 0
+
+
+def nvmlDeviceGetProcessUtilization(handle, last_seen):
+    device = _reading(handle, "nvmlDeviceGetProcessUtilization")
+    samples = [_ProcessSample(int(p["pid"]), int(p.get("sm", 0)), int(p.get("mem", 0)),
+                              int(p.get("stamp", time.time() * 1e6))) for p in device.get("process_utilization") or ()]
+    if not samples:
+        raise NVMLError_NotFound("fake NVML: Not Found")
+    return samples
 
 
 def nvmlDeviceGetCudaComputeCapability(handle):
