@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Issue 17's access, on real machines: pinned host keys checked by real OpenSSH, Elastic IPs, any live manager.
 
-    sudo flock /tmp/lsw.lock .venv/bin/python bench/access_rehearsal.py [--json]
+    sudo flock /tmp/lsw.lock .venv/bin/python bench/access_rehearsal.py [--json] [--smoke]
 
 Runs the program itself (`localswarm program up`: Pulumi's mocks, real cloud-init, real sshd,
 real SSH) with three managers and one GPU node, then:
@@ -13,6 +13,8 @@ real SSH) with three managers and one GPU node, then:
    every worker command's proxy and the swarm steps name its address, and what runs again only
    checks (which commands ran, and that no instance was replaced, is printed);
 4. everything is removed (`localswarm down`), also when a step fails.
+It exits 1 when an expectation above does not hold (each named). --smoke is the smallest real
+run: one manager and the GPU node, steps 1, 2 and 4 (step 3 needs a second manager).
 """
 from __future__ import annotations
 
@@ -75,14 +77,36 @@ def check_openssh(state: dict, out: dict) -> None:
     out["openssh_seconds"] = round(time.monotonic() - started, 1)
 
 
+def unmet(out: dict, machines_up: int) -> list[str]:
+    """The expectations of the docstring that the run's findings do not meet."""
+    second = out.get("second_up")
+    expected = [
+        ("every connection pins a host key, its proxy's too", out.get("every_connection_pins") is True),
+        ("every pin is a machine's own key", out.get("every_pin_is_a_machines_own_key") is True),
+        ("one distinct key per machine", out.get("distinct_pinned_keys") == machines_up),
+        ("another node's key is refused for the node", str(out.get("wrong_node_key")).startswith("refused")),
+        ("another node's key is refused for the proxy", str(out.get("wrong_proxy_key")).startswith("refused")),
+    ]
+    if second is not None:
+        expected += [
+            ("the second up goes through the second manager", second["proxies"] == [second["manager_1"]]
+             and second["swarm_steps_on"] == [second["manager_1"]]),
+            ("the second up creates and replaces nothing", second["resources"].get("create") == 0
+             and second["resources"].get("replace") == 0),
+        ]
+    return [what for what, ok in expected if not ok]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="one manager, no failover: the smallest real run")
     args = parser.parse_args()
     say = (lambda m: print(m, file=sys.stderr)) if args.json else print
+    overrides = {**OVERRIDES, "managerCount": "1"} if args.smoke else OVERRIDES
     out: dict = {}
     try:
-        first = program.up(stack="dev", overrides=OVERRIDES, progress=say)
+        first = program.up(stack="dev", overrides=overrides, progress=say)
         out["first_up"] = {"seconds": first["timings"]["up_s"], "commands": first["commands_executed"]}
         state = program.load_state()
         check_pins(state, out)
@@ -90,23 +114,26 @@ def main() -> int:
         managers = sorted(r["hostname"] for r in state["machines"].values() if r["role"] == "manager")
         eips = {r["outputs"]["publicIp"] for r in state["resources"].values() if r["type"] == "aws:ec2/eip:Eip"}
         out["manager_elastic_ips"] = sorted(eips)
-        machines.stop(machine_of(state, managers[0]))
-        say(f"stopped {managers[0]}; a second up must go through {managers[1]}")
-        second = program.up(stack="dev", overrides=OVERRIDES, progress=say)
-        state = program.load_state()
-        conns = connections(state)
-        manager_1 = next(c["host"] for n, c in conns.items() if n == "gpu-swarm-member-managers-1-join")
-        proxies = {c["proxy"]["host"] for c in conns.values() if c.get("proxy")}
-        out["second_up"] = {
-            "seconds": second["timings"]["up_s"], "resources": second["resources"],
-            "proxies": sorted(proxies), "manager_1": manager_1,
-            "swarm_steps_on": sorted({conns[n]["host"] for n in conns if n.endswith(("-cordon", "-admit"))}),
-            "ran": sorted(f"{c['name']} ({c['action']})" for c in second["commands"]),
-        }
+        if not args.smoke:  # the failover needs a second manager
+            machines.stop(machine_of(state, managers[0]))
+            say(f"stopped {managers[0]}; a second up must go through {managers[1]}")
+            second = program.up(stack="dev", overrides=overrides, progress=say)
+            state = program.load_state()
+            conns = connections(state)
+            manager_1 = next(c["host"] for n, c in conns.items() if n == "gpu-swarm-member-managers-1-join")
+            proxies = {c["proxy"]["host"] for c in conns.values() if c.get("proxy")}
+            out["second_up"] = {
+                "seconds": second["timings"]["up_s"], "resources": second["resources"],
+                "proxies": sorted(proxies), "manager_1": manager_1,
+                "swarm_steps_on": sorted({conns[n]["host"] for n in conns if n.endswith(("-cordon", "-admit"))}),
+                "ran": sorted(f"{c['name']} ({c['action']})" for c in second["commands"]),
+            }
     finally:
         rehearsal.down(progress=say)
-    print(json.dumps(out, indent=1) if args.json else json.dumps(out, indent=1))
-    return 0
+        print(json.dumps(out, indent=1))
+        failed = unmet(out, len(out.get("host_key_files", {})))
+        say("FAILED: " + "; ".join(failed) if failed else "every expectation held")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 # a real run followed by a second run that must report "changed": false, and a
 # comparison of the UUID sets. Exits non-zero when any check fails.
 # Usage: bash bench/agent_gpu_proof.sh   (PYTHON=/path/to/python to choose one)
+#        bash bench/agent_gpu_proof.sh --smoke   # no GPU: 2 stand-in GPUs (bench/gpu_standins.py)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -13,6 +14,14 @@ agent="$here/../node/gpu_agent.py"
 python=${PYTHON:-python3}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+if [[ ${1:-} == --smoke ]]; then
+  # The stand-ins' NVML is a module on PYTHONPATH; the repository's venv runs the agent, as the tests do.
+  if [[ -z ${PYTHON:-} && -x $here/../.venv/bin/python ]]; then python=$here/../.venv/bin/python; fi
+  eval "$("$python" "$here/gpu_standins.py" "$work/standins" --gpus 2)"
+elif [[ $# -gt 0 ]]; then
+  echo "usage: bash bench/agent_gpu_proof.sh [--smoke]" >&2
+  exit 2
+fi
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 

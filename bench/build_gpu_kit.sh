@@ -5,6 +5,7 @@
 # Debian's packages come through a private apt state, and the work lands in .kit-build/.
 #
 #   bash bench/build_gpu_kit.sh            # idempotent: a second run only checks and says so
+#   bash bench/build_gpu_kit.sh --smoke    # seconds, nothing fetched: the pins, and cuda-probe built and run
 #
 # The kit (about 50 MB, one xz archive, so it fits the device's 64 MiB carry with the tree):
 # - Docker Engine 26.1.5, containerd 1.7.24, runc 1.1.15 and tini (as docker-init), from
@@ -46,6 +47,21 @@ TOOLKIT_CMDS=(nvidia-container-runtime nvidia-ctk nvidia-cdi-hook nvidia-contain
 ENGINE_BINS=(dockerd:usr/sbin/dockerd docker:usr/bin/docker containerd:usr/bin/containerd
   containerd-shim-runc-v2:usr/bin/containerd-shim-runc-v2 runc:usr/sbin/runc
   docker-proxy:usr/sbin/docker-proxy docker-init:usr/bin/tini-static busybox:usr/bin/busybox)
+
+if [ "${1:-}" = --smoke ]; then
+  # What needs no download: the pins above resolved, and the kit's own program builds as the kit
+  # builds it and, on a machine without the driver, says it got no GPU (exit 2), as in a task.
+  smoke=$(mktemp -d)
+  trap 'rm -rf "$smoke"' EXIT
+  cc -O2 -Wall -Werror -o "$smoke/cuda-probe" "$here/cuda_probe.c" -ldl
+  rc=0
+  said=$("$smoke/cuda-probe" 16 2>&1) || rc=$?
+  echo "kit smoke: pins nvidia-ml-py $NVIDIA_ML_PY_VERSION, prometheus_client $PROMETHEUS_CLIENT_VERSION," \
+    "PyYAML $PYYAML_VERSION, toolkit $TOOLKIT_TAG; cuda-probe built, ran: exit $rc: $said"
+  if command -v nvidia-smi >/dev/null; then exit "$rc"; fi
+  [[ $rc == 2 && $said == *"no libcuda.so.1"* ]]
+  exit
+fi
 
 mkdir -p "$BUILD"/{apt/lists/partial,apt/cache/archives/partial,debs,stage/bin,stage/wheels} "$KIT"
 apt_opts=(-o "Dir::Etc::SourceList=$BUILD/apt/sources.list" -o Dir::Etc::SourceParts=/dev/null

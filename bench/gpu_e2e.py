@@ -454,7 +454,8 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=2, help="stand-in GPUs for --smoke (default %(default)s)")
     args = parser.parse_args()
     if args.smoke:
-        return gpu_standins.smoke("gpu_e2e.py", args.gpus, "--start-runs", "1", "--slots-per-gpu", "2")
+        return gpu_standins.smoke("gpu_e2e.py", args.gpus, "--start-runs", "1", "--slots-per-gpu", "2",
+                                  out=args.out)
     START_RUNS = args.start_runs
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -108,7 +108,7 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=2, help="stand-in GPUs for --smoke (default %(default)s)")
     args = parser.parse_args()
     if args.smoke:
-        return gpu_standins.smoke("gpu_metrics.py", args.gpus, "--mib", "512")
+        return gpu_standins.smoke("gpu_metrics.py", args.gpus, "--mib", "512", out=args.out)
     if not args.out:
         parser.error("--out is required")
     out = Path(args.out)

@@ -350,7 +350,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.smoke:
         return gpu_standins.smoke("gpu_mps.py", args.gpus, "--start-runs", "1", "--guard-cost-runs", "3",
-                                  "--slots", "2", "--mib", "512")
+                                  "--slots", "2", "--mib", "512", out=args.out)
     if not args.out:
         parser.error("--out is required")
     out = Path(args.out)

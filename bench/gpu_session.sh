@@ -22,6 +22,10 @@
 #   --prefix DIR    install and run everything under DIR, not the machine's own paths
 #   --no-gpu        a simulated GPU for the agent (with --prefix: a rehearsal without a GPU)
 #   --no-setup      no kit, engine or images: run the programs on what the machine has
+#                   (with $GPU_SESSION_PYTHON as their python, when set)
+#   --smoke         no GPU, kit or set-up, in a temporary prefix and $OUT: the runner, its budgets
+#                   and packing, with one program, bench/gpu_metrics.py --smoke (stand-in GPUs:
+#                   root and the rehearsal's engine); the repository's .venv as the python
 # What a program finds in its environment:
 #   DOCKER_HOST               the session's engine: default runtime the guard, no default bridge
 #                             (so an engine a program starts itself keeps docker0); swarm not
@@ -38,7 +42,7 @@ set -uo pipefail
 
 T0=$(date +%s)
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-OUT_DIR=${OUT:-/tmp/gpu-session-out} DEADLINE=560 KIT_SRC=$repo/.kit PREFIX="" NO_GPU=0 NO_SETUP=0
+OUT_DIR=${OUT:-/tmp/gpu-session-out} DEADLINE=560 KIT_SRC=$repo/.kit PREFIX="" NO_GPU=0 NO_SETUP=0 SMOKE_TMP=""
 SPECS=()
 usage() { sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
 while (($#)); do
@@ -49,6 +53,15 @@ while (($#)); do
     --prefix) PREFIX=$2; shift 2 ;;
     --no-gpu) NO_GPU=1; shift ;;
     --no-setup) NO_SETUP=1; shift ;;
+    --smoke)
+      SMOKE_TMP=$(mktemp -d /tmp/gpu-session-smoke.XXXXXX)
+      PREFIX=$SMOKE_TMP/root OUT_DIR=$SMOKE_TMP/out NO_GPU=1 NO_SETUP=1 DEADLINE=240
+      SPECS+=("metrics:150=bench/gpu_metrics.py --smoke")
+      if [ -z "${GPU_SESSION_PYTHON:-}" ] && [ -x "$repo/.venv/bin/python" ]; then
+        export GPU_SESSION_PYTHON=$repo/.venv/bin/python
+      fi
+      shift
+      ;;
     -h | --help) usage; exit 0 ;;
     --) shift; SPECS+=("$@"); break ;;
     -*) echo "gpu_session: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -459,6 +472,7 @@ finish() {
   say "result: $([ "$ok" = True ] && echo "ALL PASSED" || echo "SOMETHING FAILED")"
   exec >&- 2>&-
   wait "$TEE_PID" 2>/dev/null
+  if [ -n "$SMOKE_TMP" ]; then rm -rf "$SMOKE_TMP"; fi
   if [ "$ok" = True ] && ((rc == 0)); then exit 0; fi
   exit 1
 }
@@ -468,7 +482,7 @@ trap 'say "stopped by a signal"; exit 143' TERM INT
 say "gpu-swarm GPU session: ${#NAMES[@]} program(s), ${DEADLINE} s, out $OUT_DIR${P:+, prefix $P}$( ((NO_GPU)) && echo ', no GPU')"
 step machine machine_facts
 if ((NO_SETUP)); then
-  PYTHON=$PY
+  PYTHON=${GPU_SESSION_PYTHON:-$PY}
 else
   [ -z "$SETUP_FAILED" ] && step kit install_kit
   [ -z "$SETUP_FAILED" ] && step python python_env

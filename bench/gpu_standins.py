@@ -192,6 +192,7 @@ def _drive(hardware: Path, stop: threading.Event) -> None:
 
 def write_tools(root: Path, gpus: int) -> dict[str, str]:
     """The stand-in machine's files under root; the environment that puts them in front of the real tools."""
+    sys.path.insert(0, str(REPO))
     from localswarm.host import find_engine  # the rehearsal's engine: dockerd >= 25.0.3 and its CLI
     bin_dir = root / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
@@ -221,7 +222,6 @@ def write_tools(root: Path, gpus: int) -> dict[str, str]:
 @contextlib.contextmanager
 def standin_gpus(root: Path, gpus: int):
     """A machine of `gpus` stand-in GPUs while the block runs: its environment, and the driver thread."""
-    sys.path.insert(0, str(REPO))
     env = write_tools(Path(root), gpus)
     stop = threading.Event()
     driver = threading.Thread(target=_drive, args=(Path(env["GPU_SWARM_REHEARSAL_HARDWARE"]), stop), daemon=True)
@@ -240,14 +240,15 @@ def hardware_of(env: dict) -> dict:
 SMOKE_HELP = "run against N stand-in GPUs (bench/gpu_standins.py): no GPU, a few minutes; root and the rehearsal's engine"
 
 
-def smoke(script: str, gpus: int, *args: str, timeout: float = 600) -> int:
-    """A GPU bench's --smoke: the bench itself, as a child, on a stand-in machine of `gpus` GPUs."""
+def smoke(script: str, gpus: int, *args: str, out: str | None = None, timeout: float = 600) -> int:
+    """A GPU bench's --smoke: the bench itself, as a child, on a stand-in machine of `gpus` GPUs;
+    its results in `out` when given (bench/gpu_session.sh --smoke packs them), else a temporary folder."""
     import subprocess
     import tempfile
     if os.geteuid() != 0:
         sys.exit("--smoke runs as root: it starts an engine of its own (run under the rehearsal's lock)")
     with tempfile.TemporaryDirectory(prefix="gpu-standins-") as tmp, standin_gpus(Path(tmp), gpus) as env:
-        out = Path(tmp) / "out"
+        out = Path(out) if out else Path(tmp) / "out"
         print(f"smoke: {script} on {gpus} stand-in GPU(s): {', '.join(uuid(i) for i in range(gpus))}", flush=True)
         done = subprocess.run([sys.executable, str(REPO / "bench" / script), "--out", str(out), *args], env=env,
                               timeout=timeout)
@@ -275,3 +276,20 @@ def judged(results_file: Path, returncode: int) -> int:
           f"stand-in GPUs; {len(timed)} timings measured (not judged on stand-ins)"
           + (f"; FAILED: {failed + unmeasured}" if failed or unmeasured else ""))
     return 1 if failed or unmeasured or not results else 0
+
+
+def main() -> int:
+    """For shell benches: `eval "$(python3 bench/gpu_standins.py DIR --gpus N)"` puts N stand-in GPUs in front."""
+    import argparse
+    import shlex
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("dir", type=Path, help="where the stand-in machine's files go")
+    parser.add_argument("--gpus", type=int, default=2)
+    args = parser.parse_args()
+    env = write_tools(args.dir, args.gpus)
+    print("\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items() if os.environ.get(k) != v))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,6 +2,7 @@
 """What the runtime guard (node/gpu-swarm-runtime + gpu_guard.py) costs per OCI runtime call.
 
     python3 bench/guard_cost.py [--runs 200] [--baseline REV]
+    python3 bench/guard_cost.py --smoke          # 3 runs: that the bench runs
 
 A container start makes the shim call its runtime several times (create, start, state,
 delete). Timing `docker run` on a GPU machine measures those plus the engine, the toolkit
@@ -124,7 +125,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--baseline", metavar="REV", help="also time the guard of this commit, as dockerd ran it")
+    parser.add_argument("--smoke", action="store_true", help="3 runs: that the bench runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.runs = 3
     work = Path(tempfile.mkdtemp(prefix="guard-cost-"))
     daemon = fake_mps_daemon(work)
     try:

@@ -1,6 +1,8 @@
 """Benchmark: how fast the rehearsal's health watcher and reconciler take a sick node out, and give it back.
 
 Run as root after scripts/setup.sh:  .venv/bin/python bench/health.py [--runs N] [--raw FILE]
+--smoke: one round, no pauses, on 2 nodes x 2 GPUs with 2 replicas (the smallest rehearsal where a
+drained worker's tasks still have GPUs to move to), to see that the bench still runs.
 
 One `localswarm up` (3 nodes x 2 GPUs, 3 one-GPU replicas, so a drained node's tasks have free
 GPUs to move to), then N rounds of:
@@ -43,7 +45,7 @@ sys.path.insert(0, str(REPO))
 from localswarm import api  # noqa: E402
 from localswarm.nodes import RUN_ROOT  # noqa: E402
 from swarm.labels import CONDITION_LABEL as CONDITION  # noqa: E402
-REPLICAS = 3
+REPLICAS = 3  # --smoke: 2
 POLL_S = 0.05
 
 
@@ -127,7 +129,13 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--raw", type=Path, help="also write every round's figures here as JSON")
     parser.add_argument("--seed", type=int, default=1, help="for the random pauses (default 1)")
+    parser.add_argument("--smoke", action="store_true", help="one round, no pauses, 2 nodes x 2 GPUs: that the "
+                        "bench runs")
     args = parser.parse_args()
+    global REPLICAS
+    nodes, longest_pause = 3, 20
+    if args.smoke:
+        args.runs, nodes, longest_pause, REPLICAS = 1, 2, 0, 2
     rng = random.Random(args.seed)
     stack = (REPO / "stacks" / "gpu-smoke.yml").read_text()
     with tempfile.TemporaryDirectory() as tmp:
@@ -136,18 +144,18 @@ def main() -> int:
         if f"replicas: {REPLICAS}" not in compose.read_text():
             sys.exit("stacks/gpu-smoke.yml has no `replicas:` line; update bench/health.py")
         localswarm("down")
-        localswarm("up", "--nodes", "3", "--gpus-per-node", "2", "--stack", f"smoke={compose}", "--json")
+        localswarm("up", "--nodes", str(nodes), "--gpus-per-node", "2", "--stack", f"smoke={compose}", "--json")
     rounds = []
     try:
         for _ in range(args.runs):
-            rounds.append({**fault_round(worker_with_a_task(), rng.uniform(0, 20)),
-                           **spot_round(worker_with_a_task(), rng.uniform(0, 20))})
+            rounds.append({**fault_round(worker_with_a_task(), rng.uniform(0, longest_pause)),
+                           **spot_round(worker_with_a_task(), rng.uniform(0, longest_pause))})
             print(json.dumps(rounds[-1]), flush=True)
     finally:
         localswarm("down")
     if args.raw:
         args.raw.write_text(json.dumps(rounds, indent=2) + "\n")
-    print(f"\n{len(rounds)} rounds on a rehearsal of 3 nodes x 2 GPUs, {REPLICAS} one-GPU replicas; "
+    print(f"\n{len(rounds)} rounds on a rehearsal of {nodes} nodes x 2 GPUs, {REPLICAS} one-GPU replicas; "
           f"watcher every 1 s, reconciler every 1 s, recovery 5 s; seed {args.seed}. Seconds, median (min-max):")
     for key in rounds[0]:
         values = [r[key] for r in rounds]

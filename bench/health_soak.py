@@ -3,6 +3,7 @@
 
     python3 bench/health_soak.py start [--interval 10]     # starts it in its own session
     python3 bench/health_soak.py report --seconds 600      # waits until it has run that long
+    python3 bench/health_soak.py --smoke     # both, for 5 s, on 2 stand-in GPUs (bench/gpu_standins.py)
 
 Both as root (sudo, if you are not).
 
@@ -100,9 +101,24 @@ def report(seconds: int) -> int:
     return 0 if ok else 1
 
 
+def smoke() -> int:
+    """start and report, checking every second for 5 s, on stand-in GPUs and in a folder of its own."""
+    global HOME, STATE
+    import tempfile
+    sys.path.insert(0, str(REPO / "bench"))
+    import gpu_standins
+    with tempfile.TemporaryDirectory(prefix="health-soak-") as tmp:
+        HOME, STATE = Path(tmp) / "soak", Path(tmp) / "soak" / "soak.json"
+        os.environ.update(gpu_standins.write_tools(Path(tmp), 2))
+        start(1)
+        return report(5)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--smoke", action="store_true", help="start and report for 5 s on 2 stand-in GPUs "
+                        "(no GPU): that the bench runs")
+    sub = parser.add_subparsers(dest="command")
     st = sub.add_parser("start")
     st.add_argument("--interval", type=int, default=10)
     rp = sub.add_parser("report")
@@ -110,6 +126,10 @@ def main() -> int:
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root")
+    if args.smoke:
+        return smoke()
+    if not args.command:
+        parser.error("say start or report (or --smoke)")
     return start(args.interval) if args.command == "start" else report(args.seconds)
 
 

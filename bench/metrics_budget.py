@@ -2,6 +2,7 @@
 """The metrics exporter's budget, measured: scrape time of an 8-GPU node, CPU at a 15 s scrape, memory.
 
     .venv/bin/python bench/metrics_budget.py [--gpus 8] [--scrapes 50] [--minutes 5] [--out FILE]
+    .venv/bin/python bench/metrics_budget.py --smoke     # 5 scrapes and 3 s of CPU: that the bench runs
 
 Budget (issue 18): a scrape of an 8-GPU node in <= 50 ms with the fake NVML; <= 1% of one core
 at a 15 s scrape interval; <= 60 MiB RSS. It runs the real exporter (node/gpu_metrics.py) as
@@ -90,7 +91,10 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=5, help="how long to scrape every 15 s for the CPU figure")
     parser.add_argument("--interval", type=float, default=15)
     parser.add_argument("--out", help="also write the result as JSON here")
+    parser.add_argument("--smoke", action="store_true", help="5 scrapes, 3 s for the CPU figure: that the bench runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.scrapes, args.minutes = 5, 0.05
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         with DockerApiStub(tmp / "docker.sock") as docker:

@@ -2,12 +2,14 @@
 """A sample of the GPU dashboard, as text: every panel's queries answered by the rehearsal's Prometheus.
 
     sudo .venv/bin/python bench/metrics_sample.py [--out FILE]      # under the rehearsal lock; ends with `down`
+    sudo .venv/bin/python bench/metrics_sample.py --smoke           # 2 nodes x 1 GPU, one task "busy"
 
 Grafana cannot run here (Debian does not package it), so this shows what its panels plot: it
 brings up the rehearsal (3 nodes x 2 GPUs, the smoke stack, `--monitoring`), makes three tasks
 "use" their GPUs (localswarm/metrics.py simulate_load: memory and utilization), waits for two
 scrapes, then runs each panel's PromQL (stacks/monitoring/gpu-swarm-dashboard.json) as an
-instant query and prints the answers, followed by `localswarm top`.
+instant query and prints the answers, followed by `localswarm top`. It exits 1 when no panel
+had an answer (the dashboard no longer matches the exporter's series).
 """
 from __future__ import annotations
 
@@ -38,11 +40,13 @@ def label_text(metric: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="also write the sample here")
+    parser.add_argument("--smoke", action="store_true", help="2 nodes x 1 GPU, one task busy: that the bench runs")
     args = parser.parse_args()
-    lines = []
+    shape = ("2", "1") if args.smoke else ("3", "2")
+    lines, answered = [], 0
     cli("down")
     try:
-        up = json.loads(cli("up", "--nodes", "3", "--gpus-per-node", "2", "--monitoring", "--json"))
+        up = json.loads(cli("up", "--nodes", shape[0], "--gpus-per-node", shape[1], "--monitoring", "--json"))
         prometheus = up["monitoring"]["prometheus"]
         nodes = {n.name: n for n in nodes_of(require_state())}
         tasks = api.get(nodes["node-1"].sock, "/tasks", filters={"service": ["smoke_gpu"],
@@ -68,6 +72,7 @@ def main() -> int:
                     lines.append(f"    {label_text(row['metric'])}: {shown}")
                 if not result:
                     lines.append("    (empty)")
+                answered += bool(result)
         lines.append("\n## localswarm top\n" + cli("top"))
     finally:
         cli("down")
@@ -75,6 +80,9 @@ def main() -> int:
     print(text)
     if args.out:
         Path(args.out).write_text(text)
+    if not answered:
+        print("FAILED: no panel's query had an answer")
+        return 1
     return 0
 
 

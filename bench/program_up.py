@@ -1,6 +1,7 @@
 """Benchmark: `localswarm program up` (the program's real path) beside `localswarm up` (the fast rehearsal), same shape.
 
 Run as root after scripts/setup.sh:  .venv/bin/python bench/program_up.py [--runs N]
+--smoke: one run of each (the shape is already the smallest), to see that the bench still runs.
 
 Both build one manager and one GPU node with one GPU and deploy the smoke stack; the two
 alternate (A B A B ...) so a drift of this machine's speed hits both. For each it prints the
@@ -38,7 +39,10 @@ def spread(values: list[float]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="one run of each: that the bench runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.runs = 1
     fast, first, again, roll, boots, commands, ran_again, ran_roll = [], [], [], [], [], [], [], []
     for _ in range(args.runs):
         localswarm("down")

@@ -1,6 +1,7 @@
 """Benchmark: where `localswarm up` spends its time, for 3x2 and 8x2 nodes x GPUs.
 
 Run as root after scripts/setup.sh:  .venv/bin/python bench/rehearsal.py [--runs N] [--raw FILE]
+--smoke: one run of the smallest rehearsal (1 node x 1 GPU), to see that the bench still runs.
 
 For each size it prints the median and the spread (min-max) over N runs of the seconds from
 the start of `up` until the engines were ready, the swarm was formed (every node admitted and
@@ -171,7 +172,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sizes", default=",".join(f"{n}x{g}" for n, g in SIZES), help="e.g. 3x2,8x2")
     parser.add_argument("--raw", type=Path, help="also write every run's timings and breakdown here, as JSON")
+    parser.add_argument("--smoke", action="store_true", help="one run of 1 node x 1 GPU: that the bench runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.runs, args.sizes = 1, "1x1"
     if os.geteuid() != 0:
         sys.exit("run as root: the rehearsal creates namespaces and engines")
     localswarm("down")

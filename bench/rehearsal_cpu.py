@@ -2,6 +2,7 @@
 
 Run as root after scripts/setup.sh, with no rehearsal up:
     .venv/bin/python bench/rehearsal_cpu.py [--nodes 8]
+    .venv/bin/python bench/rehearsal_cpu.py --smoke     # 1 node x 1 GPU: that the bench runs
 
 It samples /proc every 0.1 s while one `up` runs, then prints each command name's CPU
 seconds: its own (processes alive at a sample; a process that lived less than 0.1 s is
@@ -41,7 +42,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--gpus-per-node", type=int, default=2)
+    parser.add_argument("--smoke", action="store_true", help="1 node x 1 GPU: that the bench runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.nodes, args.gpus_per_node = 1, 1
     before: dict = {}
     sample(before)
     seen: dict = {}

@@ -80,12 +80,16 @@ def measure(gpu_nodes: int, trace: bool, types_out: str | None = None, profile_o
 
 
 def registrations(monitor) -> list:
-    """(type, custom, inputs as plain data, indexes of the custom resources it depends on), in registration order."""
+    """(type, custom, inputs as plain data, indexes of the custom resources it depends on, name), in
+    registration order. Names are the program's: the fake AWS derives ids and addresses from them."""
     from tests.conftest import request_inputs, unwrap
+    if monitor.duplicate_names:
+        raise SystemExit(f"bench/scale.py: names registered twice ({monitor.duplicate_names[:3]}): the floor "
+                         f"replays by name")
     requests = [r for r in monitor.requests.values() if r.type != "pulumi:pulumi:Stack"]
     index = {r.name: i for i, r in enumerate(r for r in requests if r.custom)}
     return [(r.type, r.custom, unwrap(request_inputs(r)) if r.custom else {},
-             sorted({index[d.split("::")[-1]] for d in r.dependencies if d.split("::")[-1] in index}))
+             sorted({index[d.split("::")[-1]] for d in r.dependencies if d.split("::")[-1] in index}), r.name)
             for r in requests]
 
 
@@ -154,9 +158,9 @@ def floor(types_file: str, profile_out: str | None = None) -> dict:
     @pulumi.runtime.test
     def program():
         made: list[pulumi.Resource] = []
-        for i, (typ, _, inputs, deps) in enumerate(replayed):
+        for typ, _, inputs, deps, name in replayed:
             opts = pulumi.ResourceOptions(depends_on=[made[d] for d in deps if d < len(made)])
-            made.append(classes[typ](f"r{i}", opts=opts, **{_kwarg(k): _as_sdk_value(v) for k, v in inputs.items()}))
+            made.append(classes[typ](name, opts=opts, **{_kwarg(k): _as_sdk_value(v) for k, v in inputs.items()}))
         return pulumi.Output.all(*[r.urn for r in made])
 
     start = time.perf_counter()
@@ -170,12 +174,13 @@ def floor(types_file: str, profile_out: str | None = None) -> dict:
 def _check_replay(monitor, replayed: list) -> None:
     """The floor is only a floor if it registered what the program did: same types, inputs and dependencies."""
     from tests.conftest import request_inputs, unwrap
+    index = {r[4]: i for i, r in enumerate(replayed)}
     wrong = []
-    for i, (typ, _, inputs, deps) in enumerate(replayed):
-        request = monitor.requests.get(f"r{i}")
-        got_deps = sorted(int(d.split("::")[-1][1:]) for d in request.dependencies) if request else None
+    for typ, _, inputs, deps, name in replayed:
+        request = monitor.requests.get(name)
+        got_deps = sorted(index[d.split("::")[-1]] for d in request.dependencies) if request else None
         if request is None or request.type != typ or unwrap(request_inputs(request)) != inputs or got_deps != deps:
-            wrong.append(f"r{i} ({typ})")
+            wrong.append(f"{name} ({typ})")
     if wrong:
         raise SystemExit(f"bench/scale.py: the SDK floor did not replay {len(wrong)} of the program's "
                          f"{len(replayed)} resources as registered: {', '.join(wrong[:3])}")
