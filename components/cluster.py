@@ -158,13 +158,13 @@ class Cluster(pulumi.ComponentResource):
         gpu_stacks = {stack.name: GpuStack(f"{name}-stack-{stack.name}", GpuStackArgs(
             stack_name=stack.name, content=stack.deployed, sha256=stack.sha256, manager=self._first_live,
             after=[*admitted, reconcile], rewrites=stack.info.rewrites, warnings=stack.info.warnings,
-            diff=stack.info.diff, wait_seconds=stack.wait_seconds,
+            diff=stack.info.diff, wait_seconds=stack.wait_seconds, swarm_id=swarm.cluster_id,
         ), opts=self._child) for stack in s.stacks}
         deployed: list[pulumi.Resource] = list(gpu_stacks.values())
         if s.monitoring.enabled:
             deployed.append(Monitoring(f"{name}-monitoring", MonitoringArgs(
                 manager=self._first_live, manager_public_ip=first.public_ip, ssh_user=s.ssh_user,
-                images=dict(s.monitoring.images), after=[*admitted, reconcile],
+                images=dict(s.monitoring.images), after=[*admitted, reconcile], swarm_id=swarm.cluster_id,
             ), opts=self._child))
         health = SwarmHealth(f"{name}-health", SwarmHealthArgs(
             manager=self._first_live, node_ids=node_ids,

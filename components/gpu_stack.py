@@ -14,14 +14,15 @@ from swarm.stacks import DEFAULT_WAIT_SECONDS, deploy_stack, settle_report
 @dataclass
 class GpuStackArgs:
     stack_name: str
-    content: str  # the compose file as deployed: its Compose GPU requests rewritten (swarm/compose_gpus.py)
-    sha256: str  # of that text
+    content: pulumi.Input[str]  # the compose file as deployed (swarm/stack_files.py); a secret when it holds secrets
+    sha256: str  # of that text, its secrets masked
     manager: pulumi.Input[command.remote.ConnectionArgs]
     after: Sequence[pulumi.Resource] = field(default_factory=list)  # every node joined and admitted
     rewrites: Sequence[str] = ()  # what the rewrite changed in the user's file, naming each key
     warnings: Sequence[str] = ()  # keys that gpu-swarm ignores, left out of content, and why
     diff: str = ""  # unified diff from the user's file to content; "" when content is the file itself
     wait_seconds: int = DEFAULT_WAIT_SECONDS  # how long the deploy waits for the stack to settle (waitSeconds)
+    swarm_id: pulumi.Input[str] = ""  # the swarm's cluster ID: a new swarm deploys the stack again
 
 
 def stack_tasks(stdout: str | None) -> dict:
@@ -45,7 +46,7 @@ class GpuStack(pulumi.ComponentResource):
         # `pulumi preview` shows these beside the stack's resource, so the user sees what will
         # run before it does; the user's file on disk is never changed.
         if args.diff:
-            pulumi.log.info(f"stack {args.stack_name}: Compose GPU requests rewritten for swarm:\n"
+            pulumi.log.info(f"stack {args.stack_name}: rewritten for swarm:\n"
                             + "\n".join(f"  {r}" for r in args.rewrites) + "\n" + args.diff, resource=self)
         for warning in args.warnings:
             pulumi.log.warn(f"stack {args.stack_name}: {warning}", resource=self)
@@ -53,11 +54,13 @@ class GpuStack(pulumi.ComponentResource):
         # manager it reaches. A new hash changes the script, which makes it an update:
         # `docker stack deploy` rolls the services in place. Removal is SwarmReconcile's
         # job, so this command has no delete that could hold up `pulumi destroy`. The command
-        # returns once the stack has settled, or fails `pulumi up` with swarm's reason.
+        # returns once the stack has settled, or fails `pulumi up` with swarm's reason. The swarm's
+        # ID is in the script: a new swarm (the only manager replaced) gets the stack deployed again.
         deploy = command.remote.Command(
             f"{name}-deploy",
             connection=args.manager,
-            create=as_root(deploy_stack(args.stack_name, args.sha256, args.wait_seconds)),
+            create=pulumi.Output.from_input(args.swarm_id).apply(
+                lambda swarm: as_root(deploy_stack(args.stack_name, args.sha256, args.wait_seconds, swarm))),
             stdin=args.content,  # a str, or an Output (a secret, when the file takes secret variables)
             opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after)),
         )

@@ -18,6 +18,7 @@ class MonitoringArgs:
     ssh_user: str
     images: dict[str, str] = field(default_factory=dict)  # monitoringImages: service -> image pinned by digest
     after: Sequence[pulumi.Resource] = field(default_factory=list)  # every node joined and admitted
+    swarm_id: pulumi.Input[str] = ""  # the swarm's cluster ID: a new swarm deploys the stack again
 
 
 class Monitoring(pulumi.ComponentResource):
@@ -36,7 +37,8 @@ class Monitoring(pulumi.ComponentResource):
         command.remote.Command(
             f"{name}-deploy",
             connection=args.manager,
-            create=as_root(deploy_monitoring(bundle_sha256(files))),
+            create=pulumi.Output.from_input(args.swarm_id).apply(
+                lambda swarm: as_root(deploy_monitoring(bundle_sha256(files), swarm))),
             stdin=files,
             opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after)),
         )

@@ -21,7 +21,7 @@ import yaml
 
 from swarm.node_contract import DOCKER_SOCKET, METRICS_PORT, MONITORING_STACK
 from swarm.script import quote, script, sha256_hex
-from swarm.stacks import marker
+from swarm.stacks import into_swarm, marker
 from swarm.labels import STACK_LABEL
 
 STACKS = Path(__file__).resolve().parent.parent / "stacks"
@@ -91,12 +91,13 @@ def bundle_sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def deploy_monitoring(bundle_sha: str) -> str:
-    """Deploy (or update) the monitoring stack from bundle() on stdin; bundle_sha names that content."""
+def deploy_monitoring(bundle_sha: str, swarm_id: str = "") -> str:
+    """Deploy (or update) the monitoring stack from bundle() on stdin; bundle_sha names that content,
+    swarm_id the swarm it goes into (a new swarm changes the script, so it is deployed again)."""
     stack = quote(MONITORING_STACK)
     sha = sha256_hex(bundle_sha, "the monitoring stack")
     return script(
-        f'echo "deploying stack {MONITORING_STACK} (files sha256 {sha[:16]})"',
+        f'echo "deploying stack {MONITORING_STACK} (files sha256 {sha[:16]}){into_swarm(swarm_id)}"',
         'dir=$(mktemp -d)',
         'trap \'rm -rf "$dir"\' EXIT',
         'base64 -d | tar -x -C "$dir"',

@@ -9,6 +9,7 @@ touches a stack someone deployed by hand.
 from __future__ import annotations
 
 import json
+import re
 import posixpath
 
 from swarm.labels import STACK_LABEL
@@ -23,9 +24,10 @@ def marker(name: str) -> str:
     return STACK_MARKER_PREFIX + swarm_name(name, "stack name")
 
 
-def deploy_stack(name: str, content_sha256: str, wait_seconds: int = DEFAULT_WAIT_SECONDS) -> str:
+def deploy_stack(name: str, content_sha256: str, wait_seconds: int = DEFAULT_WAIT_SECONDS, swarm_id: str = "") -> str:
     """Deploy (or update) a stack from the compose file on stdin, then wait until it has settled;
-    content_sha256 names that content. The last line of stdout is the waiter's JSON report
+    content_sha256 names that content, swarm_id the swarm it goes into (a new swarm, as after the
+    only manager was replaced, changes the script, so the stack is deployed into it). The last line of stdout is the waiter's JSON report
     (node/stack_settle.py); a task swarm refuses fails the command with swarm's reason."""
     stack = quote(swarm_name(name, "stack name"))
     sha = sha256_hex(content_sha256, "the compose file")
@@ -33,7 +35,7 @@ def deploy_stack(name: str, content_sha256: str, wait_seconds: int = DEFAULT_WAI
         raise ValueError(f"the wait for stack {name} must be a whole number of seconds, 1 or more; got {wait_seconds!r}")
     software, settle = posixpath.split(STACK_SETTLE_PATH)
     return script(
-        f'echo "deploying stack {name} (compose file sha256 {sha[:16]})"',
+        f'echo "deploying stack {name} (compose file sha256 {sha[:16]}){into_swarm(swarm_id)}"',
         # --detach=true: the CLI's own wait would hold `pulumi up` for ever on a task that waits
         # for a free GPU, and never says why a task was rejected. The waiter below does both.
         f"docker stack deploy --detach=true --with-registry-auth --prune -c - {stack} >&2",
@@ -44,6 +46,13 @@ def deploy_stack(name: str, content_sha256: str, wait_seconds: int = DEFAULT_WAI
         # The installed node software's waiter (the rehearsal points GPU_SWARM_SOFTWARE at node/).
         f'exec python3 -I "${{GPU_SWARM_SOFTWARE:-{software}}}/{settle}" --stack {stack} --timeout {wait_seconds}',
     )
+
+
+def into_swarm(swarm_id: str) -> str:
+    """' into swarm <cluster ID>' for a deploy's first line, which makes the swarm part of the script."""
+    if swarm_id and not re.fullmatch(r"[a-z0-9]{1,64}", swarm_id):
+        raise ValueError(f"not a swarm's cluster ID: {swarm_id!r}")
+    return f" into swarm {swarm_id}" if swarm_id else ""
 
 
 def settle_report(stdout: str | None) -> dict:

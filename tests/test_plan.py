@@ -20,6 +20,7 @@ from components import provider_facts, swarm_health
 from tests.conftest import CUSTOM_AMI, CUSTOM_AMI_NEXT, request_inputs, run_program, stack_config, unwrap
 
 INSTANCE = "aws:ec2/instance:Instance"
+SPOT_REQUEST = "aws:ec2/spotInstanceRequest:SpotInstanceRequest"  # a persistent spot node (interruption: stop)
 REPLACE_FACTS = (INSTANCE, "command:remote:Command")
 
 
@@ -61,7 +62,7 @@ def plan(config_a: dict, config_b: dict, *, between=None, secret_keys=(), stack:
         # AWS still holds what the first up made: its subnets, its instances (tests/conftest.py).
         b = _registered(run_program(config_b, secret_keys, stack=stack, keep_account=True))
     result = Plan(created=set(b) - set(a), deleted=set(a) - set(b),
-                  instances={n for n, (typ, _, _) in b.items() if typ == INSTANCE})
+                  instances={n for n, (typ, _, _) in b.items() if typ in (INSTANCE, SPOT_REQUEST)})
     for name in set(a) & set(b):
         typ, old, _ = a[name]
         _, new, request = b[name]
@@ -85,6 +86,9 @@ PROD = stack_config("prod")
 # The prod stack's training pool (Pulumi.prod.yaml), for the tests that change the other pool.
 TRAINING = {"name": "training", "instanceType": "p5.48xlarge", "count": 1, "rootVolumeGiB": 500,
             "capacityReservation": "cr-0a5a0000000000001", "placement": "cluster", "efa": True}
+# And its inference pool: persistent spot requests (interruption: stop).
+INFERENCE = {"name": "inference", "instanceType": "g6e.12xlarge", "count": 2, "marketType": "spot",
+             "interruption": "stop", "sharing": {"slotsPerGpu": 4}}
 
 
 def with_(**overrides) -> dict:
@@ -135,21 +139,20 @@ def test_a_new_manager_type_resizes_the_managers_in_place():
 
 
 def test_a_new_gpu_type_resizes_on_demand_nodes_and_replaces_spot_ones():
-    result = plan(PROD, with_(gpuPools=[
-        TRAINING,
-        {"name": "inference", "instanceType": "g6e.12xlarge", "count": 2, "spot": True, "rootVolumeGiB": 300,
-         "sharing": {"slotsPerGpu": 4}},
-    ]))
+    one_time = {**INFERENCE, "interruption": "terminate"}
+    result = plan(with_(gpuPools=[TRAINING, one_time]),
+                  with_(gpuPools=[TRAINING, {**one_time, "rootVolumeGiB": 300}]))
     assert result.instances_replaced() == {}  # a bigger root volume grows in place
     assert set(result.updated) == {"gpu-swarm-inference-0", "gpu-swarm-inference-1"}
-    result = plan(PROD, with_(gpuPools=[
-        TRAINING,
-        {"name": "inference", "instanceType": "g4dn.12xlarge", "count": 2, "spot": True,
-         "sharing": {"slotsPerGpu": 4}},
-    ]))
+    result = plan(with_(gpuPools=[TRAINING, one_time]),
+                  with_(gpuPools=[TRAINING, {**one_time, "instanceType": "g4dn.12xlarge"}]))
     # A one-time spot instance cannot be stopped to be resized: it is replaced, as the README says.
     assert result.instances_replaced() == {"gpu-swarm-inference-0": {"instanceType"},
                                            "gpu-swarm-inference-1": {"instanceType"}}
+    # A persistent request takes no change but its tags (provider_facts.py): a new size is a new request.
+    result = plan(PROD, with_(gpuPools=[TRAINING, {**INFERENCE, "rootVolumeGiB": 300}]))
+    assert result.instances_replaced() == {"gpu-swarm-inference-0": {"rootBlockDevice"},
+                                           "gpu-swarm-inference-1": {"rootBlockDevice"}}
 
 
 NODES = ["managers-0", "managers-1", "managers-2", "training-0", "inference-0", "inference-1"]
@@ -228,8 +231,7 @@ def test_a_new_custom_ami_reaches_new_nodes_only():
 def test_scaling_a_pool_up_adds_its_nodes_and_touches_nothing_else_but_the_reconcile():
     result = plan(PROD, with_(gpuPools=[
         TRAINING,
-        {"name": "inference", "instanceType": "g6e.12xlarge", "count": 3, "spot": True,
-         "sharing": {"slotsPerGpu": 4}},
+        {**INFERENCE, "count": 3},
     ]))
     assert not result.replaced and not result.deleted
     assert "gpu-swarm-inference-2" in result.created and "gpu-swarm-member-inference-2-join" in result.created
@@ -239,8 +241,7 @@ def test_scaling_a_pool_up_adds_its_nodes_and_touches_nothing_else_but_the_recon
 def test_scaling_a_pool_down_drains_the_node_in_the_reconcile_before_the_instance_goes():
     result = plan(PROD, with_(gpuPools=[
         TRAINING,
-        {"name": "inference", "instanceType": "g6e.12xlarge", "count": 1, "spot": True,
-         "sharing": {"slotsPerGpu": 4}},
+        {**INFERENCE, "count": 1},
     ]))
     assert not result.replaced and not result.created
     assert {"gpu-swarm-inference-1", "gpu-swarm-member-inference-1-join"} <= result.deleted
@@ -251,8 +252,7 @@ def test_scaling_a_pool_down_drains_the_node_in_the_reconcile_before_the_instanc
 def test_adding_a_pool_adds_its_nodes_only():
     result = plan(PROD, with_(gpuPools=[
         TRAINING,
-        {"name": "inference", "instanceType": "g6e.12xlarge", "count": 2, "spot": True,
-         "sharing": {"slotsPerGpu": 4}},
+        INFERENCE,
         {"name": "t4", "instanceType": "g4dn.xlarge", "count": 1},
     ]))
     assert not result.replaced and not result.deleted
@@ -297,3 +297,16 @@ def test_the_facts_know_what_replaces_an_instance():
     assert provider_facts.replaced_by("command:remote:Command", {"triggers": [1]}, {"triggers": [2]}) == {"triggers"}
     with pytest.raises(ValueError):
         provider_facts.replaced_by("aws:s3/bucket:Bucket", {}, {})
+
+
+def test_a_new_swarm_gets_every_stack_and_the_monitoring_stack_deployed_again(monkeypatch):
+    """The only manager replaced: its swarm init makes a new swarm (a new cluster ID). The deploys' inputs
+    must change with it, or nothing would be deployed into the new swarm (issue 28, point 7)."""
+    from tests import conftest
+    config = with_(monitoring="true")
+    result = plan(config, config, between=lambda: monkeypatch.setattr(conftest, "FAKE_CLUSTER_ID",
+                                                                       "newswarm00000000000000002"))
+    deploys = {name for name in result.updated if name.endswith("-deploy")}
+    assert deploys == {"gpu-swarm-stack-gpu-smoke-deploy", "gpu-swarm-stack-inference-deploy",
+                       "gpu-swarm-monitoring-deploy"}
+    assert all(result.updated[name] == {"create"} for name in deploys)  # an update re-runs the deploy
