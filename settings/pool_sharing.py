@@ -25,6 +25,15 @@ def read_sharing(value: Any, error: Callable[[str, str], None]) -> tuple[int, st
         error("sharing", f"expected an object such as {{slotsPerGpu: 4}} or {{slotsPerGpu: 4, mode: mps}}, "
                          f"found {value!r}")
         return None
+    if "slots" in value:
+        # Slots of different sizes on one GPU (README "Sharing with MPS"): MPS on today's drivers
+        # holds one memory ceiling per GPU's server, so a smaller slot's size would be only its
+        # environment, which its task can raise. Refused, rather than offered and not held.
+        error("sharing.slots", "slots of different sizes on one GPU are not offered: MPS (driver r580) holds one "
+                               "memory ceiling for all of a GPU's tasks, so a smaller slot's size could not be held "
+                               "against its own task. Use slotsPerGpu (equal shares, each held by the GPU's MPS "
+                               "daemon), or pools of different slotsPerGpu for different sizes")
+        return None
     for unknown in sorted(set(value) - set(SHARING_DEFAULTS)):
         error(f"sharing.{unknown}", "is not a sharing setting" + suggest(unknown, SHARING_DEFAULTS))
         return None

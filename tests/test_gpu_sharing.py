@@ -53,6 +53,9 @@ def test_a_pool_shares_by_mps_when_it_says_so():
     ({"slotsPerGpu": 4, "mode": "mig"}, "gpu-swarm:gpuPools[0].sharing.mode: 'mig' is not a sharing mode"),
     ({"mode": "mps"}, "gpu-swarm:gpuPools[0].sharing.slotsPerGpu: required"),
     ({"slotsPerGpu": 1, "mode": "mps"}, "gpu-swarm:gpuPools[0].sharing.slotsPerGpu: 1 is out of range"),
+    ({"mode": "mps", "slots": [{"memoryMiB": 40960, "count": 1}, {"memoryMiB": 10240, "count": 4}]},
+     "gpu-swarm:gpuPools[0].sharing.slots: slots of different sizes on one GPU are not offered: MPS (driver r580) "
+     "holds one memory ceiling for all of a GPU's tasks"),
     ({"slotsPerGpu": 4, "moed": "mps"}, "gpu-swarm:gpuPools[0].sharing.moed: is not a sharing setting; did you "
                                         "mean mode?"),
 ])
