@@ -311,7 +311,8 @@ def compose_shm(service: dict) -> int | None:
 
 
 def published(service: dict) -> set[tuple[int, str | None, str]]:
-    """(target, published, protocol) of each port, from the short syntax or the long one."""
+    """(target, published, protocol) of each port, from the short syntax or the long one; a range is
+    one entry per port, as Compose writes it."""
     found = set()
     for port in service.get("ports") or []:
         if isinstance(port, dict):
@@ -319,7 +320,11 @@ def published(service: dict) -> set[tuple[int, str | None, str]]:
             continue
         spec, _, protocol = str(port).partition("/")
         parts = spec.split(":")
-        found.add((int(parts[-1]), parts[-2] if len(parts) > 1 else None, protocol or "tcp"))
+        first, _, last = parts[-1].partition("-")
+        targets = range(int(first), int(last or first) + 1)
+        outside = parts[-2].partition("-")[0] if len(parts) > 1 else None
+        for i, target in enumerate(targets):
+            found.add((target, str(int(outside) + i) if outside else None, protocol or "tcp"))
     return found
 
 
