@@ -42,6 +42,7 @@ STACK_CLUSTERS = {
     "inference-shared.yml": {"shared_kind": "NVIDIA-GPU-SHARED"},
     "nccl-efa.yml": {"pool_sizes": {"p5": 8}, "max_gpus_per_node": 8, "efa_max": 32},  # 8 GPUs per replica
 }
+# moby's NVIDIA driver capabilities, written here apart from swarm/compose_gpus.py's: the judge shares nothing
 DRIVER_CAPABILITIES = {"compute", "compat32", "graphics", "utility", "video", "display"}
 
 
@@ -163,6 +164,14 @@ def expectations(case: dict, services: dict) -> list[str]:
 
 
 # ---------------------------------------------------------------- the preview's own result
+
+def test_every_corpus_file_has_a_case_and_every_case_a_file():
+    files = {p.name for p in CORPUS.glob("*.yml")}
+    used = {c["file"] for c in CASES}
+    assert used <= files, f"cases name missing files: {sorted(used - files)}"
+    assert files == used, f"files with no case: {sorted(files - used)}"
+    assert len(files) >= 18 and len({c["id"] for c in CASES}) == len(CASES)
+
 
 @pytest.mark.parametrize("case", ACCEPTED, ids=[c["id"] for c in ACCEPTED])
 def test_accepted_case_deploys_its_services_gpus_and_shared_memory(case):
