@@ -9,8 +9,9 @@ node; a GPU held by a swarm task also has service, task and container, and slot 
 a shared GPU (one series per holder then, so sum over a shared GPU with max by (gpu)): those are
 the GPU's figures. Each task's own GPU memory and utilization come from NVML's compute processes,
 MPS clients and per-process samples, mapped to containers through their cgroups (gpu_tasks.py),
-so a sharer's series never carry a neighbour's; the MPS server is no task's. A GPU whose NVML calls fail reports gpu_swarm_gpu_up 0 and counts the
-failures in gpu_swarm_nvml_errors_total; the other GPUs go on.
+so a sharer's series never carry a neighbour's; the MPS server is no task's. A GPU whose NVML
+calls fail reports gpu_swarm_gpu_up 0 and counts the failures in gpu_swarm_nvml_errors_total;
+the other GPUs go on.
 Stdlib plus pynvml (nvidia-ml-py) and prometheus_client.
 
 Exit codes: 0 stopped (SIGTERM), or --once done; 1 the port could not be opened; 2 bad input.

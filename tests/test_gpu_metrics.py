@@ -230,7 +230,8 @@ def sharers(node, mode: str) -> dict[str, int]:
     node.gpus = node.gpus[:1]
     pids = {}
     for k, name in enumerate("abcd"):
-        node.docker.add(task_container(CID[name], f"infer_{name}", 1, [f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={G[0]}-s{k}"]))
+        node.docker.add(task_container(CID[name], f"infer_{name}", 1,
+                                       [f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={G[0]}-s{k}"]))
         pids[name] = node.process(300 + k, CID[name])
     sizes = {"a": 10240, "b": 4096, "c": 2048, "d": 1024}
     if mode == "mps":
