@@ -3,10 +3,17 @@
 Managers are dialled at their Elastic IP (components/node_pool.py); workers, which take SSH
 only from managers, at their private address through a manager. pulumi-command's proxy is
 one host, so the program picks it: the first manager, in order, that AWS reports running
-when the program starts (aws.ec2.get_instances; a new cluster has none, and gets the first).
-The same manager runs the swarm's own steps (cordon, admit, reconcile, stacks, health).
-While the first manager lives, nothing changes; once it is stopped or gone, the next `pulumi
-up` goes through the next live one, so a dead manager never cuts the workers off.
+when the program starts (aws.ec2.get_instances by the manager's Name tag; a new cluster has
+none, and gets the first). The same manager runs the swarm's own steps (cordon, admit,
+reconcile, stacks, health). While the first manager lives, nothing changes; once it is
+stopped or gone, the next `pulumi up` goes through the next live one, so a dead manager never
+cuts the workers off.
+
+The choice is by name, a plain value known before any resource: a manager being replaced is
+still running, under its name, when the program starts, and its Elastic IP and host key stay,
+so the jump host (address and pinned key) is the same and no worker command changes. Chosen
+by instance id, the replaced manager's new id was not among the running ones, the workers
+moved to the next manager, and moved back on the `up` after: two rounds of updates.
 
 What a change of manager costs: the connection of each command that goes through it
 changes, which pulumi-command treats as an update and runs again. Every such script checks
@@ -25,9 +32,9 @@ from components.node_pool import Node
 from components.remote import LIVE, connection, pinned
 
 
-def live_index(manager_ids: Sequence[str], running: Sequence[str]) -> int:
+def live_index(manager_names: Sequence[str], running: Sequence[str]) -> int:
     """The first manager (by index) that is running; the first one when none is (a new cluster)."""
-    return next((i for i, instance_id in enumerate(manager_ids) if instance_id in set(running)), 0)
+    return next((i for i, name in enumerate(manager_names) if name in set(running)), 0)
 
 
 class Access:
@@ -35,14 +42,14 @@ class Access:
 
     def __init__(self, managers: Sequence[Node], running_managers: Sequence[str], user: str,
                  private_key: pulumi.Input[str]):
+        """running_managers: the Name tags of the managers AWS reports running (settings/aws_lookups.py)."""
         if not managers:
             raise ValueError("a cluster needs at least one manager to reach its nodes")
         self._user, self._key = user, private_key
-        running = tuple(running_managers)
-        live = pulumi.Output.all(*[m.instance.id for m in managers]).apply(lambda ids: live_index(ids, running))
-        self.live_index = live
-        self.manager_address = pulumi.Output.all(live, *[m.public_ip for m in managers]).apply(lambda v: v[1 + v[0]])
-        self.manager_host_key = pulumi.Output.all(live, *[m.host_key for m in managers]).apply(lambda v: v[1 + v[0]])
+        self.live_index = live_index([m.name for m in managers], running_managers)
+        live = managers[self.live_index]
+        self.manager_address = live.public_ip
+        self.manager_host_key = live.host_key
 
     def to(self, node: Node, budget: tuple[int, int] = LIVE) -> pulumi.Output:
         """SSH to `node`: a manager directly, a worker through the live manager; host keys pinned."""

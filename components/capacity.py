@@ -34,23 +34,35 @@ CAPACITY_ERRORS = re.compile(
 
 
 def market_options(pool: GpuPool) -> aws.ec2.InstanceInstanceMarketOptionsArgs | None:
-    """Spot (one-time and terminate, or persistent and stop), a Capacity Block, or on-demand (None)."""
+    """One-time spot, a Capacity Block, or on-demand (None). A persistent request is spot_request's."""
     o = pool.options
     if o.market_type == "capacity-block":
         return aws.ec2.InstanceInstanceMarketOptionsArgs(market_type="capacity-block")
-    if not o.spot:
+    if not o.spot or spot_request(pool):
         return None
-    # `stop` needs a persistent request: AWS keeps it open and starts the same instance, with
-    # its EBS volume, once it has capacity again. A one-time request ends with its instance.
-    persistent = o.interruption == "stop"
     return aws.ec2.InstanceInstanceMarketOptionsArgs(
         market_type="spot",
         spot_options=aws.ec2.InstanceInstanceMarketOptionsSpotOptionsArgs(
-            spot_instance_type="persistent" if persistent else "one-time",
-            instance_interruption_behavior=o.interruption,
+            spot_instance_type="one-time", instance_interruption_behavior=o.interruption,
             max_price=pool.spot_max_price,
         ),
     )
+
+
+def spot_request(pool: GpuPool) -> dict | None:
+    """The arguments of a persistent spot request (interruption: stop), for aws.ec2.SpotInstanceRequest.
+
+    `stop` needs a persistent request: AWS keeps it open and starts the same instance, with its
+    EBS volume, once it has capacity again. Made by RunInstances, the request outlives the
+    instance that Pulumi deletes and launches another (terraform-provider-aws#38142); as a
+    resource of its own, its deletion cancels it and then terminates the instance.
+    """
+    o = pool.options
+    if not (o.spot and o.interruption == "stop"):
+        return None
+    # wait_for_fulfillment: the instance exists, with its id and addresses, once the request is made.
+    return dict(spot_type="persistent", instance_interruption_behavior="stop", spot_price=pool.spot_max_price,
+                wait_for_fulfillment=True)
 
 
 def capacity_specification(pool: GpuPool, reservation_id: pulumi.Input[str] | None
@@ -126,7 +138,8 @@ def pool_capacity_args(name: str, pool: GpuPool, subnets_by_zone: dict[str, pulu
         reservation, subnet, group = checked_reservation(
             f"{name}-{pool.name}", pool, {z: subnets_by_zone[z] for z in pool.zones}, parent)
         subnets = [subnet]
-    return dict(subnet_ids=subnets, market=market_options(pool), capacity=capacity_specification(pool, reservation),
+    return dict(subnet_ids=subnets, market=market_options(pool), spot_request=spot_request(pool),
+                capacity=capacity_specification(pool, reservation),
                 spot=pool.spot, placement_group=group, cluster_placement=pool.options.placement == "cluster",
                 efa_interfaces=pool.efa_interfaces, stable_address=bool(pool.efa_interfaces),
                 error_hook=capacity_error_hook(pool))

@@ -33,7 +33,7 @@ from components.swarm_reconcile import SwarmReconcile, SwarmReconcileArgs
 from node_commands import authorize_keys
 from node_software import NodeRelease
 from settings import GpuPool, Settings
-from settings.aws_lookups import CLUSTER_TAG, running_instances
+from settings.aws_lookups import CLUSTER_TAG, running_names
 from swarm.gpu_check import GpuCheck
 from swarm.node_contract import (MONITORING_STACK, POOL_GPU_COUNT_LABEL, POOL_GPU_MODEL_LABEL,
                                  POOL_INSTANCE_TYPE_LABEL, POOL_LABEL, POOL_SLOTS_PER_GPU_LABEL, POOL_SPOT_LABEL)
@@ -128,13 +128,14 @@ class Cluster(pulumi.ComponentResource):
 
         first = managers.nodes[0]
         # Workers through the first live manager, which also runs the swarm's steps (components/access.py).
-        self._reach = Access(managers.nodes, running_instances(s.cluster_name, "manager"), s.ssh_user,
-                             self._key.private_key)
+        self._reach = Access(managers.nodes, running_names(s.cluster_name, "manager",
+                                                           [n.name for n in managers.nodes]),
+                             s.ssh_user, self._key.private_key)
         self._first_live = self._reach.to_live_manager()
         boots = {node.name: self._boot(node) for node, _ in nodes}
         swarm = SwarmInit(f"{name}-swarm", SwarmInitArgs(
             first=self._connection(first), first_live=self._connection(first),
-            first_instance_id=first.instance.id, advertise_address=first.private_ip,
+            first_instance_id=first.instance_id, advertise_address=first.private_ip,
             peers=[(self._connection(n, BOOT), n.private_ip) for n in managers.nodes[1:]],
             address_pool=s.overlay_address_pool, after=[boots[first.name].booted],
         ), opts=self._child)
@@ -163,7 +164,7 @@ class Cluster(pulumi.ComponentResource):
         deployed: list[pulumi.Resource] = list(gpu_stacks.values())
         if s.monitoring.enabled:
             deployed.append(Monitoring(f"{name}-monitoring", MonitoringArgs(
-                manager=self._first_live, manager_public_ip=first.public_ip, ssh_user=s.ssh_user,
+                manager=self._first_live, manager_public_ip=self._reach.manager_address, ssh_user=s.ssh_user,
                 images=dict(s.monitoring.images), after=[*admitted, reconcile], swarm_id=swarm.cluster_id,
             ), opts=self._child))
         health = SwarmHealth(f"{name}-health", SwarmHealthArgs(
@@ -243,7 +244,7 @@ class Cluster(pulumi.ComponentResource):
     def _boot(self, node: Node) -> NodeBoot:
         kind = self._kinds[node.pool]
         return NodeBoot(f"{self._name}-boot-{node.pool}-{node.index}", NodeBootArgs(
-            node=self._connection(node, BOOT), node_live=self._connection(node), instance_id=node.instance.id,
+            node=self._connection(node, BOOT), node_live=self._connection(node), instance_id=node.instance_id,
             env=kind.env,
             expected_gpus=kind.expected_gpus, access_script=self._access, health_env=self._s.health.node_env(),
         ), opts=self._child)
@@ -255,7 +256,7 @@ class Cluster(pulumi.ComponentResource):
             node=self._connection(node),
             manager_addresses=manager_ips,
             advertise_address=node.private_ip,
-            instance_id=node.instance.id,
+            instance_id=node.instance_id,
             cluster_id=swarm.cluster_id,
             join_token=swarm.manager_token if manager else swarm.worker_token,
             after=[boot.booted, swarm.tokens],

@@ -13,7 +13,17 @@ the answer a pinned key is meant to check.
 
 Managers (and EFA nodes, which AWS gives no automatic public address) get an Elastic IP:
 their address survives a stop and start, a resize and a replacement, so no connection to them
-changes, and so no command on them runs again for an address.
+changes, and so no command on them runs again for an address. It is associated with the
+instance's primary network interface: EC2 takes an instance id only for an instance with one
+interface, and a multi-card EFA node has one per card. Other workers keep the automatic address
+they boot with; a stop loses it, and the refresh after reads associatePublicIpAddress false
+(terraform-provider-aws#33775), an input that would replace the node: running nodes keep that
+input (provider_facts.py), and nothing dials a worker at its public address.
+
+A spot pool with `interruption: stop` has persistent requests. Each node is an
+aws.ec2.SpotInstanceRequest, whose deletion cancels the request before it terminates the
+instance: a request made by RunInstances outlives the instance and launches another that
+nothing tracks (terraform-provider-aws#38142).
 """
 from __future__ import annotations
 
@@ -26,7 +36,7 @@ import pulumi_tls as tls
 
 from components.cloud_config import HostKey, render_cloud_config
 from components.efa import efa_launch_template
-from components.provider_facts import INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES
+from components.provider_facts import INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES, SPOT_REQUEST_INPUTS_KEPT_BY_RUNNING_NODES
 from node_software import NodeRelease
 from settings.aws_lookups import ROLE_TAG
 
@@ -47,6 +57,9 @@ class NodePoolArgs:
     imds_hop_limit: pulumi.Input[int] = 1
     # Capacity (components/capacity.py): spot or a Capacity Block, and a reservation to run in.
     market: pulumi.Input[aws.ec2.InstanceInstanceMarketOptionsArgs] | None = None
+    # A persistent spot request's own arguments (components/capacity.py): each node is then an
+    # aws.ec2.SpotInstanceRequest, and `market` is None.
+    spot_request: Mapping[str, object] | None = None
     capacity: pulumi.Input[aws.ec2.InstanceCapacityReservationSpecificationArgs] | None = None
     spot: bool = False
     placement_group: pulumi.Input[str] | None = None  # a reservation's own cluster placement group
@@ -69,9 +82,16 @@ class Node:
     role: str
     pool: str
     index: int
-    instance: aws.ec2.Instance
+    instance: aws.ec2.Instance | aws.ec2.SpotInstanceRequest
     host_key: pulumi.Output[str]  # its public SSH host key, "ssh-ed25519 AAAA..."
     stable_ip: pulumi.Output[str] | None = None  # its Elastic IP, once associated
+
+    @property
+    def instance_id(self) -> pulumi.Output[str]:
+        """The EC2 instance's id (a spot request's is its instance's, not the request's)."""
+        if isinstance(self.instance, aws.ec2.SpotInstanceRequest):
+            return self.instance.spot_instance_id
+        return self.instance.id
 
     @property
     def private_ip(self) -> pulumi.Output[str]:
@@ -123,8 +143,7 @@ class NodePool(pulumi.ComponentResource):
                 # Egress without a NAT gateway; inbound is closed by the security groups.
                 associate_public_ip_address=True,
             )
-            instance = aws.ec2.Instance(
-                f"{name}-{i}",
+            launch = dict(
                 ami=args.ami_id,
                 instance_type=args.instance_type,
                 key_name=args.key_name,
@@ -144,24 +163,35 @@ class NodePool(pulumi.ComponentResource):
                     delete_on_termination=True,
                     tags=tags,
                 ),
-                instance_market_options=args.market,
                 capacity_reservation_specification=args.capacity,
                 placement_group=group,
                 launch_template=aws.ec2.InstanceLaunchTemplateArgs(
                     id=template.id, version=template.latest_version.apply(str)) if template else None,
                 tags=tags,
-                opts=pulumi.ResourceOptions(
-                    parent=self,
-                    # Inputs that a running node keeps when they change (a new AMI release, a
-                    # rotated key, another zone list, new user data, another market, reservation
-                    # or placement): only new or replaced nodes take them. components/provider_facts.py.
-                    ignore_changes=list(INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES),
-                    replace_on_changes=replace_on,
-                    depends_on=[*args.after, *(previous if args.one_at_a_time else [])],
-                    hooks=hooks,
-                ),
                 **network,
             )
+            options = pulumi.ResourceOptions(
+                parent=self,
+                # Inputs that a running node keeps when they change (a new AMI release, a
+                # rotated key, another zone list, new user data, another market, reservation
+                # or placement, the address a stop took): only new or replaced nodes take them.
+                # components/provider_facts.py.
+                ignore_changes=list(INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES if args.spot_request is None
+                                    else SPOT_REQUEST_INPUTS_KEPT_BY_RUNNING_NODES),
+                replace_on_changes=replace_on,
+                depends_on=[*args.after, *(previous if args.one_at_a_time else [])],
+                hooks=hooks,
+                custom_timeouts=launch_timeouts(args.instance_type),
+            )
+            if args.spot_request is None:
+                instance = aws.ec2.Instance(f"{name}-{i}", instance_market_options=args.market, **launch,
+                                            opts=options)
+            else:
+                instance = aws.ec2.SpotInstanceRequest(f"{name}-{i}", **args.spot_request, **launch, opts=options)
+                # The request's tags stay on the request: the instance gets its own.
+                for k, v in tags.items():
+                    aws.ec2.Tag(f"{name}-{i}-tag-{_tag_name(k)}", resource_id=instance.spot_instance_id, key=k,
+                                value=v, opts=pulumi.ResourceOptions(parent=self))
             if args.one_at_a_time:
                 previous = [instance]
             stable_ip = self._address(f"{name}-{i}", instance, tags) if args.stable_address else None
@@ -175,12 +205,34 @@ class NodePool(pulumi.ComponentResource):
             }
         )
 
-    def _address(self, name: str, instance: aws.ec2.Instance, tags: Mapping) -> pulumi.Output[str]:
+    def _address(self, name: str, instance: aws.ec2.Instance | aws.ec2.SpotInstanceRequest,
+                 tags: Mapping) -> pulumi.Output[str]:
         """An Elastic IP for the node: the same address across stop/start, resize and replacement."""
         eip = aws.ec2.Eip(f"{name}-ip", domain="vpc", tags=tags, opts=pulumi.ResourceOptions(parent=self))
         # A replaced instance gets the same address: the old association goes first.
+        # Through the primary interface: EC2 refuses an instance id when the instance has more than one.
         association = aws.ec2.EipAssociation(
-            f"{name}-ip-association", allocation_id=eip.allocation_id, instance_id=instance.id,
+            f"{name}-ip-association", allocation_id=eip.allocation_id,
+            network_interface_id=instance.primary_network_interface_id,
             opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True))
         # Through the association, so that whoever connects waits until the address is the node's.
         return pulumi.Output.all(eip.public_ip, association.id).apply(lambda v: v[0])
+
+
+# How long the provider waits for AWS, per instance family, before it fails the step (its own
+# default: 10 minutes to create, 10 to update, 20 to delete). A P instance (p4d, p5, p6) brings
+# up 4 to 32 network cards and, on a resize, stops and starts with them: 10 minutes is a tight
+# bound there, and a timeout fails `pulumi up` while AWS goes on launching. G gets some room.
+LAUNCH_MINUTES = {"p": 45, "g": 20}
+
+
+def launch_timeouts(instance_type: pulumi.Input[str]) -> pulumi.CustomTimeouts | None:
+    family = instance_type.split(".")[0] if isinstance(instance_type, str) else ""
+    minutes = LAUNCH_MINUTES.get(family[:1]) if family[:1] in LAUNCH_MINUTES and family[1:2].isdigit() else None
+    if minutes is None:
+        return None
+    return pulumi.CustomTimeouts(create=f"{minutes}m", update=f"{minutes}m", delete=f"{minutes}m")
+
+
+def _tag_name(key: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in key)

@@ -57,10 +57,22 @@ INSTANCE_USER_DATA = frozenset({"userData", "userDataBase64"})
 # key pair, a new zone list, new user data, another market (spot, interruption), reservation,
 # placement group or EFA template reach new and replaced nodes only, and never replace,
 # stop or reboot a running one. To move a running node, replace it (pulumi up --replace).
+# associatePublicIpAddress: a worker that was stopped and started has lost its automatic public
+# address, and the provider's read then reports false (terraform-provider-aws#33775, open), which
+# against the program's true would replace the node and its disk on the next `pulumi up`.
 INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES = (
     "ami", "keyName", "subnetId", "userData", "userDataBase64", "launchTemplate", "placementGroup",
-    "capacityReservationSpecification", "instanceMarketOptions",
+    "capacityReservationSpecification", "instanceMarketOptions", "associatePublicIpAddress",
 )
+
+# aws.ec2.SpotInstanceRequest (aws_spot_instance_request): its schema is aws_instance's with every
+# argument made ForceNew except tags and tags_all (internal/service/ec2/ec2_spot_instance_request.go),
+# plus the request's own, also ForceNew. A change to any replaces the request: a new request and
+# instance, the old request cancelled and its instance terminated. So a persistent spot node keeps
+# what every node keeps, and a resize or a new root volume size replaces it (as for one-time spot).
+SPOT_REQUEST_UPDATED_IN_PLACE = frozenset({"tags"})
+SPOT_REQUEST_INPUTS_KEPT_BY_RUNNING_NODES = tuple(
+    k for k in INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES if k != "instanceMarketOptions")
 
 # pulumi-command 1.x (remote.Command, remote.CopyToRemote): only `triggers` replaces a
 # command (pulumi-command#855). Any other change, a new connection included, is an update,
@@ -75,12 +87,15 @@ COMMAND_FORCE_NEW = frozenset({"triggers"})
 KEY_PAIR_FORCE_NEW = frozenset({"publicKey", "keyName", "keyNamePrefix"})
 
 # aws.ec2.EipAssociation (aws_eip_association): every argument is ForceNew, so a replaced
-# instance gets a new association of the same Elastic IP (node_pool.py deletes the old first).
+# instance (a new primary network interface) gets a new association of the same Elastic IP
+# (node_pool.py deletes the old first). Moving from instanceId to networkInterfaceId replaces
+# each association once: the address goes and comes back, the same address.
 EIP_ASSOCIATION_FORCE_NEW = frozenset({"allocationId", "allowReassociation", "instanceId", "networkInterfaceId",
                                        "privateIpAddress", "publicIp"})
 
 KNOWN_TYPES = ("aws:ec2/instance:Instance", "aws:ec2/keyPair:KeyPair", "aws:ec2/eipAssociation:EipAssociation",
-               "command:remote:Command", "command:remote:CopyToRemote")
+               "aws:ec2/spotInstanceRequest:SpotInstanceRequest", "command:remote:Command",
+               "command:remote:CopyToRemote")
 
 
 def replaced_by(typ: str, old: dict, new: dict) -> set[str]:
@@ -93,6 +108,8 @@ def replaced_by(typ: str, old: dict, new: dict) -> set[str]:
         forcing = set(KEY_PAIR_FORCE_NEW)
     elif typ == "aws:ec2/eipAssociation:EipAssociation":
         forcing = set(EIP_ASSOCIATION_FORCE_NEW)
+    elif typ == "aws:ec2/spotInstanceRequest:SpotInstanceRequest":
+        forcing = (set(old) | set(new)) - SPOT_REQUEST_UPDATED_IN_PLACE
     elif typ.startswith("command:remote:"):
         forcing = set(COMMAND_FORCE_NEW)
     else:

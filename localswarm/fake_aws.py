@@ -9,6 +9,7 @@ lookups answer from it, as AWS answers a second `pulumi up` from what the first 
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 
 from settings import aws_lookups
@@ -33,6 +34,10 @@ INSTANCE_TYPES = {
     "g5g.xlarge": ("arm64", [("NVIDIA", "T4g", 1)]),
     "g4ad.xlarge": ("x86_64", [("AMD", "Radeon Pro V520", 1)]),
 }
+# vCPUs per instance (DescribeInstanceTypes' DefaultVCpus): the unit of EC2's instance quotas.
+VCPUS = {"t3.medium": 2, "t3.large": 2, "m7i.large": 2, "m7i.xlarge": 4, "m7g.large": 2, "g4dn.xlarge": 4,
+         "g4dn.12xlarge": 48, "g5.xlarge": 4, "g6.xlarge": 4, "g6e.12xlarge": 48, "p4d.24xlarge": 96,
+         "p5.48xlarge": 192, "g5g.xlarge": 4, "g4ad.xlarge": 4}
 GPU_MEMORY_MIB = {"T4": 15360, "A10G": 23028, "L4": 23034, "L40S": 46068, "A100": 40960, "H100": 81559, "T4g": 15360}
 # EFA: instance type -> (efa_maximum_interfaces, maximum_network_cards), for the types that have it.
 EFA = {"p5.48xlarge": (32, 32), "p4d.24xlarge": (4, 4), "g6e.12xlarge": (1, 1), "g4dn.12xlarge": (1, 1)}
@@ -64,14 +69,41 @@ S3_ENDPOINTS = {VPC: ("vpce-0abc0000000000001", ("rtb-0aaaaaaaaaaaaaaaa",))}
 # Capacity reservations (DescribeCapacityReservations), as aws.ec2.CapacityReservation.get reads them.
 RESERVATION = "cr-0a5a0000000000001"  # On-Demand, p5.48xlarge in us-east-1a
 BLOCK_RESERVATION = "cr-0b10c000000000002"  # a Capacity Block, p5.48xlarge in us-east-1c
+EXPIRED_RESERVATION = "cr-0e0000000000000e1"  # On-Demand, ended at its end date
+SCHEDULED_BLOCK = "cr-0b10c000000000003"  # a Capacity Block bought for later
+EXPIRED_BLOCK = "cr-0b10c000000000004"  # a Capacity Block whose time is over
+BLOCK_START = "2026-12-01T11:30:00Z"
 RESERVATIONS = {
     RESERVATION: {"instanceType": "p5.48xlarge", "availabilityZone": "us-east-1a", "instanceCount": 2,
-                  "instanceMatchCriteria": "targeted", "endDateType": "unlimited", "placementGroupArn": ""},
+                  "instanceMatchCriteria": "targeted", "endDateType": "unlimited", "placementGroupArn": "",
+                  "state": "active", "reservationType": "default"},
     BLOCK_RESERVATION: {"instanceType": "p5.48xlarge", "availabilityZone": "us-east-1c", "instanceCount": 2,
-                        "instanceMatchCriteria": "targeted", "endDateType": "limited", "placementGroupArn": ""},
+                        "instanceMatchCriteria": "targeted", "endDateType": "limited", "placementGroupArn": "",
+                        "state": "active", "reservationType": "capacity-block", "startDate": "2026-11-20T11:30:00Z",
+                        "endDate": "2026-12-04T11:30:00Z"},
     "cr-0d0000000000000d1": {"instanceType": "g6e.12xlarge", "availabilityZone": "us-east-1d", "instanceCount": 1,
-                             "instanceMatchCriteria": "open", "endDateType": "unlimited", "placementGroupArn": ""},
+                             "instanceMatchCriteria": "open", "endDateType": "unlimited", "placementGroupArn": "",
+                             "state": "active", "reservationType": "default"},
+    EXPIRED_RESERVATION: {"instanceType": "p5.48xlarge", "availabilityZone": "us-east-1a", "instanceCount": 2,
+                          "instanceMatchCriteria": "targeted", "endDateType": "limited", "placementGroupArn": "",
+                          "state": "expired", "reservationType": "default", "endDate": "2026-11-01T00:00:00Z"},
+    SCHEDULED_BLOCK: {"instanceType": "p5.48xlarge", "availabilityZone": "us-east-1c", "instanceCount": 2,
+                      "instanceMatchCriteria": "targeted", "endDateType": "limited", "placementGroupArn": "",
+                      "state": "scheduled", "reservationType": "capacity-block", "startDate": BLOCK_START,
+                      "endDate": "2026-12-08T11:30:00Z"},
+    EXPIRED_BLOCK: {"instanceType": "p5.48xlarge", "availabilityZone": "us-east-1c", "instanceCount": 2,
+                    "instanceMatchCriteria": "targeted", "endDateType": "limited", "placementGroupArn": "",
+                    "state": "expired", "reservationType": "capacity-block", "startDate": "2026-11-01T11:30:00Z",
+                    "endDate": "2026-11-08T11:30:00Z"},
 }
+# Service Quotas (GetServiceQuota, service ec2): a generous account unless a test sets ACCOUNT.quotas.
+DEFAULT_QUOTA = 5000.0
+QUOTA_NAMES = {"L-1216C47A": "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances",
+               "L-DB2E81BA": "Running On-Demand G and VT instances", "L-417A185B": "Running On-Demand P instances",
+               "L-34B43A08": "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests",
+               "L-3819A6DF": "All G and VT Spot Instance Requests",
+               "L-7212CCBC": "All P4, P3 and P2 Spot Instance Requests", "L-C4BD4855": "All P5 Spot Instance Requests",
+               "L-0263D0A3": "EC2-VPC Elastic IPs"}
 ACCOUNT_ID = "123456789012"
 
 
@@ -80,13 +112,39 @@ class Account:
     """What exists in the fake account besides the catalogue: what earlier runs of the program made."""
 
     subnets: dict = field(default_factory=dict)  # id -> {"vpcId", "availabilityZone", "tags"}
-    instances: dict = field(default_factory=dict)  # id -> {"state", "tags", "privateIp", "publicIp"}
+    # id -> {"state", "tags", "privateIp", "publicIp", "interfaces", "eni", "elasticIp", "lostPublicIp"}
+    instances: dict = field(default_factory=dict)
+    launch_templates: dict = field(default_factory=dict)  # id -> how many network interfaces it gives
+    addresses: dict = field(default_factory=dict)  # Elastic IP allocation id -> its address
+    # id -> {"state" (active, open, cancelled), "type" (persistent, one-time), "instance"}
+    spot_requests: dict = field(default_factory=dict)
+    quotas: dict = field(default_factory=dict)  # quota code -> value, over DEFAULT_QUOTA
+    quotas_readable: bool = True  # False: the credentials may not call servicequotas:GetServiceQuota
+    generations: dict = field(default_factory=dict)  # resource name -> times replaced (its id changes)
 
     def stop(self, tag_name: str) -> str:
         """Stop the instance whose Name tag is tag_name (a spot reclaim, an operator): its id."""
         found = next(i for i, inst in self.instances.items() if inst["tags"].get("Name") == tag_name)
         self.instances[found]["state"] = "stopped"
         return found
+
+    def stop_and_start(self, tag_name: str) -> str:
+        """Stop and start it again: it keeps its Elastic IP, but loses an automatic public address, and
+        DescribeInstances then reports no public IP (terraform-provider-aws#33775)."""
+        found = self.stop(tag_name)
+        inst = self.instances[found]
+        inst["state"] = "running"
+        if not inst.get("elasticIp"):
+            inst["publicIp"], inst["lostPublicIp"] = None, True
+        return found
+
+    def replace(self, name: str) -> None:
+        """The next run makes a new instance for resource `name` (pulumi up --replace): a new id."""
+        self.generations[name] = self.generations.get(name, 0) + 1
+
+    def live_spot_requests(self) -> list[str]:
+        """Persistent requests not cancelled: AWS keeps (or starts again) an instance for each."""
+        return sorted(i for i, r in self.spot_requests.items() if r["type"] == "persistent" and r["state"] != "cancelled")
 
 
 ACCOUNT = Account()
@@ -96,6 +154,12 @@ def reset_account() -> Account:
     """A fresh account for a fresh stack; the object stays the same, so every importer sees it."""
     ACCOUNT.subnets.clear()
     ACCOUNT.instances.clear()
+    ACCOUNT.launch_templates.clear()
+    ACCOUNT.addresses.clear()
+    ACCOUNT.spot_requests.clear()
+    ACCOUNT.quotas.clear()
+    ACCOUNT.quotas_readable = True
+    ACCOUNT.generations.clear()
     return ACCOUNT
 
 
@@ -105,6 +169,7 @@ def _instance_type(a: dict) -> dict:
     arch, gpus = INSTANCE_TYPES[a["instanceType"]]
     efa, cards = EFA.get(a["instanceType"], (0, 1))
     return {"instanceType": a["instanceType"], "supportedArchitectures": [arch],
+            "defaultVcpus": VCPUS[a["instanceType"]],
             "gpuses": [{"manufacturer": m, "name": n, "count": c, "memorySize": GPU_MEMORY_MIB.get(n, 24576)}
                        for m, n, c in gpus],
             "efaSupported": bool(efa), "efaMaximumInterfaces": efa, "maximumNetworkCards": cards,
@@ -179,13 +244,192 @@ def _instances(a: dict) -> dict:
             "publicIps": [inst.get("publicIp") or "" for _, inst in found], "ipv6Addresses": []}
 
 
+# What the resource aws.ec2.CapacityReservation reads: its schema has no state, type or start date.
+_RESERVATION_READ = ("instanceType", "availabilityZone", "instanceCount", "instanceMatchCriteria", "endDateType",
+                     "placementGroupArn")
+
+
 def capacity_reservation_state(reservation_id: str) -> dict:
-    """What aws.ec2.CapacityReservation.get reads; raises as the provider does for an id it cannot find."""
-    if reservation_id not in RESERVATIONS:
+    """What aws.ec2.CapacityReservation.get reads; raises as the provider does for an id it cannot find.
+
+    The provider's read counts a cancelled or expired reservation as gone (terraform-provider-aws
+    findCapacityReservationByID: NotFound for those states), so reading one fails as an unknown id does."""
+    found = RESERVATIONS.get(reservation_id)
+    if not found or found["state"] in ("cancelled", "expired"):
         raise Exception(f"reading EC2 Capacity Reservation ({reservation_id}): couldn't find resource")
-    return {**RESERVATIONS[reservation_id], "id": reservation_id, "instancePlatform": "Linux/UNIX",
+    return {**{k: found[k] for k in _RESERVATION_READ}, "id": reservation_id, "instancePlatform": "Linux/UNIX",
             "tenancy": "default", "ownerId": ACCOUNT_ID,
             "arn": f"arn:aws:ec2:{REGION}:{ACCOUNT_ID}:capacity-reservation/{reservation_id}"}
+
+
+def _capacity_block(a: dict) -> dict:
+    """aws.ec2.get_capacity_block_reservation: Capacity Blocks only, in every state DescribeCapacityReservations shows."""
+    found = RESERVATIONS.get(a.get("id") or "")
+    if not found or found["reservationType"] != "capacity-block":
+        raise Exception("reading EC2 Capacity Block Reservation: empty result")
+    return {**found, "id": a["id"], "capacityBlockId": f"cb-{a['id'][3:]}", "ownerId": ACCOUNT_ID,
+            "arn": f"arn:aws:ec2:{REGION}:{ACCOUNT_ID}:capacity-reservation/{a['id']}"}
+
+
+def _cloudcontrol(a: dict) -> dict:
+    """aws.cloudcontrol.get_resource for AWS::EC2::CapacityReservation: its properties as JSON. A read of a
+    reservation that has ended answers as the provider's does (not found): Cloud Control's read follows
+    CloudFormation's contract, where a deleted resource is NotFound."""
+    if a.get("typeName") != "AWS::EC2::CapacityReservation":
+        raise Exception(f"no fake AWS answer for Cloud Control type {a.get('typeName')}")
+    found = RESERVATIONS.get(a.get("identifier") or "")
+    if not found or found["state"] in ("cancelled", "expired"):
+        raise Exception(f"reading Cloud Control API (AWS::EC2::CapacityReservation) resource "
+                        f"({a.get('identifier')}): ResourceNotFoundException: Resource of type "
+                        f"'AWS::EC2::CapacityReservation' with identifier '{a.get('identifier')}' was not found.")
+    props = {"Id": a["identifier"], "InstanceType": found["instanceType"], "AvailabilityZone": found["availabilityZone"],
+             "InstanceCount": found["instanceCount"], "TotalInstanceCount": found["instanceCount"],
+             "InstancePlatform": "Linux/UNIX", "Tenancy": "default", "EndDateType": found["endDateType"],
+             "InstanceMatchCriteria": found["instanceMatchCriteria"]}
+    return {"id": a["identifier"], "typeName": a["typeName"], "identifier": a["identifier"],
+            "properties": json.dumps(props)}
+
+
+def _service_quota(a: dict) -> dict:
+    """aws.servicequotas.get_service_quota by code; AccessDenied when the credentials may not read quotas."""
+    code = a.get("quotaCode")
+    if not ACCOUNT.quotas_readable:
+        raise Exception(f"reading Service Quotas Service Quota ({a.get('serviceCode')}/{code}): operation error "
+                        "Service Quotas: GetServiceQuota, https response error StatusCode: 400, AccessDeniedException: "
+                        f"User: arn:aws:iam::{ACCOUNT_ID}:user/operator is not authorized to perform: "
+                        "servicequotas:GetServiceQuota")
+    if a.get("serviceCode") != "ec2" or code not in QUOTA_NAMES:
+        raise Exception(f"reading Service Quotas Service Quota ({a.get('serviceCode')}/{code}): NoSuchResourceException")
+    value = float(ACCOUNT.quotas.get(code, DEFAULT_QUOTA))
+    return {"id": f"{a['serviceCode']}/{code}", "quotaCode": code, "quotaName": QUOTA_NAMES[code],
+            "serviceCode": "ec2", "serviceName": "Amazon Elastic Compute Cloud (Amazon EC2)", "value": value,
+            "defaultValue": value, "adjustable": True, "globalQuota": False, "region": REGION, "usageMetrics": [],
+            "arn": f"arn:aws:servicequotas:{REGION}:{ACCOUNT_ID}:ec2/{code}"}
+
+
+def delete(typ: str, resource_id: str) -> None:
+    """What the provider's Delete does to the account (pulumi destroy, or the old half of a replacement).
+
+    Terminating an instance that a persistent spot request launched leaves the request open: AWS
+    launches another instance for it (EC2 User Guide, "Terminate a Spot Instance"; that is
+    terraform-provider-aws#38142). Deleting an aws.ec2.SpotInstanceRequest cancels the request,
+    then terminates its instance."""
+    if typ == "aws:ec2/instance:Instance" and resource_id in ACCOUNT.instances:
+        ACCOUNT.instances[resource_id]["state"] = "terminated"
+        for request in ACCOUNT.spot_requests.values():
+            if request["instance"] == resource_id and request["type"] == "persistent":
+                request["state"] = "open"
+    elif typ == "aws:ec2/spotInstanceRequest:SpotInstanceRequest" and resource_id in ACCOUNT.spot_requests:
+        request = ACCOUNT.spot_requests[resource_id]
+        request["state"] = "cancelled"
+        if request["instance"] in ACCOUNT.instances:
+            ACCOUNT.instances[request["instance"]]["state"] = "terminated"
+
+
+def _digest(text: str, n: int = 17) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:n]
+
+
+def launch(name: str, inputs: dict) -> tuple[str, dict]:
+    """RunInstances for the resource `name`: its id and what the provider reports.
+
+    Addresses follow the name, so two runs of the program (the plan tests) agree; a name that
+    was replaced (Account.replace) gets a new id. An instance launched from a template with
+    several network interfaces has several, and no automatic public address."""
+    generation = ACCOUNT.generations.get(name, 0)
+    instance_id = f"i-{_digest(name if not generation else f'{name}#{generation}')}"
+    n = int(_digest(name, 8), 16)
+    state = dict(inputs)
+    state["privateIp"] = f"10.42.{n // 250 % 250}.{n % 250 + 4}"
+    template = (inputs.get("launchTemplate") or {}).get("id")
+    interfaces = ACCOUNT.launch_templates.get(template, 1)
+    if inputs.get("associatePublicIpAddress") and interfaces == 1:
+        state["publicIp"] = f"54.{n // 65536 % 256}.{n // 256 % 256}.{n % 256}"
+    state["primaryNetworkInterfaceId"] = f"eni-{_digest(instance_id)}"
+    known = ACCOUNT.instances.get(instance_id, {})
+    record = {"state": known.get("state", "running"), "tags": dict(inputs.get("tags") or {}),
+              "privateIp": state["privateIp"], "publicIp": state.get("publicIp"), "interfaces": interfaces,
+              "eni": state["primaryNetworkInterfaceId"], "elasticIp": known.get("elasticIp"),
+              "lostPublicIp": known.get("lostPublicIp", False)}
+    if record["elasticIp"]:
+        record["publicIp"] = record["elasticIp"]
+    elif record["lostPublicIp"]:
+        record["publicIp"] = None
+    ACCOUNT.instances[instance_id] = record
+    spot = ((inputs.get("instanceMarketOptions") or {}).get("spotOptions") or {})
+    if spot.get("spotInstanceType") == "persistent":  # RunInstances makes the request that keeps the instance
+        ACCOUNT.spot_requests.setdefault(f"sir-{_digest(instance_id, 8)}", {
+            "state": "active", "type": "persistent", "instance": instance_id})
+    return instance_id, state
+
+
+def request_spot(name: str, inputs: dict) -> tuple[str, dict]:
+    """RequestSpotInstances (aws.ec2.SpotInstanceRequest, wait_for_fulfillment): the request and its instance.
+
+    Ids follow the name, as launch's do; a replaced request (Account.replace: the engine made a new
+    one) has new ones."""
+    generation = ACCOUNT.generations.get(name, 0)
+    request_id = f"sir-{_digest(name if not generation else f'{name}#{generation}', 8)}"
+    instance_id, state = launch(f"{name}/{request_id}", {**inputs, "tags": {}})
+    ACCOUNT.instances[instance_id]["tags"] = {}  # the request's tags stay on the request
+    ACCOUNT.spot_requests[request_id] = {"state": "active", "type": inputs.get("spotType") or "persistent",
+                                         "instance": instance_id}
+    return request_id, {**state, "spotInstanceId": instance_id, "spotRequestState": "active",
+                        "spotBidStatus": "fulfilled"}
+
+
+def allocate_address(name: str, inputs: dict) -> tuple[str, dict]:
+    """AllocateAddress: an address that follows the name, so two runs agree."""
+    n = int(_digest(name, 8), 16)
+    allocation = f"eipalloc-{_digest(name)}"
+    ACCOUNT.addresses[allocation] = f"3.{n // 65536 % 256}.{n // 256 % 256}.{n % 256}"
+    return allocation, {**inputs, "publicIp": ACCOUNT.addresses[allocation], "allocationId": allocation}
+
+
+def launch_template(name: str, inputs: dict) -> tuple[str, dict]:
+    template_id = f"lt-{_digest(name)}"
+    ACCOUNT.launch_templates[template_id] = max(1, len(inputs.get("networkInterfaces") or []))
+    return template_id, {**inputs, "latestVersion": 1}
+
+
+def tag(inputs: dict) -> None:
+    """CreateTags on an instance (aws.ec2.Tag)."""
+    if inputs.get("resourceId") in ACCOUNT.instances:
+        ACCOUNT.instances[inputs["resourceId"]]["tags"][inputs["key"]] = inputs["value"]
+
+
+def associate_address(inputs: dict) -> str:
+    """AssociateAddress, as EC2 answers it. By instance id only for an instance with one network interface."""
+    if inputs.get("instanceId"):
+        instance_id = inputs["instanceId"]
+        inst = ACCOUNT.instances.get(instance_id)
+        if inst and inst["interfaces"] > 1:
+            raise Exception(f"associating EC2 EIP ({inputs.get('allocationId')}): operation error EC2: "
+                            f"AssociateAddress, https response error StatusCode: 400, api error InvalidInstanceID: "
+                            f"There are multiple interfaces attached to instance '{instance_id}'. Please specify an "
+                            "interface ID for the operation instead.")
+    else:
+        instance_id = next((i for i, inst in ACCOUNT.instances.items() if inst["eni"] == inputs.get("networkInterfaceId")),
+                           None)
+        if instance_id is None:
+            raise Exception(f"associating EC2 EIP ({inputs.get('allocationId')}): InvalidNetworkInterfaceID.NotFound: "
+                            f"The networkInterface ID '{inputs.get('networkInterfaceId')}' does not exist")
+    public_ip = ACCOUNT.addresses.get(inputs.get("allocationId"))
+    if public_ip is None:
+        raise Exception(f"associating EC2 EIP: InvalidAllocationID.NotFound: {inputs.get('allocationId')}")
+    if instance_id in ACCOUNT.instances:
+        ACCOUNT.instances[instance_id].update(elasticIp=public_ip, publicIp=public_ip)
+    return public_ip
+
+
+def refreshed(typ: str, resource_id: str, inputs: dict) -> dict:
+    """The inputs a refresh reads back for a resource (the bridged provider reads them from AWS's answer)."""
+    if typ == "aws:ec2/spotInstanceRequest:SpotInstanceRequest" and resource_id in ACCOUNT.spot_requests:
+        resource_id, typ = ACCOUNT.spot_requests[resource_id]["instance"], "aws:ec2/instance:Instance"
+    inst = ACCOUNT.instances.get(resource_id) if typ == "aws:ec2/instance:Instance" else None
+    if inst and inst.get("lostPublicIp") and "associatePublicIpAddress" in inputs:
+        return {**inputs, "associatePublicIpAddress": False}
+    return inputs
 
 
 def _route_tables(a: dict) -> dict:
@@ -221,6 +465,9 @@ ANSWERS = {
     "aws:ec2/getInstances:getInstances": _instances,
     "aws:ec2/getRouteTables:getRouteTables": _route_tables,
     "aws:ec2/getVpcEndpoint:getVpcEndpoint": _vpc_endpoint,
+    "aws:ec2/getCapacityBlockReservation:getCapacityBlockReservation": _capacity_block,
+    "aws:cloudcontrol/getResource:getResource": _cloudcontrol,
+    "aws:servicequotas/getServiceQuota:getServiceQuota": _service_quota,
 }
 
 

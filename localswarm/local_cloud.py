@@ -34,6 +34,7 @@ from localswarm import fake_aws, machines, object_store, ssh
 from localswarm.network import BRIDGE_ADDR, SUBNET
 
 INSTANCE = "aws:ec2/instance:Instance"
+SPOT_REQUEST = "aws:ec2/spotInstanceRequest:SpotInstanceRequest"  # a node of a persistent spot pool
 COMMAND = "command:remote:Command"
 
 
@@ -93,7 +94,7 @@ class LocalCloud(pulumi_mocks.Mocks):
                     inputs[key] = before["inputs"][key]
                 else:
                     inputs.pop(key, None)
-        handler = {INSTANCE: self._instance, COMMAND: self._command,
+        handler = {INSTANCE: self._instance, SPOT_REQUEST: self._spot_request, COMMAND: self._command,
                    "aws:s3/bucketObjectv2:BucketObjectv2": self._object, "aws:s3/bucket:Bucket": self._bucket,
                    "aws:ec2/keyPair:KeyPair": self._key_pair, "aws:ec2/eip:Eip": self._eip,
                    "aws:ec2/eipAssociation:EipAssociation": self._eip_association,
@@ -146,17 +147,22 @@ class LocalCloud(pulumi_mocks.Mocks):
         return (before["id"] if before and change == "update" else f"{name}-{uuid.uuid4().hex[:8]}",
                 {**inputs, "stdout": result.stdout, "stderr": result.stderr})
 
-    def _instance(self, name: str, inputs: dict, before: dict | None):
-        change = self._change(INSTANCE, before, inputs)
+    def _spot_request(self, name: str, inputs: dict, before: dict | None):
+        """A persistent spot request is a machine too: its id is the request's, its instance's is spotInstanceId."""
+        return self._instance(name, inputs, before, typ=SPOT_REQUEST)
+
+    def _instance(self, name: str, inputs: dict, before: dict | None, typ: str = INSTANCE):
+        change = self._change(typ, before, inputs)
         if change in ("same", "update"):
             # An in-place change (a resize, new tags) changes nothing a machine can show.
-            self._record(name, INSTANCE, change)
+            self._record(name, typ, change)
             return before["id"], {**before["outputs"], **inputs}
         if change == "replace":
             self._terminate(before)
         with self.lock:
             index, self.next_index = self.next_index, self.next_index + 1
         instance_id = f"i-{hashlib.sha1(f'{name}/{index}/{time.time()}'.encode()).hexdigest()[:17]}"
+        eni = f"eni-{hashlib.sha1(instance_id.encode()).hexdigest()[:17]}"
         hostname = inputs["tags"]["Name"]
         gpus = [{"uuid": f"GPU-{uuid.uuid4()}", "name": f"NVIDIA {model}", "memory_mib": memory}
                 for model, memory in fake_aws.gpus_of(inputs["instanceType"])]
@@ -166,15 +172,21 @@ class LocalCloud(pulumi_mocks.Mocks):
             meta_data={"instance-id": instance_id, "local-hostname": hostname, "public-keys": [public_key]},
             gpus=gpus, hosts={host: BRIDGE_ADDR for host in self._bucket_hosts()})
         with self.lock:
-            self.machines_by_instance[instance_id] = {"machine": machine.name, "index": index, "hostname": hostname,
-                                                      "role": inputs["tags"].get("gpu-swarm:role", "worker")}
-        self._record(name, INSTANCE, change, host=machine.address)
+            record = {"machine": machine.name, "index": index, "hostname": hostname, "eni": eni,
+                      "role": inputs["tags"].get("gpu-swarm:role", "worker")}
+            self.machines_by_instance[instance_id] = record
+        self._record(name, typ, change, host=machine.address)
         self.say(f"{name}: machine {machine.name} ({hostname}, {len(gpus)} GPU) booting at {machine.address}")
-        return instance_id, {**inputs, "privateIp": machine.address, "publicIp": machine.address,
-                             "instanceState": "running"}
+        outputs = {**inputs, "privateIp": machine.address, "publicIp": machine.address, "instanceState": "running",
+                   "primaryNetworkInterfaceId": eni}
+        if typ == SPOT_REQUEST:  # the resource is the request; the machine is its instance
+            request_id = f"sir-{hashlib.sha1(instance_id.encode()).hexdigest()[:8]}"
+            return request_id, {**outputs, "spotInstanceId": instance_id, "spotRequestState": "active"}
+        return instance_id, outputs
 
     def _terminate(self, resource: dict) -> None:
-        record = self.machines_by_instance.pop(resource["id"], None)
+        # A spot request's machine is its instance's (deleting the request cancels it, then terminates that).
+        record = self.machines_by_instance.pop(resource["outputs"].get("spotInstanceId") or resource["id"], None)
         if record:
             machines.terminate(machines.Machine(record["machine"], record["index"]))
             self.say(f"machine {record['machine']} ({record['hostname']}) terminated")
@@ -244,7 +256,10 @@ class LocalCloud(pulumi_mocks.Mocks):
         with self.lock:
             address = next(r["outputs"]["publicIp"] for r in (*self.current.values(), *self.previous.values())
                            if r["type"] == "aws:ec2/eip:Eip" and r["id"] == inputs["allocationId"])
-            record = self.machines_by_instance.get(inputs["instanceId"])
+            # Through the instance's primary network interface, as the program associates it (node_pool.py).
+            record = next((r for r in self.machines_by_instance.values()
+                           if r.get("eni") == inputs.get("networkInterfaceId")), None) \
+                or self.machines_by_instance.get(inputs.get("instanceId"))
         if record:  # `addr replace`: the same again changes nothing
             run_quiet(["ip", "-n", machines.Machine(record["machine"], record["index"]).netns, "addr", "replace",
                        f"{address}/{SUBNET.prefixlen}", "dev", "eth0"])
@@ -261,7 +276,7 @@ class LocalCloud(pulumi_mocks.Mocks):
         gone = [name for name in self.previous if name not in self.current]
         for name in gone:
             resource = self.previous[name]
-            if resource["type"] == INSTANCE:
+            if resource["type"] in (INSTANCE, SPOT_REQUEST):
                 self._terminate(resource)
             elif resource["type"] == "aws:s3/bucketObjectv2:BucketObjectv2":
                 object_store.object_path(resource["outputs"]["bucket"], resource["inputs"]["key"]).unlink(missing_ok=True)

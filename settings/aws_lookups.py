@@ -179,10 +179,18 @@ def cluster_subnet_zones(cluster: str) -> dict[str, str]:
         raise _aws_error(exc) from None
 
 
-def running_instances(cluster: str, role: str) -> tuple[str, ...]:
-    """IDs of this cluster's instances of `role` that are running now; () when none (a new cluster)."""
-    try:
-        return tuple(aws.ec2.get_instances(instance_tags={CLUSTER_TAG: cluster, ROLE_TAG: role},
-                                           instance_state_names=["running"]).ids or ())
-    except Exception as exc:
-        raise _aws_error(exc) from None
+def running_names(cluster: str, role: str, names: list[str]) -> tuple[str, ...]:
+    """Which of `names` (Name tags) name an instance of this cluster and role that is running now.
+
+    One lookup per name: aws.ec2.get_instances answers ids, not tags, and a name is what stays
+    when an instance is replaced."""
+    running = []
+    for name in names:
+        try:
+            ids = aws.ec2.get_instances(instance_tags={CLUSTER_TAG: cluster, ROLE_TAG: role, "Name": name},
+                                        instance_state_names=["running"]).ids or ()
+        except Exception as exc:
+            raise _aws_error(exc) from None
+        if ids:
+            running.append(name)
+    return tuple(running)

@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import pulumi
 import pytest
 import yaml
@@ -54,28 +55,23 @@ class AwsMocks(pulumi_mocks.Mocks):
                 return args.resource_id, fake_aws.capacity_reservation_state(args.resource_id)
             raise Exception(f"no fake AWS state to read for {args.typ} {args.resource_id}")
         if args.typ == "aws:ec2/instance:Instance":
-            # Addresses follow the name, so two runs of the program (the plan tests) agree.
-            n = int(hashlib.sha1(args.name.encode()).hexdigest()[:8], 16)
-            state["privateIp"] = f"10.42.{n // 250 % 250}.{n % 250 + 4}"
-            if state.get("associatePublicIpAddress"):
-                state["publicIp"] = f"54.{n // 65536 % 256}.{n // 256 % 256}.{n % 256}"
-            instance_id = f"i-{hashlib.sha1(args.name.encode()).hexdigest()[:17]}"
-            known = ACCOUNT.instances.get(instance_id, {})
-            ACCOUNT.instances[instance_id] = {"state": known.get("state", "running"), "tags": dict(state.get("tags") or {}),
-                                              "privateIp": state["privateIp"], "publicIp": state.get("publicIp")}
-            return instance_id, state
+            return fake_aws.launch(args.name, state)
+        if args.typ == "aws:ec2/spotInstanceRequest:SpotInstanceRequest":
+            return fake_aws.request_spot(args.name, state)
+        if args.typ == "aws:ec2/tag:Tag":
+            fake_aws.tag(state)
         if args.typ == "aws:ec2/eip:Eip":
-            n = int(hashlib.sha1(args.name.encode()).hexdigest()[:8], 16)
-            state.update(publicIp=f"3.{n // 65536 % 256}.{n // 256 % 256}.{n % 256}",
-                         allocationId=f"eipalloc-{hashlib.sha1(args.name.encode()).hexdigest()[:17]}")
-            return state["allocationId"], state
+            return fake_aws.allocate_address(args.name, state)
+        if args.typ == "aws:ec2/eipAssociation:EipAssociation":
+            state["publicIp"] = fake_aws.associate_address(state)
+            return f"eipassoc-{hashlib.sha1(args.name.encode()).hexdigest()[:17]}", state
         if args.typ == "aws:ec2/subnet:Subnet":
             subnet_id = f"{args.name}-id"
             ACCOUNT.subnets[subnet_id] = {"vpcId": state.get("vpcId"), "availabilityZone": state["availabilityZone"],
                                           "tags": dict(state.get("tags") or {})}
             return subnet_id, state
         if args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
-            return f"lt-{hashlib.sha1(args.name.encode()).hexdigest()[:17]}", {**state, "latestVersion": 1}
+            return fake_aws.launch_template(args.name, state)
         if args.typ == "aws:ec2/placementGroup:PlacementGroup":
             return args.name, {**state, "name": state.get("name") or f"{args.name}-pg"}
         if args.typ == "tls:index/privateKey:PrivateKey":
@@ -150,12 +146,25 @@ def command_stdout(name: str, create: str) -> str:
     return ""
 
 
+class _InvokeError(grpc.RpcError):
+    def __init__(self, details: str):
+        super().__init__(details)
+        self._details = details
+
+    def code(self):
+        return grpc.StatusCode.UNKNOWN
+
+    def details(self):
+        return self._details
+
+
 class RecordingMonitor(pulumi_mocks.MockMonitor):
     """Keeps every RegisterResource request by resource name, and every registered output."""
 
     def __init__(self, mocks: pulumi_mocks.Mocks):
         super().__init__(mocks)
         self.requests = {}
+        self.ids = {}  # resource name -> the id its provider gave it
         self.reads = {}
         self.duplicate_names = []
         self.outputs = {}
@@ -164,7 +173,17 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         if request.name in self.requests:
             self.duplicate_names.append(request.name)
         self.requests[request.name] = request
-        return super().RegisterResource(request)
+        response = super().RegisterResource(request)
+        self.ids[request.name] = response.id
+        return response
+
+    def Invoke(self, request):
+        """A data source that fails reaches the program as the engine hands it over: a gRPC error,
+        which the SDK raises to the caller alone (it may catch it), not as an unhandled failure."""
+        try:
+            return super().Invoke(request)
+        except Exception as exc:  # the mock's answer for a lookup AWS refuses
+            raise _InvokeError(f"invocation of {request.tok} returned an error: {exc}") from None
 
     def ReadResource(self, request):  # Resource.get: what the program reads, kept apart (no inputs of its own)
         self.reads[request.name] = request

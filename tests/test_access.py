@@ -60,8 +60,10 @@ def test_managers_keep_their_address_an_elastic_ip_each(prod):
     assert {"gpu-swarm-managers-0-ip", "gpu-swarm-managers-1-ip", "gpu-swarm-managers-2-ip"} <= set(eips)
     for i in range(3):
         association = prod.plain(f"gpu-swarm-managers-{i}-ip-association")
-        assert association["instanceId"] == "i-" + __import__("hashlib").sha1(
-            f"gpu-swarm-managers-{i}".encode()).hexdigest()[:17]
+        # Through the instance's primary interface (the mock's eni- follows the instance id), never by instance id.
+        instance_id = prod.run.monitor.ids[f"gpu-swarm-managers-{i}"]
+        assert association["networkInterfaceId"] == "eni-" + __import__("hashlib").sha1(
+            instance_id.encode()).hexdigest()[:17] and "instanceId" not in association
         # A replaced manager gets the same address: the old association goes first.
         assert prod.requests[f"gpu-swarm-managers-{i}-ip-association"].deleteBeforeReplace
     ips = prod.run.exports["managerPublicIps"]

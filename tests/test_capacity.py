@@ -78,10 +78,17 @@ def test_efa_nodes_install_efa_and_say_how_many_interfaces_they_have(prod):
     assert "install-efa" not in prod.plain("gpu-swarm-rollout-inference-0-upgrade")["create"]
 
 
-def test_a_stop_spot_pool_asks_for_a_persistent_request(prod):
+def test_a_stop_spot_pool_asks_for_a_persistent_request_of_its_own(prod):
     for name in ("gpu-swarm-inference-0", "gpu-swarm-inference-1"):
-        assert prod.plain(name)["instanceMarketOptions"] == {"marketType": "spot", "spotOptions": {
-            "spotInstanceType": "persistent", "instanceInterruptionBehavior": "stop"}}, name
+        request = prod.plain(name)
+        assert prod.requests[name].type == "aws:ec2/spotInstanceRequest:SpotInstanceRequest"
+        assert (request["spotType"], request["instanceInterruptionBehavior"], request["waitForFulfillment"]) == (
+            "persistent", "stop", True), name
+        assert "instanceMarketOptions" not in request
+        # The request's tags stay on it: the instance is tagged on its own, with the same tags.
+        tags = {prod.plain(t)["key"]: prod.plain(t)["value"] for t in prod.of_type("aws:ec2/tag:Tag")
+                if t.startswith(f"{name}-tag-")}
+        assert tags == request["tags"] and tags["gpu-swarm:pool"] == "inference", name
     assert "instanceMarketOptions" not in prod.plain("gpu-swarm-training-0")
 
 

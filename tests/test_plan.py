@@ -17,6 +17,7 @@ import pytest
 
 import node_software
 from components import provider_facts, swarm_health
+from localswarm import fake_aws
 from tests.conftest import CUSTOM_AMI, CUSTOM_AMI_NEXT, request_inputs, run_program, stack_config, unwrap
 
 INSTANCE = "aws:ec2/instance:Instance"
@@ -48,24 +49,35 @@ HEALTH_READ = "gpu-swarm-health-read"  # reads each node's condition at every `p
 
 
 def plan(config_a: dict, config_b: dict, *, between=None, secret_keys=(), stack: str = "prod",
-         monkeypatch=None) -> Plan:
+         monkeypatch=None, refresh: bool = False) -> Plan:
     """Run the program with config A, then (after `between()`, if given) with config B; diff them.
 
     The two runs are two `pulumi up`s, a minute apart: the health read that runs at each
-    up is checked to be an update of its script alone, and left out of the result."""
+    up is checked to be an update of its script alone, and left out of the result.
+    refresh: the second up starts from what AWS reports after `between` (pulumi up --refresh),
+    not from what the first up registered. What the plan deletes or replaces is then deleted
+    in the fake account, as the engine's last steps do (fake_aws.delete)."""
     stamps = iter(["2026-11-23T01:00:00+00:00", "2026-11-23T01:01:00+00:00"])
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(swarm_health, "read_stamp", lambda: next(stamps))
-        a = _registered(run_program(config_a, secret_keys, stack=stack))
+        first = run_program(config_a, secret_keys, stack=stack)
+        a = _registered(first)
         if between:
             between()
+        if refresh:
+            a = {name: (typ, fake_aws.refreshed(typ, first.monitor.ids[name], old), req)
+                 for name, (typ, old, req) in a.items()}
         # AWS still holds what the first up made: its subnets, its instances (tests/conftest.py).
-        b = _registered(run_program(config_b, secret_keys, stack=stack, keep_account=True))
+        second = run_program(config_b, secret_keys, stack=stack, keep_account=True)
+        b = _registered(second)
     result = Plan(created=set(b) - set(a), deleted=set(a) - set(b),
                   instances={n for n, (typ, _, _) in b.items() if typ in (INSTANCE, SPOT_REQUEST)})
     for name in set(a) & set(b):
         typ, old, _ = a[name]
-        _, new, request = b[name]
+        new_type, new, request = b[name]
+        if new_type != typ:  # another kind of resource under the same name: the engine replaces it
+            result.replaced[name] = {"type"}
+            continue
         ignored = set(request.ignoreChanges)  # top-level inputs a running resource keeps
         old = {k: v for k, v in old.items() if k not in ignored}
         new = {k: v for k, v in new.items() if k not in ignored}
@@ -77,6 +89,9 @@ def plan(config_a: dict, config_b: dict, *, between=None, secret_keys=(), stack:
             result.replaced[name] = forcing
         else:
             result.updated[name] = {k for k in set(old) | set(new) if old.get(k) != new.get(k)}
+    for name in result.deleted | set(result.replaced):  # the engine deletes the old ones last
+        if name in result.deleted or first.monitor.ids[name] != second.monitor.ids[name]:
+            fake_aws.delete(a[name][0], first.monitor.ids[name])
     read = result.updated.pop(HEALTH_READ, None)
     assert read is None or "create" in read and read <= {"create", "connection"}, read  # None: inventoryEachUp off
     return result

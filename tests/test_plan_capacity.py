@@ -40,11 +40,17 @@ def test_placement_market_and_reservation_reach_new_nodes_only():
                  "interruption": "stop", "sharing": {"slotsPerGpu": 4}}
     pools = [{"name": "training", "instanceType": "p5.48xlarge", "count": 1, "rootVolumeGiB": 500,
               "capacityReservation": RESERVATION, "placement": "cluster", "efa": True}]
-    changed = stack_config("prod", gpuPools=[*pools, {**inference, "interruption": "terminate", "placement": "cluster"}])
-    result = plan(PROD, changed)
+    one_time = {**inference, "interruption": "terminate"}
+    changed = stack_config("prod", gpuPools=[*pools, {**one_time, "marketType": "on-demand", "interruption": None,
+                                                      "placement": "cluster"}])
+    result = plan(stack_config("prod", gpuPools=[*pools, one_time]), changed)
     assert result.instances_replaced() == {} and not result.updated.keys() & result.instances
     assert result.created == {"gpu-swarm-inference-placement"}  # the group, for new nodes
     assert not result.deleted
+    # A persistent spot node is a request of its own (components/capacity.py): moving a pool to or
+    # from `interruption: stop` makes each node another kind of resource, a new node.
+    result = plan(PROD, stack_config("prod", gpuPools=[*pools, one_time]))
+    assert result.instances_replaced() == {"gpu-swarm-inference-0": {"type"}, "gpu-swarm-inference-1": {"type"}}
 
 
 def test_managers_that_are_stopped_and_started_keep_their_address_and_nothing_runs_again(monkeypatch):
@@ -74,7 +80,13 @@ def test_a_spot_node_reclaimed_with_terminate_is_replaced_by_the_next_up_and_no_
         rid, state = real(self, args)
         return ("i-0replacement00000001" if args.name == "gpu-swarm-inference-1" else rid), state
 
-    result = plan(PROD, PROD, between=lambda: monkeypatch.setattr(conftest.AwsMocks, "new_resource", reclaimed))
+    one_time = stack_config("prod", gpuPools=[
+        {"name": "training", "instanceType": "p5.48xlarge", "count": 1, "rootVolumeGiB": 500,
+         "capacityReservation": RESERVATION, "placement": "cluster", "efa": True},
+        {"name": "inference", "instanceType": "g6e.12xlarge", "count": 2, "marketType": "spot",
+         "sharing": {"slotsPerGpu": 4}}])
+    result = plan(one_time, one_time,
+                  between=lambda: monkeypatch.setattr(conftest.AwsMocks, "new_resource", reclaimed))
     touched = {n for n in result.changed() if n not in ("gpu-swarm-reconcile-run",)}
     assert touched and all("inference-1" in n for n in touched), touched
     assert {f"gpu-swarm-boot-inference-1-{s}" for s in ("wait", "access", "health")} <= set(result.replaced)

@@ -44,7 +44,11 @@ class Graph:
         return {n: self.plain(n) for n in self.of_type("command:remote:Command") if n.endswith(suffix)}
 
     def instances(self):
-        return {n: self.plain(n) for n in self.of_type("aws:ec2/instance:Instance")}
+        """Every node: instances, and the spot requests of persistent spot pools (each holds its instance)."""
+        return {n: self.plain(n) for n, r in self.requests.items() if r.type in NODE_TYPES}
+
+
+NODE_TYPES = ("aws:ec2/instance:Instance", "aws:ec2/spotInstanceRequest:SpotInstanceRequest")
 
 
 @pytest.fixture(scope="module")
@@ -88,11 +92,12 @@ def test_instances_carry_name_role_pool_and_user_tags(prod):
 def test_spot_only_where_configured(prod):
     for name, inst in prod.instances().items():
         market = inst.get("instanceMarketOptions")
-        if inst["tags"]["gpu-swarm:pool"] == "inference":  # interruption: stop (tests/test_capacity.py)
-            assert market == {"marketType": "spot", "spotOptions": {
-                "spotInstanceType": "persistent", "instanceInterruptionBehavior": "stop"}}, name
-        else:
+        if inst["tags"]["gpu-swarm:pool"] == "inference":  # interruption: stop: a request of its own (test_capacity)
+            assert prod.requests[name].type == "aws:ec2/spotInstanceRequest:SpotInstanceRequest", name
+            assert (inst["spotType"], inst["instanceInterruptionBehavior"]) == ("persistent", "stop"), name
             assert market is None, name
+        else:
+            assert prod.requests[name].type == "aws:ec2/instance:Instance" and market is None, name
 
 
 def test_images_managers_ubuntu_gpu_nodes_deep_learning(prod):
@@ -104,7 +109,10 @@ def test_images_managers_ubuntu_gpu_nodes_deep_learning(prod):
 def test_running_nodes_keep_what_only_matters_at_creation(prod):
     """A new AMI release, a rotated key, another zone list or new user data never touch a running node."""
     for name in prod.instances():
-        assert set(prod.requests[name].ignoreChanges) == set(provider_facts.INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES)
+        kept = provider_facts.INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES if prod.requests[name].type == \
+            "aws:ec2/instance:Instance" else provider_facts.SPOT_REQUEST_INPUTS_KEPT_BY_RUNNING_NODES
+        assert set(prod.requests[name].ignoreChanges) == set(kept), name
+        assert "associatePublicIpAddress" in kept  # a stop loses the automatic address (tests/test_plan_aws.py)
         assert prod.plain(name)["userDataReplaceOnChange"] is False
 
 
@@ -224,7 +232,7 @@ def test_nothing_but_the_instance_comes_before_a_nodes_boot(prod):
     for name in prod.commands("-wait"):
         before = ancestors(prod, name)
         assert not [n for n in before if prod.requests[n].type.startswith("command:")], name
-        assert any(prod.requests[n].type == "aws:ec2/instance:Instance" for n in before), name
+        assert any(prod.requests[n].type in NODE_TYPES for n in before), name
 
 
 def test_every_command_on_a_node_comes_after_its_boot(prod):
@@ -304,9 +312,12 @@ def test_the_boot_wait_reports_and_the_upgrade_names_the_nodes_release(prod):
     assert len(waits) == 6
     for name, cmd in waits.items():
         assert "cloud-init status --wait" in cmd["create"] and "systemd-run" in cmd["create"], name
-        assert cmd["triggers"] == [prod.plain(name.replace("-boot-", "-").replace("-wait", "")) and
-                                   "i-" + hashlib.sha1(name.replace("-boot-", "-").replace("-wait", "").encode()
-                                                       ).hexdigest()[:17]], name
+        node = name.replace("-boot-", "-").replace("-wait", "")
+        (trigger,) = cmd["triggers"]
+        if prod.requests[node].type == "aws:ec2/instance:Instance":
+            assert trigger == prod.run.monitor.ids[node] == "i-" + hashlib.sha1(node.encode()).hexdigest()[:17], name
+        else:  # a spot request's instance, not the request
+            assert trigger.startswith("i-") and prod.run.monitor.ids[node].startswith("sir-"), name
     upgrades = prod.commands("-upgrade")
     training = inner(upgrades["gpu-swarm-rollout-training-0-upgrade"])
     assert 'GPU_SWARM_STEPS="install-docker install-nvidia-driver install-fabric-manager' in training
