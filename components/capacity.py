@@ -23,14 +23,18 @@ import pulumi_aws as aws
 from pulumi.resource_hooks import ErrorHook, ErrorHookArgs
 
 from settings import GpuPool
+from settings.quota_checks import ELASTIC_IPS, how_to_raise, vcpu_quota
 from settings.reader import key
 
 # What EC2 answers when it has no capacity for the request (RunInstances error codes and the
 # spot request's status), and what a full or missing reservation answers.
 CAPACITY_ERRORS = re.compile(
     r"InsufficientInstanceCapacity|InsufficientCapacity|InsufficientHostCapacity|capacity-not-available|"
-    r"capacity-oversubscribed|MaxSpotInstanceCountExceeded|ReservationCapacityExceeded|"
+    r"capacity-oversubscribed|ReservationCapacityExceeded|"
     r"InsufficientReservedInstanceCapacity|There is no Spot capacity available")
+# What EC2 answers when a quota of the account is too small (settings/quota_checks.py checks them at
+# preview, but other instances of the account hold quota too): no zone or market change helps.
+QUOTA_ERRORS = re.compile(r"VcpuLimitExceeded|MaxSpotInstanceCountExceeded|AddressLimitExceeded")
 
 
 def market_options(pool: GpuPool) -> aws.ec2.InstanceInstanceMarketOptionsArgs | None:
@@ -145,9 +149,28 @@ def pool_capacity_args(name: str, pool: GpuPool, subnets_by_zone: dict[str, pulu
                 error_hook=capacity_error_hook(pool))
 
 
+def quota_advice(pool: GpuPool, text: str) -> str | None:
+    """The quota that refused a node of `pool`, and how to raise it; None for any other error."""
+    found = QUOTA_ERRORS.search(text)
+    if not found:
+        return None
+    if found[0] == "AddressLimitExceeded":
+        quota, what = ELASTIC_IPS, "Elastic IPs (one per manager and per EFA node)"
+    else:
+        quota = vcpu_quota(pool.instance_type, pool.spot or found[0] == "MaxSpotInstanceCountExceeded")
+        what = f"vCPUs ({pool.count} x {pool.instance_type} for this pool, with the rest of the account's)"
+    if quota is None:
+        return f"pool {pool.name}: an EC2 quota refused {pool.instance_type} ({found[0]}); raise it in Service Quotas"
+    return (f"pool {pool.name}: {found[0]}: the EC2 quota {quota.code} ('{quota.name}') is smaller than the "
+            f"{what} in use and asked for. {how_to_raise(quota, None, aws.config.region or 'your region')}; "
+            "then run `pulumi up` again (nodes made so far stay)")
+
+
 def capacity_advice(pool: GpuPool, errors: list[str]) -> str | None:
-    """What to try when AWS had no capacity for a node of `pool`; None for any other error."""
+    """What to try when AWS had no capacity, or a quota refused, a node of `pool`; None for any other error."""
     text = " ".join(errors)
+    if QUOTA_ERRORS.search(text):
+        return quota_advice(pool, text)
     if not CAPACITY_ERRORS.search(text):
         return None
     o = pool.options

@@ -194,7 +194,7 @@ class NodePool(pulumi.ComponentResource):
                                 value=v, opts=pulumi.ResourceOptions(parent=self))
             if args.one_at_a_time:
                 previous = [instance]
-            stable_ip = self._address(f"{name}-{i}", instance, tags) if args.stable_address else None
+            stable_ip = self._address(f"{name}-{i}", instance, tags, hooks) if args.stable_address else None
             self.nodes.append(Node(node_name, args.role, args.pool, i, instance, key.public_key_openssh, stable_ip))
 
         self.register_outputs(
@@ -206,9 +206,10 @@ class NodePool(pulumi.ComponentResource):
         )
 
     def _address(self, name: str, instance: aws.ec2.Instance | aws.ec2.SpotInstanceRequest,
-                 tags: Mapping) -> pulumi.Output[str]:
+                 tags: Mapping, hooks: pulumi.ResourceHookBinding | None) -> pulumi.Output[str]:
         """An Elastic IP for the node: the same address across stop/start, resize and replacement."""
-        eip = aws.ec2.Eip(f"{name}-ip", domain="vpc", tags=tags, opts=pulumi.ResourceOptions(parent=self))
+        # The pool's error hook: AllocateAddress is where AddressLimitExceeded comes.
+        eip = aws.ec2.Eip(f"{name}-ip", domain="vpc", tags=tags, opts=pulumi.ResourceOptions(parent=self, hooks=hooks))
         # A replaced instance gets the same address: the old association goes first.
         # Through the primary interface: EC2 refuses an instance id when the instance has more than one.
         association = aws.ec2.EipAssociation(

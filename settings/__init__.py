@@ -20,7 +20,9 @@ from settings.model import PROJECT, GpuPool, Health, Managers, Monitoring, Netwo
 from settings.monitoring_checks import read_monitoring
 from settings.model import cluster_name
 from settings.pool_placement import place
+from settings.quota_checks import check_quotas
 from settings.reader import DEFAULTS, Reader, suggest
+from settings.reservation_checks import check_reservations
 from settings.stack_checks import check_stacks, read_stacks
 from settings.swarm_checks import read_health, read_overlay_pool, read_shared_kind
 from swarm.gpu_kind import validate_kind
@@ -84,6 +86,10 @@ def load_settings() -> Settings:
                 )
         if image:
             manager_ami, gpu_ami = resolve_amis(r, image, ami_id, managers, pools)
+        # What the account can hold: reservations' states and service quotas (settings/*_checks.py).
+        import pulumi_aws as aws
+        check_reservations(r, resolved_pools, aws.config.region)
+        check_quotas(r, managers, resolved_pools, {t: f.vcpus for t, f in facts.items() if f}, aws.config.region)
 
     stacks = []
     if kind_ok and shared_kind and pools and len(resolved_pools) == len(pools):

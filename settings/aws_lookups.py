@@ -31,6 +31,7 @@ class InstanceTypeFacts:
     # EFA, as DescribeInstanceTypes has it: how many EFA interfaces an instance takes, one per
     # network card (p5.48xlarge: 32 cards, 32 EFA). 0: the type has no EFA.
     efa_interfaces: int = 0
+    vcpus: int = 0  # DefaultVCpus: what EC2's instance quotas count
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ def describe_instance_type(name: str) -> InstanceTypeFacts:
         gpu_model="+".join(sorted({g.name for g in nvidia})),
         other_gpus=", ".join(f"{g.manufacturer} {g.name}" for g in gpus if g.manufacturer != "NVIDIA"),
         efa_interfaces=efa,
+        vcpus=int(result.default_vcpus or 0),
     )
 
 
@@ -194,3 +196,45 @@ def running_names(cluster: str, role: str, names: list[str]) -> tuple[str, ...]:
         if ids:
             running.append(name)
     return tuple(running)
+
+
+def service_quota(service: str, code: str) -> float:
+    """The account's value of a Service Quotas quota in this region; LookupError when it cannot be read."""
+    try:
+        return float(aws.servicequotas.get_service_quota(service_code=service, quota_code=code).value)
+    except Exception as exc:
+        raise _aws_error(exc) from None
+
+
+@dataclass(frozen=True)
+class ReservationState:
+    id: str
+    state: str  # active, scheduled, expired, cancelled, pending, payment-pending, failed...
+    start: str  # RFC 3339; "" when AWS gives none
+    end: str
+    capacity_block: bool
+
+
+def capacity_block_state(reservation_id: str) -> ReservationState:
+    """A Capacity Block's state and dates (aws.ec2.get_capacity_block_reservation, every state)."""
+    try:
+        result = aws.ec2.get_capacity_block_reservation(id=reservation_id)
+    except Exception as exc:
+        raise _aws_error(exc) from None
+    return ReservationState(reservation_id, result.state, result.start_date or "", result.end_date or "", True)
+
+
+def reservation_state(reservation_id: str) -> ReservationState:
+    """An On-Demand Capacity Reservation, through Cloud Control (pulumi-aws has no data source for one).
+
+    Its read, as the provider's, finds no reservation that has expired or was cancelled: that
+    is a LookupError here, and the caller says so."""
+    import json
+
+    try:
+        result = aws.cloudcontrol.get_resource(type_name="AWS::EC2::CapacityReservation", identifier=reservation_id)
+    except Exception as exc:
+        raise _aws_error(exc) from None
+    props = json.loads(result.properties or "{}")
+    return ReservationState(reservation_id, str(props.get("State") or "active"), str(props.get("StartDate") or ""),
+                            str(props.get("EndDate") or ""), False)

@@ -65,3 +65,23 @@ def test_an_elastic_ip_moves_to_a_replaced_instance_by_a_new_association():
     assert provider_facts.replaced_by("aws:ec2/eipAssociation:EipAssociation", {"instanceId": "i-1"},
                                       {"instanceId": "i-2"}) == {"instanceId"}
     assert provider_facts.EIP_ASSOCIATION_FORCE_NEW <= inputs_of(aws.ec2.EipAssociationArgs)
+
+
+def test_an_elastic_ip_on_the_primary_interface_moves_to_a_replaced_instance_by_a_new_association():
+    """node_pool.py associates through the primary network interface, which a replaced instance has anew."""
+    assert "networkInterfaceId" in provider_facts.EIP_ASSOCIATION_FORCE_NEW
+    assert provider_facts.replaced_by("aws:ec2/eipAssociation:EipAssociation", {"networkInterfaceId": "eni-1"},
+                                      {"networkInterfaceId": "eni-2"}) == {"networkInterfaceId"}
+
+
+def test_a_spot_request_takes_no_change_but_its_tags():
+    """aws_spot_instance_request marks every argument ForceNew except tags and tags_all."""
+    typ = "aws:ec2/spotInstanceRequest:SpotInstanceRequest"
+    old = {"instanceType": "g6e.12xlarge", "rootBlockDevice": {"volumeSize": 200}, "tags": {"a": "1"}}
+    assert provider_facts.replaced_by(typ, old, {**old, "tags": {"a": "2"}}) == set()
+    assert provider_facts.replaced_by(typ, old, {**old, "rootBlockDevice": {"volumeSize": 300}}) == {"rootBlockDevice"}
+    assert provider_facts.replaced_by(typ, old, {**old, "spotPrice": "2.5"}) == {"spotPrice"}
+    # What a running persistent spot node keeps are inputs of the request, and the same as an instance keeps.
+    kept = set(provider_facts.SPOT_REQUEST_INPUTS_KEPT_BY_RUNNING_NODES)
+    assert kept <= inputs_of(aws.ec2.SpotInstanceRequestArgs)
+    assert kept == set(provider_facts.INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES) - {"instanceMarketOptions"}
