@@ -267,7 +267,10 @@ def _mps(spec: dict, env: list[str], gpu: str, settings: dict[str, str]) -> list
 
     The memory limit is the slot's share unless the service asks for less with its own
     CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (never more: the other slots' shares are theirs). The
-    thread percentage is a ceiling MPS enforces, not a reservation: a service may set its own."""
+    thread percentage is a ceiling MPS enforces, not a reservation: a service may set its own.
+    What holds is the GPU's daemon's ceiling (gpu-swarm-mps sets the share before its server
+    starts): a process can change its own environment, and MPS lets a client's variable raise its
+    limit, so these are the task's information and a way to ask for less, never the limit itself."""
     share = int(settings["MPS_MEMORY_MIB"])
     asked = _value(env, MPS_MEMORY_ENV)
     limit = share
