@@ -106,6 +106,7 @@ def to_swarm(doc: dict, t: Translation) -> None:
         _typed(service)
         _shm(where, service, t)
         _network_mode(where, doc, service, t)
+        _ports(where, service, t)
         _volumes(where, doc, service, t)
     t.said()
 
@@ -285,6 +286,26 @@ def _network_mode(where: str, doc: dict, service: dict, t: Translation) -> None:
                           "ports, so there is nothing to publish")
     t.changes.append(f"{where}.network_mode: host -> networks: [{HOST_NETWORK}], the swarm's external network "
                      "`host` (the task uses the node's network stack)")
+
+
+def _ports(where: str, service: dict, t: Translation) -> None:
+    """A port published on one address of the host: swarm has no such thing, it would publish on all of them."""
+    for i, port in enumerate(service.get("ports") or ()):
+        ip = port.get("host_ip") if isinstance(port, dict) else _host_ip(str(port))
+        if ip:
+            t.problems.append(
+                f"{where}.ports[{i}]: published on {ip} only, but swarm publishes a port on every address of every "
+                "node (its routing mesh), so it would be open to the network. Leave the port unpublished and reach "
+                "the service from another service of the stack by its name, or through an SSH tunnel to a manager; "
+                "or publish it without an address, behind the security group")
+
+
+def _host_ip(port: str) -> str:
+    """The address of a short port such as 127.0.0.1:8080:80 or [::1]:8080:80; "" when it names none."""
+    if port.startswith("["):
+        return port[1:port.index("]")] if "]" in port else ""
+    parts = port.split(":")
+    return parts[0] if len(parts) == 3 else ""
 
 
 def _volumes(where: str, doc: dict, service: dict, t: Translation) -> None:
