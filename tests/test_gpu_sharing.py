@@ -138,6 +138,18 @@ def test_an_mps_pool_advertises_slots_of_exclusive_process_gpus_and_tells_the_gu
     assert env["MPS_MEMORY_MIB"] == str((81559 - 1024) // 4) and env["MPS_THREAD_PERCENT"] == "25"
 
 
+def test_the_guards_share_is_the_ceiling_gpu_swarm_mps_gives_the_daemons(mps_node):
+    """One rule: what the guard tells a task is what its GPU's daemon holds it to (the node's smallest GPU)."""
+    text = agent.runtime_settings(kind="NVIDIA-GPU", shared_kind="NVIDIA-GPU-SHARED", slots=4,
+                                  guard="/s/gpu-swarm-runtime",
+                                  gpus=[{"uuid": A, "memory_mib": 81559}, {"uuid": B, "memory_mib": 46068}],
+                                  delegate="/usr/bin/nvidia-container-runtime", allow_docker_run_gpus=True, mode="mps")
+    env = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+    done = mps(mps_node, "start")  # its nvidia-smi: the same two GPUs, of 81559 and 46068 MiB
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count(f"each client at most {env['MPS_MEMORY_MIB']} MiB and {env['MPS_THREAD_PERCENT']} %") == 2
+
+
 @pytest.mark.parametrize("mode", [0, None])  # Default, or NVML could not say
 def test_an_mps_pool_refuses_a_gpu_that_is_not_exclusive_process(node, capsys, mode):
     gpus = [inventory_gpu(0, compute_mode=3), inventory_gpu(1, **({} if mode is None else {"compute_mode": mode}))]
