@@ -34,12 +34,17 @@ REPO = Path(__file__).resolve().parent.parent
 SMOKE_SIZES = [1, 3]
 
 
+POOL_MAX = 1000  # nodes in one pool (settings: gpuPools[].count); more go to further pools of that size
+
+
 def _config(gpu_nodes: int) -> dict:
     from tests.conftest import stack_config
+    counts = [min(POOL_MAX, gpu_nodes - start) for start in range(0, gpu_nodes, POOL_MAX)] or [0]
     return stack_config(
         "prod",
         managerCount="3",
-        gpuPools=[{"name": "gpu", "instanceType": "g6.xlarge", "count": gpu_nodes}],
+        gpuPools=[{"name": "gpu" if i == 0 else f"gpu{i + 1}", "instanceType": "g6.xlarge", "count": count}
+                  for i, count in enumerate(counts)],
         # prod's shared-GPU stack needs a sharing pool; one whole-GPU pool runs the smoke stack
         stacks=[{"name": "gpu-smoke", "file": "stacks/gpu-smoke.yml"}],
     )
@@ -237,8 +242,8 @@ def run_sizes(sizes: list[int], runs: int) -> list[dict]:
 
 
 def print_table(rows: list[dict]) -> None:
-    print("| GPU nodes (+3 managers) | resources | program s | SDK floor s | program / floor | maxrss MiB "
-          "| traced peak MiB | ms per added node |")
+    print("| GPU nodes (+3 managers; pools of at most 1000) | resources | program s | SDK floor s | program / floor "
+          "| maxrss MiB | traced peak MiB | ms per added node |")
     print("|---|---|---|---|---|---|---|---|")
     base = next((r for r in rows if "error" not in r), None)
     for row in rows:
