@@ -20,6 +20,11 @@ swarm (swarm/formation.py), and then:
    least MIB; that the task's own memory (NVML's compute processes -> cgroup -> container) is at
    least MIB; that no other GPU's series name the task; that the GPU's other readings are there;
    and times the exporter's scrape. Swarm picks the GPU: any number of GPUs will do.
+4. time-slicing (--slots K): the agent advertises K slots per GPU, the engine restarts, and a task
+   holds every slot of every GPU, each allocating 1 to 4 times --slots-mib by its slot in the
+   service; each sharer's memory series must carry its own service, task, container and slot and
+   its own size (never a neighbour's), its utilization series (NVML's per-process samples) its
+   own, and the exporter's RSS stay within 60 MiB. (MPS sharers: bench/gpu_mps.py.)
 It writes results.json (every check), figures.json, scrape-before.txt, scrape-after.txt,
 exporter.log, dockerd.log and the agent's report to --out, prints a table, and exits 1 when a
 check fails. It removes its service, stops the exporter and its engine.
@@ -51,6 +56,7 @@ e2e.SOCK = f"unix://{e2e.RUN}/docker.sock"
 
 KIND = "NVIDIA-GPU"
 SERVICE = "gpu-metrics-probe"
+SHARERS = "gpu-metrics-sharers"
 results: list[dict] = []
 
 
@@ -98,17 +104,83 @@ def wait(predicate, timeout: float, what: str):
         time.sleep(1)
 
 
+def time_sliced(out: Path, host: list[str], slots: int, mib: int, scrape, engine):
+    """Time-slicing: every slot of every GPU held by a task of its own size (1 to 4 times mib, by its
+    slot in the service); each sharer's memory and utilization series must carry its own service,
+    task, container and slot, and its own size, never a neighbour's. Returns the engine (restarted)."""
+    report = e2e.agent(out, slots)
+    check("the agent advertises every GPU's time-slicing slots", len(report["resources"]) == len(host) * slots,
+          f"{len(report['resources'])} slots")
+    e2e.stop_engine(engine)  # dockerd reads its resources only at start
+    engine = e2e.start_engine(out)
+    wait(lambda: e2e.SHARED_KIND in docker("node", "inspect", "self", "--format",
+                                           "{{json .Description.Resources.GenericResources}}").stdout, 60, "the slots")
+    every = len(host) * slots
+    docker("service", "create", "--detach", "--name", SHARERS, "--replicas", str(every), "--generic-resource",
+           f"{e2e.SHARED_KIND}=1", "--env", "SIZE={{.Task.Slot}}", e2e.PROBE_IMAGE, "sh", "-c",
+           f"exec cuda-probe $(({mib} * (1 + SIZE % 4)))")
+
+    def running():
+        ids = docker("ps", "-q", "--no-trunc", "--filter",
+                     f"label=com.docker.swarm.service.name={SHARERS}").stdout.split()
+        logs = {c: docker("logs", c, check_rc=False).stdout for c in ids}
+        return logs if len(logs) == every and all("allocated" in v for v in logs.values()) else None
+    logs = wait(running, 120, f"{every} sharers allocating")
+    own = {}
+    for c in logs:
+        env = dict(e.split("=", 1) for e in json.loads(docker("inspect", "--format", "{{json .Config.Env}}",
+                                                              c).stdout) if "=" in e)
+        own[c] = (env[f"DOCKER_RESOURCE_{e2e.SHARED_KIND}"], mib * (1 + int(env["SIZE"]) % 4))
+
+    def named():
+        text = scrape() or ""
+        rows = {c: [(labels, v) for name, labels, v in samples(text) if name == "gpu_swarm_task_memory_used_bytes"
+                    and labels.get("container") == c[:12]] for c in logs}
+        return (text, rows) if all(len(r) == 1 and r[0][1] >= own[c][1] * 2**20 for c, r in rows.items()) else None
+    try:
+        text, rows = wait(named, 45, "every sharer's memory in the exporter's series")
+    except RuntimeError:
+        text = scrape() or ""
+        rows = {c: [(labels, v) for name, labels, v in samples(text) if name == "gpu_swarm_task_memory_used_bytes"
+                    and labels.get("container") == c[:12]] for c in logs}
+    (out / "scrape-sharers.txt").write_text(text)
+    wrong = []
+    for c, found in rows.items():
+        slot, size = own[c]
+        labels, v = found[0] if len(found) == 1 else ({}, 0)
+        if not (labels.get("slot") == slot and labels.get("gpu") == slot.rsplit("-s", 1)[0] and
+                labels.get("service") == SHARERS and labels.get("task", "").startswith(f"{SHARERS}.") and
+                size * 2**20 <= v < (size + mib) * 2**20):
+            wrong.append(f"{c[:12]} ({size} MiB, {slot[-6:]}): {len(found)} series, {labels.get('slot', '')[-6:]} "
+                         f"{v / 2**20:.0f} MiB")
+    check(f"time-slicing: the exporter names every sharer's memory with its own service, task, container and slot "
+          f"({every} sharers, {slots} per GPU, 4 sizes)", not wrong,
+          "; ".join(wrong)[:300] or "each at its own size, none at a neighbour's")
+    util = sorted(labels.get("container", "") for name, labels, _ in samples(text)
+                  if name == "gpu_swarm_task_utilization_percent")
+    check("time-slicing: each sharer's utilization series (NVML's per-process samples) is its own, once",
+          util == sorted(c[:12] for c in logs) or not util,
+          f"{len(util)} series" + ("" if util else ": NVML gave no per-process samples"))
+    rss = (value(scrape() or "", "process_resident_memory_bytes") or ({}, 0))[1] / 2**20
+    check(f"the exporter's RSS with real NVML and {every} sharers", 0 < rss <= 60, f"{rss:.1f} MiB")
+    docker("service", "rm", SHARERS, check_rc=False)
+    return engine
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="results go here (a folder; made if missing); required but with --smoke")
-    parser.add_argument("--mib", type=int, default=2048, help="MiB the probe allocates (default %(default)s)")
+    parser.add_argument("--mib", type=int, default=2048, help="MiB the probe allocates (default %(default)s); "
+                        "the time-slicing sharers 1 to 4 times --slots-mib")
+    parser.add_argument("--slots", type=int, default=4, help="time-slicing slots per GPU (default %(default)s)")
+    parser.add_argument("--slots-mib", type=int, default=1024, help="the smallest sharer's MiB (default %(default)s)")
     parser.add_argument("--cuda-probe", default=os.environ.get("CUDA_PROBE"),
                         help="a built bench/cuda_probe.c (default: $CUDA_PROBE, else build it with cc)")
     parser.add_argument("--smoke", action="store_true", help=gpu_standins.SMOKE_HELP)
     parser.add_argument("--gpus", type=int, default=2, help="stand-in GPUs for --smoke (default %(default)s)")
     args = parser.parse_args()
     if args.smoke:
-        return gpu_standins.smoke("gpu_metrics.py", args.gpus, "--mib", "512", out=args.out)
+        return gpu_standins.smoke("gpu_metrics.py", args.gpus, "--mib", "512", "--slots-mib", "256", out=args.out)
     if not args.out:
         parser.error("--out is required")
     out = Path(args.out)
@@ -218,10 +290,13 @@ def main() -> int:
         (out / "figures.json").write_text(json.dumps(figures, indent=2) + "\n")
         check("the exporter's scrape on real NVML (its own timing, median of 20)", figures["scrape_ms_median"] <= 50,
               f"{figures['scrape_ms_median']} ms for {len(gpus)} GPU(s), RSS {figures['rss_mib']} MiB")
+        docker("service", "rm", SERVICE, check_rc=False)
+        engine = time_sliced(out, host, args.slots, args.slots_mib, scrape, engine)
     except Exception as e:  # a broken step is a failed check, with its reason in the table
         check("the run itself", False, f"{type(e).__name__}: {e}"[:400])
     finally:
         docker("service", "rm", SERVICE, check_rc=False)
+        docker("service", "rm", SHARERS, check_rc=False)
         if exporter:
             exporter.terminate()
             try:

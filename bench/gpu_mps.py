@@ -21,13 +21,20 @@ about a GPU's index: the same checks hold on 1, 2 or 4 GPUs.
    running as gpu-swarm-guard.service runs it on a node: --start-runs interleaved `docker run
    --rm` each, guard against nvidia-container-runtime alone, with one GPU and with none; and
    bench/guard_cost.py per OCI call on this machine (with and without the server).
-2. MPS (--slots K): node/gpu-swarm-mps start (what gpu-swarm-mps.service runs), the agent with
-   --sharing-mode mps, the engine restarted. K slot tasks per GPU (every slot) allocate --mib
-   each through CUDA at once, each on its slot's GPU, with that GPU's MPS pipe and its share as
-   its limit; one task that asks for more than its slot's share fails (CUDA error 2) while the
-   others keep running and keep their memory; a task gets almost its whole share; a task with
-   no reservation sees no GPU and no MPS pipe; one that names a held slot, or mounts the MPS
-   directory, does not start. node/gpu-swarm-mps stop puts every GPU back in compute mode Default.
+2. MPS (--slots K): node/gpu-swarm-mps start (what gpu-swarm-mps.service runs, with node.env's
+   slots), whose daemons' ceiling must be the share the agent gives the guard; the agent with
+   --sharing-mode mps, the engine restarted. K slot tasks per GPU (every slot) allocate 1 to 4
+   times --mib each (by their slot in the service) through CUDA at once, each on its slot's GPU,
+   with that GPU's MPS pipe and its share as its limit; the node's exporter (real NVML) names each
+   one's memory with its own service, task, container and slot, and stays within 60 MiB RSS. On a
+   freed slot, one task at a time tries to get more than its share: asking for it, raising its
+   limit to 200G, re-setting it, unsetting it, a child started with another environment, leaving
+   MPS; each fails while the others keep running and keep their memory. A task's two CUDA
+   processes get a ceiling each (what MPS limits is a process: README). A task gets almost its
+   whole share; a task with no reservation sees no GPU and no MPS pipe; one that names a held
+   slot, or mounts the MPS directory, does not start. Evidence, not checks: a client through a
+   read-only pipe folder, and a task that asks its daemon for a higher ceiling itself (logs).
+   node/gpu-swarm-mps stop puts every GPU back in compute mode Default.
 It prints a table of every check, writes results.json, logs and nvidia-smi evidence to --out,
 and exits 1 when a check fails.
 """
@@ -38,10 +45,12 @@ import json
 import os
 import re
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,6 +59,9 @@ sys.path.insert(0, str(REPO / "bench"))
 import gpu_e2e as e2e  # noqa: E402  (its guard server step)
 import gpu_standins  # noqa: E402  (--smoke)
 from swarm import formation  # noqa: E402  (pure Python)
+
+sys.path.insert(0, str(REPO / "node"))
+import guard_files  # noqa: E402  (the guard's own test of an MPS daemon)
 from swarm.node_contract import GPU_SHARING_LABEL, MPS_DIR, RUNTIME_ENV_PATH  # noqa: E402
 
 KIND, SHARED_KIND = "NVIDIA-GPU", "NVIDIA-GPU-SHARED"
@@ -200,6 +212,83 @@ def start_guard_server(out: Path) -> subprocess.Popen:
     return proc
 
 
+class Exporter:
+    """The node's exporter (node/gpu_metrics.py, real NVML) on this bench's engine: who holds what."""
+
+    def __init__(self, out: Path):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.log = open(out / "exporter.log", "w")
+        self.out = out
+        self.proc = subprocess.Popen([sys.executable, str(REPO / "node" / "gpu_metrics.py"), "--address", "127.0.0.1",
+                                      "--port", str(self.port), "--kind", KIND, "--shared-kind", SHARED_KIND,
+                                      "--docker-socket", str(RUN / "docker.sock"), "--daemon-json",
+                                      str(ROOT / "daemon.json")], stdout=self.log, stderr=subprocess.STDOUT)
+        wait(self.scrape, 30, "the exporter to serve")
+
+    def scrape(self) -> list[tuple[str, dict, float]] | None:
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10).read().decode()
+        except OSError:
+            return None
+        (self.out / "scrape-last.txt").write_text(text)
+        found = []
+        for line in text.splitlines():
+            match = re.match(r"^([a-zA-Z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)$", line)
+            if match:
+                found.append((match[1], dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match[2] or "")),
+                              float(match[3])))
+        return found
+
+    def task_memory_mib(self, container: str) -> int | None:
+        rows = [v for n, labels, v in self.scrape() or () if n == "gpu_swarm_task_memory_used_bytes" and
+                labels.get("container") == container]
+        return int(rows[0] / 2**20) if len(rows) == 1 else None
+
+    def check_sharers(self, logs: dict[str, str], sizes: dict[str, int], mib: int) -> None:
+        """Every sharer's memory series carries its own service, task, container and slot, with its own size."""
+        def named():
+            rows = [(labels, v) for n, labels, v in self.scrape() or () if n == "gpu_swarm_task_memory_used_bytes"]
+            mine = {c: [(labels, v) for labels, v in rows if labels.get("container") == c[:12]] for c in logs}
+            return mine if all(len(r) == 1 and r[0][1] >= sizes[c] * 2**20 for c, r in mine.items()) else None
+        try:
+            mine = wait(named, 45, "every sharer's memory in the exporter's series")
+        except RuntimeError:
+            mine = {c: [] for c in logs}
+            rows = [(labels, v) for n, labels, v in self.scrape() or () if n == "gpu_swarm_task_memory_used_bytes"]
+            for c in logs:
+                mine[c] = [(labels, v) for labels, v in rows if labels.get("container") == c[:12]]
+        wrong = []
+        for c, rows in mine.items():
+            slot_held = given(c, SHARED_KIND)
+            labels, v = rows[0] if len(rows) == 1 else ({}, 0)
+            # its own size (and its CUDA context), never a neighbour's: the next size is --mib more
+            if not (labels.get("slot") == slot_held and labels.get("gpu") == gpu_of_slot(slot_held) and
+                    labels.get("task", "").startswith("steady.") and labels.get("service") == "steady" and
+                    sizes[c] * 2**20 <= v < (sizes[c] + mib) * 2**20):
+                wrong.append(f"{c[:12]} ({sizes[c]} MiB on {slot_held[-6:]}): {len(rows)} series, "
+                             f"{labels.get('slot', '')[-6:]} {v / 2**20:.0f} MiB")
+        check(f"the exporter names every sharer's memory with its own service, task, container and slot "
+              f"({len(logs)} sharers, {len(set(sizes.values()))} sizes)", not wrong,
+              "; ".join(wrong)[:300] or "each at its own size, none at a neighbour's")
+        util = [labels.get("container") for n, labels, _ in self.scrape() or ()
+                if n == "gpu_swarm_task_utilization_percent"]
+        check("every sharer's utilization series (NVML's per-process samples) is its own, once", sorted(util) ==
+              sorted(c[:12] for c in logs) or not util, f"{len(util)} series" + ("" if util else ": NVML gave no "
+                                                                                 "per-process samples on this GPU"))
+        rss = next((v for n, _, v in self.scrape() or () if n == "process_resident_memory_bytes"), 0) / 2**20
+        check("the exporter's RSS with real NVML and every sharer", 0 < rss <= 60, f"{rss:.1f} MiB")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
 def time_left() -> float:
     ends = os.environ.get("GPU_SESSION_ENDS_AT")
     return float(ends) - time.time() if ends else float("inf")
@@ -245,10 +334,12 @@ def whole_gpu(out: Path, gpus: list[str], start_runs: int, cost_runs: int) -> No
 
 
 def mps(out: Path, gpus: list[str], slots: int, mib: int, engine: Engine) -> None:
-    started = run(["bash", str(REPO / "node" / "gpu-swarm-mps"), "start"], check_rc=False, timeout=120)
+    # The unit loads node.env, where the pool's slots are; the daemons' ceilings come from them.
+    started = run(["bash", str(REPO / "node" / "gpu-swarm-mps"), "start"], check_rc=False, timeout=120,
+                  env={**os.environ, "GPU_SWARM_SLOTS_PER_GPU": str(slots)})
     (out / "gpu-swarm-mps-start.log").write_text(started.stdout + started.stderr)
     mode = modes(gpus)
-    daemons = [g for g in gpus if (Path(MPS_DIR) / g / "pipe" / "nvidia-cuda-mps-control.pid").exists()]
+    daemons = [g for g in gpus if guard_files.mps_daemon_alive(MPS_DIR, g)]  # as the guard sees them
     check("gpu-swarm-mps start: every GPU in Exclusive_Process, with an MPS daemon and server",
           started.returncode == 0 and set(mode.values()) == {"Exclusive_Process"} and len(daemons) == len(gpus),
           f"{len(daemons)} of {len(gpus)} daemons; modes {sorted(set(mode.values()))}; "
@@ -260,6 +351,10 @@ def mps(out: Path, gpus: list[str], slots: int, mib: int, engine: Engine) -> Non
                     if "=" in line and not line.startswith("#"))
     share = int(settings["MPS_MEMORY_MIB"])
     per_gpu = {g: sum(r.startswith(f"{SHARED_KIND}={g}-s") for r in report["resources"]) for g in gpus}
+    ceilings = set(re.findall(r"each client at most (\d+) MiB", started.stdout))
+    check("every GPU's MPS daemon has the slot's share as its ceiling, the share the guard gives a task",
+          ceilings == {str(share)} and started.stdout.count("each client at most") == len(gpus),
+          f"daemons' ceilings {sorted(ceilings)} MiB, the guard's share {share} MiB")
     check("the agent advertises every GPU's MPS slots", report["labels"].get(GPU_SHARING_LABEL) == "mps" and
           set(per_gpu.values()) == {slots} and len(report["resources"]) == slots * len(gpus),
           f"{len(report['resources'])} slots, {sorted(set(per_gpu.values()))} per GPU; share {share} MiB, "
@@ -271,10 +366,14 @@ def mps(out: Path, gpus: list[str], slots: int, mib: int, engine: Engine) -> Non
 
     slot = ["--generic-resource", f"{SHARED_KIND}=1"]
     every = slots * len(gpus)
-    docker("service", "create", "--detach", "--name", "steady", "--replicas", str(every), *slot, IMAGE,
-           "cuda-probe", str(mib))
+    # Sizes of 1 to 4 times --mib, by the task's slot in the service (a template swarm fills in), so
+    # that a neighbour's memory under a task's name would show.
+    docker("service", "create", "--detach", "--name", "steady", "--replicas", str(every), *slot,
+           "--env", "SIZE={{.Task.Slot}}", IMAGE, "sh", "-c", f"exec cuda-probe $(({mib} * (1 + SIZE % 4)))")
     logs = wait(lambda: (lambda c: c if len(c) == every and all("allocated" in v for v in c.values()) else None)(
         containers("steady")), 120, f"{every} slot tasks allocating")
+    sizes = {c: mib * (1 + int(dict(e.split("=", 1) for e in json.loads(docker(
+        "inspect", "--format", "{{json .Config.Env}}", c).stdout) if "=" in e)["SIZE"]) % 4) for c in logs}
     (out / "steady.log").write_text(json.dumps(logs, indent=2))
     (out / "compute-apps-steady.csv").write_text(apps())
     wrong, wrong_env, on_gpu = [], [], {g: 0 for g in gpus}
@@ -282,7 +381,7 @@ def mps(out: Path, gpus: list[str], slots: int, mib: int, engine: Engine) -> Non
         held = given(container, SHARED_KIND)
         gpu = gpu_of_slot(held)
         on_gpu[gpu] = on_gpu.get(gpu, 0) + 1
-        if UUID.findall(log) != [gpu] or f"allocated {mib} MiB (UUID: {gpu})" not in log:
+        if UUID.findall(log) != [gpu] or f"allocated {sizes[container]} MiB (UUID: {gpu})" not in log:
             wrong.append(f"{container[:12]} holds {held[-44:] or 'no slot'}, CUDA saw {UUID.findall(log)}")
         env = task_env(container)  # as the task runs it (docker inspect shows the environment before the guard)
         pipe = f"{MPS_DIR}/{gpu}/pipe"
@@ -291,27 +390,57 @@ def mps(out: Path, gpus: list[str], slots: int, mib: int, engine: Engine) -> Non
                 env.get("CUDA_MPS_PIPE_DIRECTORY") == pipe and "control" in listed):
             wrong_env.append(f"{container[:12]} on {gpu}: " + ", ".join(
                 f"{k}={v}" for k, v in env.items() if k.startswith("CUDA_MPS_")) + f"; {pipe} holds {listed}")
-    check(f"{every} MPS slot tasks ({slots} per GPU) allocate {mib} MiB each at once, each on its slot's GPU",
+    check(f"{every} MPS slot tasks ({slots} per GPU) allocate {mib} to {4 * mib} MiB each at once, each on its "
+          "slot's GPU",
           not wrong and set(on_gpu.values()) == {slots}, "; ".join(wrong)[:300] or
           f"tasks per GPU {sorted(on_gpu.values())}; GPU memory used {[used(g) for g in gpus]} MiB")
     check("each gets its own GPU's MPS pipe (mounted by the guard) and its share as a limit", not wrong_env,
           "; ".join(wrong_env)[:300] or f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={share}M, the pipe of its slot's GPU")
 
+    exporter = Exporter(out)
+    try:
+        exporter.check_sharers(logs, sizes, mib)
+        hostile(out, share, slot, gpus, exporter)
+    finally:
+        exporter.stop()
+    gone("steady")
+
+
+def hostile(out: Path, share: int, slot: list[str], gpus: list[str], exporter: "Exporter") -> None:
+    """What a slot task may do to its own environment, on a freed slot beside the others, and what it gets."""
+    every = len(containers("steady"))
     docker("service", "scale", "--detach", f"steady={every - 1}")
     wait(lambda: len(containers("steady")) == every - 1, 60, "one slot freed")
     time.sleep(2)
     kept, used_before = containers("steady"), {g: used(g) for g in gpus}
-    log = job("greedy", f"cuda-probe {share + 1024}", *slot)
-    (out / "greedy.log").write_text(log)
-    check(f"a task asking for {share + 1024} MiB, over its share, fails", log.startswith("Failed") and
-          "CUDA error 2" in log, " | ".join(line for line in log.splitlines() if "cuda-probe" in line or
-                                            line.startswith("Failed"))[:200])
+    over = share + 1024
+    # Each a slot task of its own on the freed slot: what it does to the environment the guard gave it.
+    # The daemon's ceiling holds for every one; leaving MPS finds the GPU held by the MPS server alone.
+    tries = [("greedy", "asks for more than its share", f"cuda-probe {over}", "CUDA error 2"),
+             ("raise", "raises its limit to 200G", f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=200G cuda-probe {over}",
+              "CUDA error 2"),
+             ("reset", "re-sets its limit to what it wants", f"export CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={over}M; "
+              f"cuda-probe {over}", "CUDA error 2"),
+             ("unset", "unsets its limit", f"unset CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; cuda-probe {over}",
+              "CUDA error 2"),
+             ("child", "starts a child with another environment (env -i, its pipe only, threads 100)",
+              f"env -i PATH=$PATH CUDA_MPS_PIPE_DIRECTORY=$CUDA_MPS_PIPE_DIRECTORY "
+              f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 cuda-probe {over}", "CUDA error 2"),
+             ("leave", "leaves MPS (unsets its pipe)", "unset CUDA_MPS_PIPE_DIRECTORY; cuda-probe 64", "CUDA error")]
+    for name, what, command, said in tries:
+        log = job(name, command, *slot)
+        (out / f"hostile-{name}.log").write_text(log)
+        got = " | ".join(line for line in log.splitlines() if "cuda-probe" in line or "allocated" in line or
+                         line.startswith(("Failed", "Complete")))
+        check(f"a slot task that {what} gets no more than its {share} MiB", log.startswith("Failed") and
+              said in log and "allocated" not in log, got[:200])
     time.sleep(2)
     now, used_after = containers("steady"), {g: used(g) for g in gpus}
-    (out / "compute-apps-after-greedy.csv").write_text(apps())
-    check("the others keep running and keep their memory", set(now) == set(kept) and
+    (out / "compute-apps-after-hostile.csv").write_text(apps())
+    check("the others keep running and keep their memory through all of it", set(now) == set(kept) and
           all(used_after[g] >= used_before[g] - 64 for g in gpus),
           f"{len(now)} still running; GPU memory used {list(used_before.values())} -> {list(used_after.values())} MiB")
+    two_processes(out, share, slot, exporter)
     big = share - 2048
     docker("service", "create", "--detach", "--name", "big", *slot, IMAGE, "cuda-probe", str(big))
     try:
@@ -334,7 +463,63 @@ def mps(out: Path, gpus: list[str], slots: int, mib: int, engine: Engine) -> Non
     log = job("mounts-mps", "ls /mps", "--mount", f"type=bind,source={MPS_DIR},target=/mps")
     check("a service that mounts the MPS pipes itself does not start", log.startswith(("Failed", "Rejected")) and
           "where the node's MPS daemons listen" in log, log.splitlines()[0][:200])
-    gone("steady")
+    read_only_pipe(out, gpus, slot)
+    control_daemon_probe(out, over, slot)
+
+
+def read_only_pipe(out: Path, gpus: list[str], slot: list[str]) -> None:
+    """Evidence, not a check: whether an MPS client works through its pipe folder mounted read-only
+    (it would keep a task from removing the sockets its neighbours' next clients need). The service
+    mounts the free slot's pipe itself, read-only, where the guard would; the guard then adds none."""
+    held = {given(c, SHARED_KIND) for c in containers("steady")}
+    per_gpu = (len(held) + 1) // len(gpus)  # every slot is held but the one freed for these tasks
+    free = [gpu_of_slot(s) for s in (f"{g}-s{k}" for k in range(per_gpu) for g in gpus) if s not in held]
+    if not free:
+        return
+    pipe = f"{MPS_DIR}/{free[0]}/pipe"
+    log = job("ro-pipe", "touch $CUDA_MPS_PIPE_DIRECTORY/x 2>&1; cuda-probe 64 & p=$!; sleep 5; kill $p; "
+              "echo done", *slot, "--mount", f"type=bind,source={pipe},target={pipe},readonly", timeout=60)
+    (out / "read-only-pipe.log").write_text(log)
+    print(f"evidence: an MPS client through a read-only pipe folder: {' | '.join(log.splitlines()[:5])}", flush=True)
+
+
+def two_processes(out: Path, share: int, slot: list[str], exporter: "Exporter") -> None:
+    """MPS limits each client process: two CUDA processes in one task get a ceiling each (README says so)."""
+    each = share * 3 // 4
+    docker("service", "create", "--detach", "--name", "twice", *slot, IMAGE, "sh", "-c",
+           f"cuda-probe {each} & exec cuda-probe {each}")
+    try:
+        said = wait(lambda: next((v for v in containers("twice").values() if v.count("allocated") == 2 or
+                                  "error" in v), None), 90, "the two processes to allocate")
+        container = next(iter(containers("twice")), "")
+        memory = exporter.task_memory_mib(container[:12])
+    except RuntimeError as e:
+        said, memory = str(e), None
+    (out / "two-processes.log").write_text(said)
+    check(f"a slot task's two CUDA processes get {share} MiB each (documented: MPS limits processes, not tasks); "
+          "the exporter shows the task's total", said.count("allocated") == 2 and memory is not None and
+          memory >= 2 * each, f"{said.count('allocated')} of 2 allocated {each} MiB; the task's memory in the "
+          f"exporter {memory} MiB")
+    gone("twice")
+
+
+def control_daemon_probe(out: Path, over: int, slot: list[str]) -> None:
+    """Evidence, not a check: a slot task that brings nvidia-cuda-mps-control and asks its GPU's daemon
+    (through the pipe the guard mounted) for a higher ceiling, then allocates. Run last: if MPS obeys,
+    the server's limit changes for every later client. The log says what MPS did (README)."""
+    control = shutil.which("nvidia-cuda-mps-control")
+    if not control:
+        return
+    own = "/usr/local/bin/own-mps-control"  # the task's own copy; the toolkit may mount one too (utility)
+    script = (f"echo \"the toolkit's: $(command -v nvidia-cuda-mps-control)\"; "
+              f"S=$(echo get_server_list | {own}); echo \"servers: $S\"; "
+              f"echo set_default_device_pinned_mem_limit 0 200G | {own}; echo \"default: rc $?\"; "
+              f"for s in $S; do echo set_device_pinned_mem_limit $s 0 200G | {own}; echo \"server $s: rc $?\"; "
+              f"done; unset CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; cuda-probe {over}; echo \"cuda-probe: exit $?\"")
+    log = job("control", script, *slot, "--mount", f"type=bind,source={control},target={own},readonly", timeout=90)
+    (out / "control-daemon-probe.log").write_text(log)
+    print(f"evidence: a slot task that tells its MPS daemon a higher ceiling: {' | '.join(log.splitlines()[:8])}",
+          flush=True)
 
 
 def main() -> int:
@@ -389,7 +574,7 @@ def main() -> int:
     except Exception as e:  # a broken step is a failed check, with its reason in the table
         check("the run itself", False, f"{type(e).__name__}: {e}"[:400])
     finally:
-        for name in ("holder", "steady", "big"):
+        for name in ("holder", "steady", "big", "twice"):
             docker("service", "rm", name, check_rc=False)
         docker("swarm", "leave", "--force", check_rc=False)
         engine.stop()

@@ -11,7 +11,8 @@ node/gpu-swarm-mps, the exporter. What the GPU does is played by:
   --query-compute-apps; an nvidia-cuda-mps-control that daemonizes under its own name and keeps
   the ceiling `set_default_device_pinned_mem_limit` gave it; a cuda-probe (bench/cuda_probe.c's
   output) that allocates on the GPUs its container's nvidia-smi lists, within the lower of its
-  MPS daemon's ceiling and its own CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, as MPS does (FACTS);
+  MPS daemon's ceiling and its own CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, as MPS does (FACTS), and
+  gets no context on an MPS GPU without its pipe (CUDA error 46 in Exclusive_Process, FACTS);
 - a "driver" thread: it finds the probes' processes in /proc and writes each GPU's compute
   processes (host pid, MiB) into the hardware file, so that NVML and nvidia-smi see who holds
   what memory, as a driver knows it.
@@ -59,9 +60,10 @@ from gpu_standins import smi_main
 sys.exit(smi_main(sys.argv[1:]))
 '''
 
-MPS_CONTROL = r'''#!/bin/bash
+MPS_CONTROL = r'''#!/bin/sh
 # nvidia-cuda-mps-control stand-in (bench/gpu_standins.py): a daemon under this name, its pid file
 # where the real one writes it, and the ceiling it was told, where its clients' probe reads it.
+# POSIX sh: a bench also runs it inside a task (the stand-in image has busybox sh only).
 pipe=${CUDA_MPS_PIPE_DIRECTORY:?}
 if [ "${1:-}" = -d ]; then
   "$0" --run </dev/null >/dev/null 2>&1 &
@@ -76,6 +78,7 @@ while read -r command args; do
   quit) kill "$(cat "$pipe/nvidia-cuda-mps-control.pid")" ;;
   set_default_device_pinned_mem_limit) echo "${args#* }" >"$pipe/pinned_mem_limit" ;;
   set_default_active_thread_percentage) echo "$args" >"$pipe/active_thread_percentage" ;;
+  get_default_device_pinned_mem_limit) cat "$pipe/pinned_mem_limit" 2>/dev/null ;;
   esac
 done
 '''
@@ -92,6 +95,12 @@ mib_of() { # 0=4G | 0=35686M -> MiB
   v=${1#0=}
   case $v in *G) echo $((${v%G} * 1024)) ;; *M) echo "${v%M}" ;; *) echo "$v" ;; esac
 }
+# A GPU shared by MPS is in Exclusive_Process mode, its server the one process on it: a client that
+# leaves MPS (no pipe directory) gets no context. Its GPU's pipe is mounted only on such a GPU.
+if [ -z "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && ls -d @MPS_DIR@/*/pipe >/dev/null 2>&1; then
+  echo "cuda-probe: cuInit(0) failed with CUDA error 46 (all CUDA-capable devices are busy or unavailable)" >&2
+  exit 3
+fi
 limit=""
 if [ -n "${CUDA_MPS_PINNED_DEVICE_MEM_LIMIT:-}" ]; then limit=$(mib_of "$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"); fi
 ceiling=${CUDA_MPS_PIPE_DIRECTORY:+$CUDA_MPS_PIPE_DIRECTORY/pinned_mem_limit}
@@ -204,7 +213,8 @@ def write_tools(root: Path, gpus: int) -> dict[str, str]:
     runtime = bin_dir / "nvidia-container-runtime"
     if not runtime.exists():
         runtime.symlink_to(STANDINS / "nvidia-container-runtime")
-    (root / "cuda-probe").write_text(CUDA_PROBE.replace("@MARK@", MARK))
+    from node.contract import MPS_DIR  # where the guard mounts a slot task's GPU's pipe
+    (root / "cuda-probe").write_text(CUDA_PROBE.replace("@MARK@", MARK).replace("@MPS_DIR@", MPS_DIR))
     (root / "cuda-probe").chmod(0o755)
     hardware = root / "hardware.json"
     hardware.write_text(json.dumps({"driver": "580.159.04", "cuda": 13000, "gpus": [
