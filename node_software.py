@@ -147,10 +147,12 @@ def kernel_modules(instance_type: str) -> str:
 
 
 def bootstrap_steps(*, gpu: bool, instance_type: str, efa: bool = False) -> list[str]:
-    """The bootstrap steps for a node, in order; each is node/<step>.sh. efa: the pool's nodes have EFA interfaces."""
+    """The bootstrap steps for a node, in order; each is node/<step>.sh. efa: the pool's nodes have EFA interfaces.
+
+    secure-imds comes first on every node: its user data holds its SSH host key (node/imds-root-only.sh)."""
     if not gpu:  # a manager: it runs the health reconciler, which needs the engine up
-        return ["install-docker", "apply-docker-config", "install-reconciler"]
-    steps = ["install-docker", "install-nvidia-driver"]
+        return ["secure-imds", "install-docker", "apply-docker-config", "install-reconciler"]
+    steps = ["secure-imds", "install-docker", "install-nvidia-driver"]
     if needs_fabric_manager(instance_type):
         if _instance_family(instance_type)[0] in NVLINK5_FAMILIES:
             steps.append("install-nvlink-subnet-manager")

@@ -114,6 +114,7 @@ NODE_VERSIONS_ENV = f"{SOFTWARE_DIR}/versions.env"  # node/versions.env: common.
 AGENT_PATH = f"{SOFTWARE_DIR}/gpu_agent.py"  # gpu-swarm-agent.service runs it
 WATCHER_PATH = f"{SOFTWARE_DIR}/gpu_health.py"  # gpu-swarm-health.service runs it
 RECONCILER_PATH = f"{SOFTWARE_DIR}/swarm_reconciler.py"  # gpu-swarm-reconciler.service runs it
+IMDS_FIREWALL_PATH = f"{SOFTWARE_DIR}/imds-root-only.sh"  # gpu-swarm-imds.service runs it at every boot
 METRICS_PATH = f"{SOFTWARE_DIR}/gpu_metrics.py"  # gpu-swarm-metrics.service runs it
 STACK_SETTLE_PATH = f"{SOFTWARE_DIR}/stack_settle.py"  # the stack deploy command (swarm/stacks.py) runs it on
 # the first manager, right after `docker stack deploy`; stdlib only
@@ -181,6 +182,7 @@ RECONCILER_UNIT = "gpu-swarm-reconciler.service"  # install-reconciler.sh instal
 MPS_UNIT = "gpu-swarm-mps.service"  # install-mps.sh installs it on pools that share by MPS; before the agent and docker
 GUARD_UNIT = "gpu-swarm-guard.service"  # install-gpu-agent.sh installs it on GPU nodes; before docker
 METRICS_UNIT = "gpu-swarm-metrics.service"  # install-gpu-metrics.sh installs it on GPU nodes
+IMDS_UNIT = "gpu-swarm-imds.service"  # secure-imds.sh installs it on every node: IMDS for root only, at every boot
 INSTALL_UNIT = "gpu-swarm-install"  # the transient unit the program runs the installer in
 
 # ---------------------------------------------------------------- ports

@@ -320,10 +320,10 @@ def test_the_boot_wait_reports_and_the_upgrade_names_the_nodes_release(prod):
             assert trigger.startswith("i-") and prod.run.monitor.ids[node].startswith("sir-"), name
     upgrades = prod.commands("-upgrade")
     training = inner(upgrades["gpu-swarm-rollout-training-0-upgrade"])
-    assert 'GPU_SWARM_STEPS="install-docker install-nvidia-driver install-fabric-manager' in training
+    assert 'GPU_SWARM_STEPS="secure-imds install-docker install-nvidia-driver install-fabric-manager' in training
     assert "GPU_SWARM_IMAGE=deep-learning" in training and "NVIDIA_KERNEL_MODULES=open" in training
     manager = inner(upgrades["gpu-swarm-rollout-managers-0-upgrade"])
-    assert 'GPU_SWARM_STEPS="install-docker apply-docker-config install-reconciler"' in manager
+    assert 'GPU_SWARM_STEPS="secure-imds install-docker apply-docker-config install-reconciler"' in manager
     assert "GPU_SWARM_IMAGE=ubuntu" in manager
 
 
