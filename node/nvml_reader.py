@@ -243,6 +243,8 @@ class Nvml:
         except (nv.NVMLError_NotSupported, nv.NVMLError_FunctionNotFound, AttributeError):
             return None
         except nv.NVMLError as e:
+            if getattr(e, "value", None) == 0:
+                return {}  # pynvml raises NVML_SUCCESS itself when the first call finds no sample
             errors.append(f"process_utilization: {e}")
             return None
         latest: dict[int, tuple[int, int]] = {}

@@ -276,6 +276,15 @@ def test_without_per_process_samples_no_task_gets_a_utilization(node):
     node.gpus[0]["process_utilization"] = []  # no process ran a kernel: NVML says NotFound, every task is at 0
     assert {v for _, v in node.scrape()["gpu_swarm_task_utilization_percent"]} == {0}
 
+    def success_as_error(handle, last_seen):  # pynvml's own answer when its first call finds no sample
+        error = fake_pynvml.NVMLError("Success")
+        error.value = 0
+        raise error
+    node.monkeypatch.setattr(fake_pynvml, "nvmlDeviceGetProcessUtilization", success_as_error)
+    got = node.scrape()
+    assert {v for _, v in got["gpu_swarm_task_utilization_percent"]} == {0}
+    assert one(got["gpu_swarm_nvml_errors_total"], gpu=G[0], error="process_utilization", slot=f"{G[0]}-s0") == 1
+
 
 def test_a_holder_with_no_process_on_its_gpu_uses_none_of_its_memory(node):
     node.docker.add(task_container(CID["a"], "train_worker", 1, [f"DOCKER_RESOURCE_NVIDIA-GPU={G[0]}"]))
