@@ -26,12 +26,13 @@ STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in REPO.glob("Pulumi.
 
 
 def user_data_of(stack: str) -> dict[str, str]:
-    """Each pool's user data, as the program hands it to aws.ec2.Instance: one per pool, as its nodes boot
-    alike but for their own host key (which the snapshot leaves out)."""
+    """Each pool's user data, as the program hands it to aws.ec2.Instance (or, for a persistent spot pool, to its
+    aws.ec2.SpotInstanceRequest): one per pool, as its nodes boot alike but for their own host key (which the
+    snapshot leaves out)."""
     run = run_program(stack_config(stack), stack=stack)
     out = {}
     for request in run.monitor.requests.values():
-        if request.type == "aws:ec2/instance:Instance":
+        if request.type in ("aws:ec2/instance:Instance", "aws:ec2/spotInstanceRequest:SpotInstanceRequest"):
             inputs = request_inputs(request)
             assert is_secret(inputs["userData"]), "the user data holds the node's private host key"
             text = unwrap(inputs["userData"])
@@ -79,6 +80,9 @@ def test_it_matches_its_snapshot(rendered):
             path.write_text(_normalized(text))
         assert path.exists(), f"no snapshot {path.name}: run UPDATE_SNAPSHOTS=1 pytest {__file__}"
         assert _normalized(text) == path.read_text(), f"{path.name} changed: review the diff, then UPDATE_SNAPSHOTS=1"
+    # Every snapshot is still some pool's: one the program no longer renders would go unchecked.
+    kept = {f"cloud-config-{stack}-{pool}.yaml" for stack, pool in rendered}
+    assert {p.name for p in SNAPSHOTS.glob("cloud-config-*.yaml")} == kept
 
 
 def test_it_writes_the_nodes_files_and_runs_the_installer_once(rendered):
