@@ -105,6 +105,7 @@ def main() -> int:
     say = (lambda m: print(m, file=sys.stderr)) if args.json else print
     overrides = {**OVERRIDES, "managerCount": "1"} if args.smoke else OVERRIDES
     out: dict = {}
+    failed = ["the run did not finish"]  # its exception says why
     try:
         first = program.up(stack="dev", overrides=overrides, progress=say)
         out["first_up"] = {"seconds": first["timings"]["up_s"], "commands": first["commands_executed"]}
@@ -128,11 +129,11 @@ def main() -> int:
                 "swarm_steps_on": sorted({conns[n]["host"] for n in conns if n.endswith(("-cordon", "-admit"))}),
                 "ran": sorted(f"{c['name']} ({c['action']})" for c in second["commands"]),
             }
+        failed = unmet(out, len(out.get("host_key_files", {})))
+        say("FAILED: " + "; ".join(failed) if failed else "every expectation held")
     finally:
         rehearsal.down(progress=say)
         print(json.dumps(out, indent=1))
-        failed = unmet(out, len(out.get("host_key_files", {})))
-        say("FAILED: " + "; ".join(failed) if failed else "every expectation held")
     return 1 if failed else 0
 
 
