@@ -317,10 +317,11 @@ def _volumes(where: str, doc: dict, service: dict, t: Translation) -> None:
         kind, source = _source(volume)
         at = f"{where}.volumes[{i}]"
         if kind == "bind" and source.startswith((".", "~")):
+            name = re.sub(r"[^a-z0-9_-]+", "-", source.rstrip("/").rsplit("/", 1)[-1].lower()).strip("-._") or "data"
             t.problems.append(
                 f"{at}: {source} is a path on the machine that deploys (for a stack, the manager), so on the GPU "
                 "node the task lands on it does not exist and swarm rejects the task. Use a named volume "
-                f"(`data:{_target(volume) or '/data'}` with `volumes: {{data: {{}}}}` at the top level) or an "
+                f"(`{name}:{_target(volume) or '/data'}` with `volumes: {{{name}: {{}}}}` at the top level) or an "
                 "absolute path that exists on every GPU node")
         elif kind == "volume" and source and source not in declared:
             t.problems.append(f"{at}: the named volume {source!r} is not declared; add it at the top level: "
