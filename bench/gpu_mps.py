@@ -477,8 +477,11 @@ def read_only_pipe(out: Path, gpus: list[str], slot: list[str]) -> None:
     if not free:
         return
     pipe = f"{MPS_DIR}/{free[0]}/pipe"
-    log = job("ro-pipe", "touch $CUDA_MPS_PIPE_DIRECTORY/x 2>&1; cuda-probe 64 & p=$!; sleep 5; kill $p; "
-              "echo done", *slot, "--mount", f"type=bind,source={pipe},target={pipe},readonly", timeout=60)
+    try:
+        log = job("ro-pipe", "touch $CUDA_MPS_PIPE_DIRECTORY/x 2>&1; cuda-probe 64 & p=$!; sleep 5; kill $p; "
+                  "echo done", *slot, "--mount", f"type=bind,source={pipe},target={pipe},readonly", timeout=60)
+    except RuntimeError as e:
+        log = f"no answer: {e}"
     (out / "read-only-pipe.log").write_text(log)
     print(f"evidence: an MPS client through a read-only pipe folder: {' | '.join(log.splitlines()[:5])}", flush=True)
 
@@ -515,8 +518,14 @@ def control_daemon_probe(out: Path, over: int, slot: list[str]) -> None:
               f"S=$(echo get_server_list | {own}); echo \"servers: $S\"; "
               f"echo set_default_device_pinned_mem_limit 0 200G | {own}; echo \"default: rc $?\"; "
               f"for s in $S; do echo set_device_pinned_mem_limit $s 0 200G | {own}; echo \"server $s: rc $?\"; "
-              f"done; unset CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; cuda-probe {over}; echo \"cuda-probe: exit $?\"")
-    log = job("control", script, *slot, "--mount", f"type=bind,source={control},target={own},readonly", timeout=90)
+              # a probe that got the memory holds it until stopped: it has 5 s to say which
+              f"done; unset CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; cuda-probe {over} & p=$!; sleep 5; kill $p; wait $p; "
+              "echo \"cuda-probe: exit $?\"")
+    try:
+        log = job("control", script, *slot, "--mount", f"type=bind,source={control},target={own},readonly",
+                  timeout=90)
+    except RuntimeError as e:  # evidence: what happened is the finding, never the run's failure
+        log = f"no answer: {e}"
     (out / "control-daemon-probe.log").write_text(log)
     print(f"evidence: a slot task that tells its MPS daemon a higher ceiling: {' | '.join(log.splitlines()[:8])}",
           flush=True)
