@@ -259,7 +259,7 @@ def stuck(view: dict) -> list[str]:
 def _last(task: dict) -> str:
     run = task.get("last_run") or {}
     text = run.get("state", task["state"])
-    if run.get("exit_code") is not None:
+    if run.get("exit_code") is not None and text != "rejected":  # a rejected task ran nothing: its 0 means nothing
         text += f", exit {run['exit_code']}"
     if run.get("error"):
         text += f": {run['error']}"

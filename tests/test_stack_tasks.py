@@ -257,7 +257,8 @@ def test_releasing_tasks_are_those_swarm_stops_that_still_hold_a_node(task, read
 
 
 def test_a_rejected_task_that_swarm_keeps_restarting_fails_with_swarms_reason():
-    rejected = [doc(state="rejected", desired="shutdown", err=BIND, created=f"2026-01-01T00:00:0{i}Z")
+    # A rejected task has a container status whose exit code is 0 (nothing ran): not shown.
+    rejected = [doc(state="rejected", desired="shutdown", err=BIND, exit_code=0, created=f"2026-01-01T00:00:0{i}Z")
                 for i in range(CRASH_LOOP_FAILURES)]
     again = doc(state="pending", created="2026-01-01T00:00:09Z", err=NO_GPU)
     assert failing(one(REPLICATED, *rejected[:-1], again)) == []  # two rejections: swarm may place it elsewhere

@@ -1,0 +1,66 @@
+"""`pulumi up` tells the truth about stacks, on the program's real path (`localswarm program up`).
+
+Each stack's deploy command waits on the manager (node/stack_settle.py) until the stack has
+settled, and fails the run with swarm's own reason when it will not. The dev stack (Pulumi.dev.yaml:
+one GPU, two one-GPU replicas) settles with its second replica waiting for the GPU; a stack whose
+task swarm rejects (its bind source is on no node) fails `up` inside the program's own command,
+on a second `up` that swaps the dev stack for it (its task first waits for the GPU the old stack's
+task still holds) and on a first `up`.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.rehearsal_tools import cli, cli_json, require_engine, tasks_of
+
+pytestmark = pytest.mark.integration
+
+BAD = json.dumps([{"name": "models", "file": "tests/data/stacks/bind-source-missing.yml", "waitSeconds": 300}])
+REASON = "bind source path does not exist: /srv/gpu-swarm-rehearsal/no-such-models"
+
+
+def program_up(*extra: str, check: bool = True):
+    return cli("program", "up", "--stack", "dev", "--json", *extra, check=check, timeout=1500)
+
+
+@pytest.fixture(scope="module")
+def dev():
+    require_engine()
+    cli("down")
+    yield json.loads(program_up().stdout)
+    cli("down")
+
+
+def test_the_dev_stack_settles_with_its_extra_replica_waiting_for_the_gpu(dev):
+    (running,) = [t for t in tasks_of(dev, "gpu-smoke_gpu") if t["state"] == "running"]
+    assert len(running["gpus"]) == 1
+    reported = dev["outputs"]["stackTasks"]["gpu-smoke"]
+    assert reported["services"] == {"gpu-smoke_gpu": "1 running, 1 waiting for resources"}
+    (waiting,) = reported["waitingForGpus"]
+    assert waiting["service"] == "gpu-smoke_gpu" and "insufficient resources" in waiting["reason"]
+
+
+def test_a_second_up_that_swaps_in_a_stack_swarm_rejects_fails_with_swarms_reason(dev):
+    started = time.monotonic()
+    proc = program_up("--set", f"stacks={BAD}", check=False)
+    took = time.monotonic() - started
+    print(f"second up, swapping in a rejected stack, failed after {took:.1f} s")
+    assert proc.returncode == 1, proc.stdout
+    assert "pulumi up failed: gpu-swarm-stack-models-deploy: Process exited with status 1" in proc.stderr
+    assert "stack models: models_server task 1 failed 3 times and never completed (rejected: " in proc.stderr, \
+        proc.stderr
+    assert REASON in proc.stderr
+    assert took < 240, "a rejection should be seen long before the stack's 300 s wait"
+    view = cli_json("program", "status")  # the old stack is gone: the reconcile ran before the deploy
+    assert not tasks_of(view, "gpu-smoke_gpu") and tasks_of(view, "models_server")
+
+
+def test_a_first_up_with_a_stack_swarm_rejects_fails_with_swarms_reason(dev):
+    cli("down")
+    proc = program_up("--set", f"stacks={BAD}", check=False)
+    assert proc.returncode == 1, proc.stdout
+    assert "pulumi up failed: gpu-swarm-stack-models-deploy: Process exited with status 1" in proc.stderr
+    assert REASON in proc.stderr and "stack models: models_server task 1" in proc.stderr
