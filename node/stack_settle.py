@@ -163,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {task['service']} task {task['slot']} waits: {task['reason']}", file=sys.stderr)
     if code:
         print("gpu-swarm: " + "\n".join(result["problems"]), file=sys.stderr)
-        print(f"Look with `docker service ps --no-trunc <service>` on a manager; fix the stack or the nodes and "
-              f"run `pulumi up` again.", file=sys.stderr)
+        print("Look with `docker service ps --no-trunc <service>` on a manager; fix the stack or the nodes and "
+              "run `pulumi up` again.", file=sys.stderr)
     else:
         print(f"stack {args.stack} settled in {result['seconds']} s", file=sys.stderr)
     print(json.dumps(result, sort_keys=True))
