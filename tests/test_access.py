@@ -95,9 +95,10 @@ def test_known_hosts_lists_every_node_at_the_addresses_it_is_dialled_at(prod):
 
 
 def test_the_first_running_manager_is_the_live_one():
-    assert live_index(["i-a", "i-b", "i-c"], []) == 0  # a new cluster: none runs yet
-    assert live_index(["i-a", "i-b", "i-c"], ["i-c", "i-b"]) == 1
-    assert live_index(["i-a", "i-b", "i-c"], ["i-x"]) == 0
+    names = ["c-manager-0", "c-manager-1", "c-manager-2"]  # by Name tag: a replaced manager keeps its name
+    assert live_index(names, []) == 0  # a new cluster: none runs yet
+    assert live_index(names, ["c-manager-2", "c-manager-1"]) == 1
+    assert live_index(names, ["c-manager-9"]) == 0
 
 
 def test_a_host_key_must_be_one_openssh_public_key():
