@@ -113,8 +113,15 @@ class NodePool(pulumi.ComponentResource):
             raise ValueError("an EFA pool has one subnet: EFA traffic does not leave it")
         child = pulumi.ResourceOptions(parent=self)
 
-        # A one-time spot instance cannot be stopped, so it cannot be resized in place.
-        replace_on = ["instanceType"] if args.spot else []
+        # A GPU node gets a new type by replacement, not by the provider's in-place resize: the
+        # engine resizes an instance when it reaches it, before any command of the node's, so every
+        # node of the pool would stop at once, undrained. A replacement is created first (with the
+        # program's current inputs), joins and is admitted one node per pool at a time like any new
+        # node; the reconcile then drains the old nodes one by one, and the engine deletes their
+        # instances last. (A one-time spot instance cannot be stopped, so it could not be resized
+        # anyway.) Managers keep the in-place resize, one at a time: replacing the first manager
+        # would make a new swarm.
+        replace_on = ["instanceType"] if args.role == "worker" or args.spot else []
         group = args.placement_group
         if args.cluster_placement:
             group = aws.ec2.PlacementGroup(f"{name}-placement", strategy="cluster",

@@ -153,7 +153,24 @@ def test_a_new_manager_type_resizes_the_managers_in_place():
     assert not result.created and not result.deleted
 
 
-def test_a_new_gpu_type_resizes_on_demand_nodes_and_replaces_spot_ones():
+def test_a_new_gpu_type_replaces_an_on_demand_pools_nodes_new_ones_first_never_resizing_them_undrained():
+    t4 = {"name": "t4", "instanceType": "g4dn.xlarge", "count": 2}
+    result = plan(with_(gpuPools=[TRAINING, INFERENCE, t4]),
+                  with_(gpuPools=[TRAINING, INFERENCE, {**t4, "instanceType": "g4dn.12xlarge"}]))
+    # An in-place resize would stop every node of the pool at once, before any command of theirs
+    # could drain it (the engine reaches the instances first): a replacement instead.
+    assert result.instances_replaced() == {"gpu-swarm-t4-0": {"instanceType"}, "gpu-swarm-t4-1": {"instanceType"}}
+    assert not any(name in result.instances for name in result.updated)
+    # The new nodes join (their joins' triggers name the new instances, which the mocks cannot
+    # show: tests/test_localswarm_engine.py and the rehearsal do) and are admitted expecting their
+    # new GPU count; the reconcile then drains and removes the old nodes, one after the other.
+    for i in (0, 1):
+        assert "create" in result.updated[f"gpu-swarm-rollout-t4-{i}-admit"]  # 4 GPUs now, not 1
+    assert not any(name.startswith(("gpu-swarm-training", "gpu-swarm-inference", "gpu-swarm-rollout-training"))
+                   for name in result.changed())
+
+
+def test_a_new_gpu_type_replaces_spot_nodes():
     one_time = {**INFERENCE, "interruption": "terminate"}
     result = plan(with_(gpuPools=[TRAINING, one_time]),
                   with_(gpuPools=[TRAINING, {**one_time, "rootVolumeGiB": 300}]))

@@ -116,11 +116,12 @@ def test_running_nodes_keep_what_only_matters_at_creation(prod):
         assert prod.plain(name)["userDataReplaceOnChange"] is False
 
 
-def test_spot_nodes_are_replaced_on_a_new_type_and_on_demand_nodes_resized(prod):
-    # A one-time spot instance cannot be stopped, so it cannot be resized in place.
+def test_gpu_nodes_are_replaced_on_a_new_type_and_managers_resized(prod):
+    # A GPU node is replaced (new first, the old one drained by the reconcile); a manager is
+    # resized in place, one at a time (node_pool.py says why).
     for name, inst in prod.instances().items():
-        spot = inst["tags"]["gpu-swarm:pool"] == "inference"
-        assert list(prod.requests[name].replaceOnChanges) == (["instanceType"] if spot else []), name
+        worker = inst["tags"]["gpu-swarm:pool"] != "managers"
+        assert list(prod.requests[name].replaceOnChanges) == (["instanceType"] if worker else []), name
 
 
 def test_managers_change_one_after_the_other(prod):
