@@ -96,6 +96,12 @@ def _parser() -> argparse.ArgumentParser:
     program.add_argument("--bump-node-software", action="store_true",
                          help="as if node/ had changed (and stays changed for later runs): a new bundle "
                               "that rolls through the nodes")
+    program.add_argument("--replace", action="append", default=[], metavar="URN",
+                         help="replace this resource (its URN, or its name) even if nothing changed, as "
+                              "`pulumi up --replace` (repeatable)")
+    program.add_argument("--refresh", action=argparse.BooleanOptionalAction, default=None,
+                         help="read the instances back first, as `pulumi up --refresh` (default: Pulumi.yaml's "
+                              "refresh option, which is `always`)")
     return p
 
 
@@ -181,8 +187,8 @@ def _run(args, say):
         if args.action == "status":
             return program.status(progress=say)
         return program.up(stack=args.stack, overrides=_overrides(args.set), parallel=args.parallel,
-                          bump_software=args.bump_node_software,
-                          progress=say)
+                          bump_software=args.bump_node_software, replace=tuple(args.replace),
+                          refresh=args.refresh, progress=say)
     raise AssertionError(args.command)
 
 

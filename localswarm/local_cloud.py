@@ -8,10 +8,14 @@ the engine and the providers do, in that order:
 - a command.remote.Command runs its script over SSH (localswarm/ssh.py);
 - the node software's bundle goes to the S3 stand-in (localswarm/object_store.py);
 - a tls.PrivateKey is a real key, so the machines take the program's key.
-Like the engine, it remembers what the last run made (the state file) and compares: an
-unchanged command does not run again, a changed one runs again (an update), a changed
-trigger replaces it; an instance whose replacing inputs changed (minus ignore_changes) is a
-new machine; what the program no longer has is deleted after the run (a machine terminated).
+Like the engine, it remembers what the last run made (the state file, by URN) and compares:
+an unchanged command does not run again, a changed one runs again (an update), a changed
+trigger replaces it; an instance whose replacing inputs changed (minus ignore_changes) is
+replaced, the new machine first, with the program's current inputs (ignore_changes keeps old
+values for the diff only), the old one terminated at the end of the run (or first, with
+delete_before_replace); an in-place change that AWS makes with a stop (a new type, user data)
+stops the machine, changes it (a new type has its own GPUs) and starts it. After the first
+failure no new step starts. What the program no longer has is deleted after the run.
 """
 from __future__ import annotations
 
@@ -36,6 +40,8 @@ from localswarm.network import BRIDGE_ADDR, SUBNET
 INSTANCE = "aws:ec2/instance:Instance"
 SPOT_REQUEST = "aws:ec2/spotInstanceRequest:SpotInstanceRequest"  # a node of a persistent spot pool
 COMMAND = "command:remote:Command"
+# aws.ec2.Instance inputs that the provider changes with a stop, a modify and a start.
+STOPPED_TO_CHANGE = ("instanceType", "cpuOptions", "userData", "userDataBase64")
 
 
 @dataclass
@@ -59,6 +65,10 @@ class LocalCloud(pulumi_mocks.Mocks):
     actions: list[Action] = field(default_factory=list)
     machines_by_instance: dict = field(default_factory=dict)  # instance id -> machine record
     next_index: int = 1
+    replace_targets: frozenset = frozenset()  # `--replace`: URNs or names
+    failed: str = ""  # set by the first failed step: the engine starts no new step after it
+    pending: dict = field(default_factory=dict)  # URN -> the step in flight (the state's pending operations)
+    doomed: list = field(default_factory=list)  # replaced resources, deleted at the end of the run
     lock: threading.Lock = field(default_factory=threading.Lock)
     options: threading.local = field(default_factory=threading.local)  # the registering request's options
 
@@ -83,8 +93,12 @@ class LocalCloud(pulumi_mocks.Mocks):
                 "publicIps": [o.get("publicIp") or "" for _, o in found], "ipv6Addresses": []}
 
     def new_resource(self, args: pulumi_mocks.MockResourceArgs):
+        urn = getattr(self.options, "urn", "") or args.name
+        if self.failed:
+            raise Exception(f"{args.name}: not started: {self.failed}")
+        self.options.given = _plain(args.inputs)  # a replacement's inputs: ignore_changes is for diffs
         inputs = _plain(args.inputs)
-        before = self.previous.get(args.name)
+        before = self.previous.get(urn)
         if before and before["type"] != args.typ:
             before = None
         if before:
@@ -99,15 +113,27 @@ class LocalCloud(pulumi_mocks.Mocks):
                    "aws:ec2/keyPair:KeyPair": self._key_pair, "aws:ec2/eip:Eip": self._eip,
                    "aws:ec2/eipAssociation:EipAssociation": self._eip_association,
                    "tls:index/privateKey:PrivateKey": self._private_key}.get(args.typ, self._other)
-        rid, outputs = handler(args.name, inputs, before)
         with self.lock:
-            self.current[args.name] = {"type": args.typ, "id": rid, "inputs": inputs, "outputs": outputs}
+            self.pending[urn] = {"type": args.typ, "operation": "updating" if before else "creating"}
+        try:
+            rid, outputs = handler(args.name, inputs, before)
+        except BaseException:
+            with self.lock:
+                self.failed = self.failed or f"an earlier step failed ({args.name})"
+            raise
+        finally:
+            with self.lock:
+                self.pending.pop(urn, None)
+        with self.lock:
+            self.current[urn] = {"type": args.typ, "id": rid, "inputs": inputs, "outputs": outputs}
         return rid, outputs
 
     def _change(self, typ: str, before: dict | None, inputs: dict) -> str:
         """create, same, update or replace: what the engine would do, from the inputs and the options."""
         if before is None:
             return "create"
+        if {getattr(self.options, "urn", ""), getattr(self.options, "name", "")} & self.replace_targets:
+            return "replace"  # pulumi up --replace
         if before["inputs"] == inputs:
             return "same"
         old, new = before["inputs"], inputs
@@ -154,11 +180,18 @@ class LocalCloud(pulumi_mocks.Mocks):
     def _instance(self, name: str, inputs: dict, before: dict | None, typ: str = INSTANCE):
         change = self._change(typ, before, inputs)
         if change in ("same", "update"):
-            # An in-place change (a resize, new tags) changes nothing a machine can show.
+            if change == "update" and any(before["inputs"].get(k) != inputs.get(k) for k in STOPPED_TO_CHANGE):
+                self._stop_change_start(name, before, inputs)
             self._record(name, typ, change)
             return before["id"], {**before["outputs"], **inputs}
         if change == "replace":
-            self._terminate(before)
+            inputs.clear()
+            inputs.update(self.options.given)  # the new resource: the program's current inputs
+            if getattr(self.options, "delete_before_replace", False):
+                self._terminate(before)
+            else:  # create before delete: the old one goes at the end of the run
+                with self.lock:
+                    self.doomed.append(before)
         with self.lock:
             index, self.next_index = self.next_index, self.next_index + 1
         instance_id = f"i-{hashlib.sha1(f'{name}/{index}/{time.time()}'.encode()).hexdigest()[:17]}"
@@ -183,6 +216,21 @@ class LocalCloud(pulumi_mocks.Mocks):
             request_id = f"sir-{hashlib.sha1(instance_id.encode()).hexdigest()[:8]}"
             return request_id, {**outputs, "spotInstanceId": instance_id, "spotRequestState": "active"}
         return instance_id, outputs
+
+    def _stop_change_start(self, name: str, before: dict, inputs: dict) -> None:
+        """What the provider does for a new type or user data: StopInstances, ModifyInstanceAttribute,
+        StartInstances. Another type is other hardware: the machine boots with that type's GPUs."""
+        record = self.machines_by_instance.get(before["id"])
+        if not record:
+            return
+        m = machines.Machine(record["machine"], record["index"])
+        self.say(f"{name}: stopping {record['hostname']} to change it in place")
+        machines.stop(m)
+        if before["inputs"].get("instanceType") != inputs.get("instanceType"):
+            machines.set_gpus(m, [{"uuid": f"GPU-{uuid.uuid4()}", "name": f"NVIDIA {model}", "memory_mib": memory}
+                                  for model, memory in fake_aws.gpus_of(inputs["instanceType"])])
+        machines.start(m)
+        self.say(f"{name}: {record['hostname']} started again as {inputs.get('instanceType')}")
 
     def _terminate(self, resource: dict) -> None:
         # A spot request's machine is its instance's (deleting the request cancels it, then terminates that).
@@ -260,6 +308,11 @@ class LocalCloud(pulumi_mocks.Mocks):
             record = next((r for r in self.machines_by_instance.values()
                            if r.get("eni") == inputs.get("networkInterfaceId")), None) \
                 or self.machines_by_instance.get(inputs.get("instanceId"))
+        old = before and next((r for r in self.machines_by_instance.values()
+                               if r.get("eni") == before["inputs"].get("networkInterfaceId")), None)
+        if old and old is not record:  # replaced (delete_before_replace): the old association goes first
+            subprocess.run(["ip", "-n", machines.Machine(old["machine"], old["index"]).netns, "addr", "del",
+                            f"{address}/{SUBNET.prefixlen}", "dev", "eth0"], capture_output=True)
         if record:  # `addr replace`: the same again changes nothing
             run_quiet(["ip", "-n", machines.Machine(record["machine"], record["index"]).netns, "addr", "replace",
                        f"{address}/{SUBNET.prefixlen}", "dev", "eth0"])
@@ -274,13 +327,17 @@ class LocalCloud(pulumi_mocks.Mocks):
     def delete_the_rest(self) -> list[str]:
         """What the program no longer has goes, after everything else, as the engine deletes last."""
         gone = [name for name in self.previous if name not in self.current]
+        for resource in self.doomed:  # what replacements replaced, created before these were deleted
+            self._terminate(resource)
+            self._record(resource["outputs"].get("tags", {}).get("Name", resource["id"]), resource["type"], "delete")
+        self.doomed = []
         for name in gone:
             resource = self.previous[name]
             if resource["type"] in (INSTANCE, SPOT_REQUEST):
                 self._terminate(resource)
             elif resource["type"] == "aws:s3/bucketObjectv2:BucketObjectv2":
                 object_store.object_path(resource["outputs"]["bucket"], resource["inputs"]["key"]).unlink(missing_ok=True)
-            self._record(name, resource["type"], "delete")
+            self._record(name.split("::")[-1], resource["type"], "delete")  # by name, in the report
         return gone
 
 

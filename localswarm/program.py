@@ -29,7 +29,7 @@ import yaml
 from pulumi.runtime import mocks as pulumi_mocks
 
 import node_software
-from localswarm import api, machines, network, node_image, nspawn, object_store, placement, registry
+from localswarm import api, engine, machines, network, node_image, nspawn, object_store, placement, registry
 from localswarm.host import CLI, REPO, RehearsalError, check_host, find_engine, run
 from localswarm.local_cloud import COMMAND, LocalCloud
 from localswarm.nodes import REGISTRY, STATE_ROOT
@@ -58,9 +58,16 @@ class _Monitor(pulumi_mocks.MockMonitor):
         super().__init__(cloud)
         self.cloud = cloud
 
+    def make_urn(self, parent: str, type_: str, name: str) -> str:
+        # The engine's URN holds every parent's type; the SDK's mock keeps only the nearest one.
+        return engine.urn(pulumi.get_stack(), pulumi.get_project(), parent, type_, name)
+
     def RegisterResource(self, request):
-        self.cloud.options.ignore_changes = list(request.ignoreChanges)
-        self.cloud.options.replace_on_changes = list(request.replaceOnChanges)
+        options = self.cloud.options
+        options.urn, options.name = self.make_urn(request.parent, request.type, request.name), request.name
+        options.ignore_changes = list(request.ignoreChanges)
+        options.replace_on_changes = list(request.replaceOnChanges)
+        options.delete_before_replace = bool(request.deleteBeforeReplace)
         return super().RegisterResource(request)
 
 
@@ -80,7 +87,7 @@ def _save_state(state: dict) -> None:
 
 
 def up(*, stack: str = "dev", overrides: dict | None = None, parallel: int = 6, bump_software: bool = False,
-       progress: Progress = print) -> dict:
+       replace: tuple[str, ...] = (), refresh: bool | None = None, progress: Progress = print) -> dict:
     """Run the program as `pulumi up` would; returns the report (as `up --json` prints it, and more)."""
     started = time.monotonic()
     say = lambda msg: progress(f"[{time.monotonic() - started:6.1f}s] {msg}")  # noqa: E731
@@ -94,15 +101,26 @@ def up(*, stack: str = "dev", overrides: dict | None = None, parallel: int = 6, 
     from localswarm.state import load_state as load_rehearsal
     if load_rehearsal():
         raise RehearsalError(f"a `localswarm up` rehearsal is up; run `{CLI} down` first")
+    if any(not key.startswith("urn:") for key in state.get("resources", {})):
+        raise RehearsalError(f"the rehearsal's state names resources by name, not URN (an older rehearsal); "
+                             f"run `{CLI} down` first")
     node_image.ensure_image(say)
     _infrastructure(config, say)
+    known = dict(state.get("machines", {}))
+    resources = state.get("resources", {})
+    if state.get("pending_operations"):
+        say(engine.pending_warning(state["pending_operations"]))
+    if engine.project_refreshes(REPO) if refresh is None else refresh:
+        resources, notes = engine.refresh(resources, lambda r: _instance_state(r, known))
+        for note in notes:
+            say(note)
 
     # A bump stays, as an edit of node/ would: later runs build the same bundle until the next bump.
     bumps = state.get("bumps", 0) + (1 if bump_software else 0)
     source = _bumped_software(bumps) if bumps else None
-    cloud = LocalCloud(previous=state.get("resources", {}), region=config["aws:region"], say=say,
-                       clock=time.monotonic, machines_by_instance=dict(state.get("machines", {})),
-                       next_index=state.get("next_index", 1))
+    cloud = LocalCloud(previous=resources, region=config["aws:region"], say=say,
+                       clock=time.monotonic, machines_by_instance=known, next_index=state.get("next_index", 1),
+                       replace_targets=frozenset(replace), doomed=list(state.get("doomed", [])))
     error = None
     watcher = _DrainWatcher(cloud)
     watcher.start()
@@ -110,6 +128,10 @@ def up(*, stack: str = "dev", overrides: dict | None = None, parallel: int = 6, 
         exports = _run_program(cloud, config, stack, parallel, source)
     except Exception as e:  # the program's own error, or a command's, as `pulumi up` prints it
         error, exports = str(e), {}
+    except BaseException:  # Ctrl-C: the engine saves what finished and what was in flight
+        cloud.failed = "interrupted"
+        _save_state(_state_of(cloud, config, stack, bumps, failed=True))
+        raise
     finally:
         watcher.stop()
         if source:
@@ -117,11 +139,7 @@ def up(*, stack: str = "dev", overrides: dict | None = None, parallel: int = 6, 
             shutil.rmtree(source.parent, ignore_errors=True)
     if error is None:
         cloud.delete_the_rest()
-    # Like Pulumi's state after a failed update: what was made stays known, what failed is retried.
-    _save_state({"stack": stack, "kind": config.get("gpu-swarm:gpuKind") or "NVIDIA-GPU",
-                 "shared_kind": config.get("gpu-swarm:sharedGpuKind") or "", "resources": {**(cloud.previous if error else {}), **cloud.current},
-                 "machines": cloud.machines_by_instance, "next_index": cloud.next_index,
-                 "bumps": bumps})  # an edit of node/ stays, whether or not the up that met it succeeded
+    _save_state(_state_of(cloud, config, stack, bumps, failed=error is not None))
     ran = [a for a in cloud.actions if a.typ == COMMAND and a.action in ("create", "replace", "update")]
     if error:
         raise RehearsalError(f"pulumi up failed: {error}\nWhat it made is still there: fix the cause and run "
@@ -146,6 +164,30 @@ def up(*, stack: str = "dev", overrides: dict | None = None, parallel: int = 6, 
         "outputs": {k: v for k, v in exports.items() if k != "privateKey"},
         "timings": {"up_s": round(time.monotonic() - started, 1)},
     }
+
+
+def _state_of(cloud: LocalCloud, config: dict, stack: str, bumps: int, *, failed: bool) -> dict:
+    """Like Pulumi's state after an update: what was made stays known, what failed is retried, what a
+    replacement replaced is deleted by the next update, and steps in flight are pending operations.
+    An edit of node/ (bumps) stays, whether or not the up that met it succeeded."""
+    with cloud.lock:
+        return {"stack": stack, "kind": config.get("gpu-swarm:gpuKind") or "NVIDIA-GPU",
+                "shared_kind": config.get("gpu-swarm:sharedGpuKind") or "",
+                "resources": {**(cloud.previous if failed else {}), **cloud.current},
+                "doomed": list(cloud.doomed), "pending_operations": dict(cloud.pending),
+                "machines": dict(cloud.machines_by_instance), "next_index": cloud.next_index, "bumps": bumps}
+
+
+def _instance_state(resource: dict, known: dict) -> str | None:
+    """What AWS says of a resource's instance: running, stopped, or None (terminated). A terminated
+    machine's record goes too: nothing of it is left to reach."""
+    instance_id = resource["outputs"].get("spotInstanceId") or resource["id"]
+    record = known.get(instance_id)
+    m = record and machines.Machine(record["machine"], record["index"])
+    if not m or not m.dir.exists():
+        known.pop(instance_id, None)
+        return None
+    return "running" if machines.running(m) else "stopped"
 
 
 class _DrainWatcher(threading.Thread):
