@@ -27,7 +27,7 @@ from pulumi.runtime import rpc
 REPO = Path(__file__).resolve().parent.parent
 # The node programs import their siblings (gpu_agent imports gpu_detect), as they do on a node.
 sys.path.insert(0, str(REPO / "node"))
-from localswarm import fake_aws
+from localswarm import engine as engine_model, fake_aws
 from localswarm.fake_aws import (  # noqa: F401  (the tests import these from here)
     ACCOUNT, AMIS, ARM_AMI, BLOCK_RESERVATION, CUSTOM_AMI, CUSTOM_AMI_NEXT, DEEP_LEARNING_AMI, INSTANCE_TYPES,
     OFFERED_IN, OTHER_VPC, REGION, RESERVATION, SUBNETS, UBUNTU_AMI, VPC, VPC_CIDRS, ZONES, answer, bucket_state,
@@ -165,14 +165,20 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         super().__init__(mocks)
         self.requests = {}
         self.ids = {}  # resource name -> the id its provider gave it
+        self.urns = {}  # resource name -> its URN, the engine's identity for it
         self.reads = {}
         self.duplicate_names = []
         self.outputs = {}
+
+    def make_urn(self, parent: str, type_: str, name: str) -> str:
+        # The engine's URN holds every parent's type; the SDK's mock keeps only the nearest one.
+        return engine_model.urn(pulumi.get_stack(), pulumi.get_project(), parent, type_, name)
 
     def RegisterResource(self, request):
         if request.name in self.requests:
             self.duplicate_names.append(request.name)
         self.requests[request.name] = request
+        self.urns[request.name] = self.make_urn(request.parent, request.type, request.name)
         response = super().RegisterResource(request)
         self.ids[request.name] = response.id
         return response

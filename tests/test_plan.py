@@ -13,6 +13,7 @@ import platform
 import shutil
 from dataclasses import dataclass, field
 
+import pulumi
 import pytest
 
 import node_software
@@ -41,8 +42,9 @@ class Plan:
 
 
 def _registered(run) -> dict:
-    return {name: (req.type, unwrap(request_inputs(req)), req) for name, req in run.monitor.requests.items()
-            if not req.type.startswith(("pulumi:", "gpu-swarm:"))}
+    """URN -> (type, inputs, request, name): the engine knows a resource by its URN, not its name."""
+    return {run.monitor.urns[name]: (req.type, unwrap(request_inputs(req)), req, name)
+            for name, req in run.monitor.requests.items() if not req.type.startswith(("pulumi:", "gpu-swarm:"))}
 
 
 HEALTH_READ = "gpu-swarm-health-read"  # reads each node's condition at every `pulumi up`
@@ -65,19 +67,16 @@ def plan(config_a: dict, config_b: dict, *, between=None, secret_keys=(), stack:
         if between:
             between()
         if refresh:
-            a = {name: (typ, fake_aws.refreshed(typ, first.monitor.ids[name], old), req)
-                 for name, (typ, old, req) in a.items()}
+            a = {urn: (typ, fake_aws.refreshed(typ, first.monitor.ids[name], old), req, name)
+                 for urn, (typ, old, req, name) in a.items()}
         # AWS still holds what the first up made: its subnets, its instances (tests/conftest.py).
         second = run_program(config_b, secret_keys, stack=stack, keep_account=True)
         b = _registered(second)
-    result = Plan(created=set(b) - set(a), deleted=set(a) - set(b),
-                  instances={n for n, (typ, _, _) in b.items() if typ in (INSTANCE, SPOT_REQUEST)})
-    for name in set(a) & set(b):
-        typ, old, _ = a[name]
-        new_type, new, request = b[name]
-        if new_type != typ:  # another kind of resource under the same name: the engine replaces it
-            result.replaced[name] = {"type"}
-            continue
+    result = Plan(created={b[u][3] for u in set(b) - set(a)}, deleted={a[u][3] for u in set(a) - set(b)},
+                  instances={name for typ, _, _, name in b.values() if typ in (INSTANCE, SPOT_REQUEST)})
+    for urn in set(a) & set(b):
+        typ, old, _, name = a[urn]
+        _, new, request, _ = b[urn]  # the same URN: the same type (another type is another resource)
         ignored = set(request.ignoreChanges)  # top-level inputs a running resource keeps
         old = {k: v for k, v in old.items() if k not in ignored}
         new = {k: v for k, v in new.items() if k not in ignored}
@@ -89,9 +88,9 @@ def plan(config_a: dict, config_b: dict, *, between=None, secret_keys=(), stack:
             result.replaced[name] = forcing
         else:
             result.updated[name] = {k for k in set(old) | set(new) if old.get(k) != new.get(k)}
-    for name in result.deleted | set(result.replaced):  # the engine deletes the old ones last
-        if name in result.deleted or first.monitor.ids[name] != second.monitor.ids[name]:
-            fake_aws.delete(a[name][0], first.monitor.ids[name])
+    for urn, (typ, _, _, name) in a.items():  # the engine deletes the old ones last
+        if urn not in b or name in result.replaced and first.monitor.ids[name] != second.monitor.ids[name]:
+            fake_aws.delete(typ, first.monitor.ids[name])
     read = result.updated.pop(HEALTH_READ, None)
     assert read is None or "create" in read and read <= {"create", "connection"}, read  # None: inventoryEachUp off
     return result
@@ -118,9 +117,10 @@ def test_each_pulumi_up_reads_the_conditions_and_with_inventory_each_up_off_noth
     each = plan(PROD, PROD)  # plan() checks the read itself
     assert each.changed() == set()
     quiet = with_(health={"inventoryEachUp": False})
-    a = _registered(run_program(quiet, stack="prod"))
-    b = _registered(run_program(quiet, stack="prod"))
-    assert a[HEALTH_READ][1] == b[HEALTH_READ][1] and "conditions read at" not in a[HEALTH_READ][1]["create"]
+    a = run_program(quiet, stack="prod").monitor.requests[HEALTH_READ]
+    b = run_program(quiet, stack="prod").monitor.requests[HEALTH_READ]
+    assert unwrap(request_inputs(a)) == unwrap(request_inputs(b))
+    assert "conditions read at" not in unwrap(request_inputs(a))["create"]
 
 
 def test_a_health_setting_restarts_the_health_services_and_drains_nothing():
@@ -143,6 +143,20 @@ def test_an_operator_on_another_os_and_python_changes_nothing(monkeypatch):
 
     assert plan(PROD, PROD, between=lambda: other_os("Darwin")).changed() == set()
     assert plan(PROD, PROD, between=lambda: other_os("Windows")).changed() == set()
+
+
+def test_a_refactor_that_renames_a_component_type_without_an_alias_replaces_everything_under_it(monkeypatch):
+    """The engine knows a resource by its URN (its parents' types and its name): the same names
+    under a renamed component are new resources, and the old ones are deleted."""
+    real = pulumi.ComponentResource.__init__
+
+    def renamed(self, t, name, props=None, opts=None, *args, **kwargs):
+        real(self, "gpu-swarm:aws:Pool" if t == "gpu-swarm:aws:NodePool" else t, name, props, opts, *args, **kwargs)
+
+    result = plan(PROD, PROD, between=lambda: monkeypatch.setattr(pulumi.ComponentResource, "__init__", renamed))
+    nodes = {f"gpu-swarm-{n}" for n in NODES}
+    assert nodes <= result.created and nodes <= result.deleted
+    assert not result.updated.keys() & nodes
 
 
 def test_a_new_manager_type_resizes_the_managers_in_place():

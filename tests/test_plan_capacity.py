@@ -48,9 +48,11 @@ def test_placement_market_and_reservation_reach_new_nodes_only():
     assert result.created == {"gpu-swarm-inference-placement"}  # the group, for new nodes
     assert not result.deleted
     # A persistent spot node is a request of its own (components/capacity.py): moving a pool to or
-    # from `interruption: stop` makes each node another kind of resource, a new node.
+    # from `interruption: stop` makes each node another kind of resource (another URN): a new node is
+    # created and the old one deleted.
     result = plan(PROD, stack_config("prod", gpuPools=[*pools, one_time]))
-    assert result.instances_replaced() == {"gpu-swarm-inference-0": {"type"}, "gpu-swarm-inference-1": {"type"}}
+    nodes = {"gpu-swarm-inference-0", "gpu-swarm-inference-1"}
+    assert nodes <= result.created and nodes <= result.deleted and result.instances_replaced() == {}
 
 
 def test_managers_that_are_stopped_and_started_keep_their_address_and_nothing_runs_again(monkeypatch):
