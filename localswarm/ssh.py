@@ -1,11 +1,16 @@
 """pulumi-command's remote.Command, as its provider runs one, over OpenSSH: dial, run, fail the same way.
 
-What the provider does (pulumi-command 1.x, provider/pkg/provider/remote): it dials the
-host, through the proxy (jump host) when the connection has one, and retries failed dials
-up to dialErrorLimit times, each bounded by perDialTimeout; without hostKey it accepts any
-host key. It runs `create` in one session, with stdin when given, and the command's exit
-status decides: a failure is "Process exited with status N: running ...", followed by the
-command's output. stdout and stderr lose one trailing newline.
+What the provider does (pulumi-command 1.2.1, provider/pkg/provider/remote/connection.go):
+it dials the host and retries failed dials up to dialErrorLimit times, each bounded by
+perDialTimeout; without hostKey it accepts any host key. Through a proxy (jump host) it
+dials in three retried steps: the jump host; a channel from it to the host (a refused port
+is retried); and the SSH handshake, retried on that same channel, which a failed handshake
+has closed: a handshake that fails behind a jump host (a closed connection, a refused key,
+a host key that does not match) fails the command, where a direct dial would try again.
+It runs `create` in one session, with stdin when given, and the command's exit status
+decides: a failure is "Process exited with status N: running ...", followed by the
+command's output. A session that drops while the script runs is a failure too, never run
+again. stdout and stderr lose one trailing newline.
 """
 from __future__ import annotations
 
@@ -24,6 +29,18 @@ _DIAL_ERRORS = ("connection refused", "connection timed out", "no route to host"
                 "network is unreachable", "broken pipe", "could not resolve",
                 # The provider retries a handshake that fails on a pinned host key like any other dial.
                 "host key verification failed")
+
+
+# The remote shell says this first on stderr: after it, the script has started, and a dropped
+# session is the script's failure, not a dial to retry.
+SESSION_OPEN = "lsw-session-open"
+# What the jump host's own ssh (the ProxyCommand) prints when it could not open a channel to the
+# host: the provider's "Dial from proxy" step, retried.
+_CHANNEL_ERRORS = ("stdio forwarding failed", "open failed", "administratively prohibited")
+
+
+# What OpenSSH prints when a session it had opened goes away under the command.
+_DROPPED = ("closed by remote host", "connection reset", "broken pipe", "client_loop", "timed out")
 
 
 class CommandFailed(Exception):
@@ -73,7 +90,7 @@ def argv(connection: dict, script: str, folder: Path) -> list[str]:
         jump = ["ssh", *_options(proxy_key, timeout, jump_known), "-p", str(int(proxy.get("port") or 22)),
                 "-W", "%h:%p", f"{proxy.get('user') or 'root'}@{proxy['host']}"]
         cmd += ["-o", f"ProxyCommand={shlex.join(jump)}"]
-    return [*cmd, target, script]
+    return [*cmd, target, f"printf '%s\\n' {SESSION_OPEN} >&2; {script}"]
 
 
 def run(connection: dict, script: str, *, stdin: str | None = None, timeout_s: float = 3600,
@@ -88,9 +105,19 @@ def run(connection: dict, script: str, *, stdin: str | None = None, timeout_s: f
             dials += 1
             proc = subprocess.run(command, input=stdin or "", capture_output=True, text=True, timeout=timeout_s,
                                   env={**os.environ, "SSH_AUTH_SOCK": ""})
-            dial_error = proc.returncode == 255 and any(e in proc.stderr.lower() for e in _DIAL_ERRORS)
+            opened = f"{SESSION_OPEN}\n" in proc.stderr
+            stderr = proc.stderr.replace(f"{SESSION_OPEN}\n", "", 1)
+            if opened and proc.returncode == 255 and any(e in stderr.lower() for e in _DROPPED):
+                raise CommandFailed(f"{connection['host']}: the session dropped while the command ran (it is not "
+                                    f"run again): remote command exited without exit status or exit signal:\n"
+                                    f"{proc.stdout}{stderr}")
+            dial_error = not opened and proc.returncode == 255 and any(e in stderr.lower() for e in _DIAL_ERRORS)
             if not dial_error:
                 break
+            if _behind_jump_host(connection, stderr) == "handshake":
+                raise CommandFailed(f"dial {connection['host']} through {connection['proxy']['host']}: the handshake "
+                                    f"failed, and the provider retries it on the connection it closed: "
+                                    f"{stderr.strip()}")
             if limit >= 0 and dials > limit:
                 raise CommandFailed(f"dial {connection['host']}: failed {dials} times: {proc.stderr.strip()}")
             sleep(delay)
@@ -98,6 +125,19 @@ def run(connection: dict, script: str, *, stdin: str | None = None, timeout_s: f
     if proc.returncode != 0:
         first = script.strip().splitlines()[0] if script.strip() else ""
         raise CommandFailed(f"Process exited with status {proc.returncode}: running {first[:80]!r}...:\n"
-                            f"{proc.stdout}{proc.stderr}")
-    return Result(proc.stdout.removesuffix("\n"), proc.stderr.removesuffix("\n"), dials,
+                            f"{proc.stdout}{stderr}")
+    return Result(proc.stdout.removesuffix("\n"), stderr.removesuffix("\n"), dials,
                   round(time.monotonic() - started, 2))
+
+
+def _behind_jump_host(connection: dict, stderr: str) -> str:
+    """Which of the provider's three dials failed: "direct" (no proxy), "jump" (the jump host itself,
+    named in its ssh's words), "channel" (the jump host could not reach the host) or "handshake"."""
+    proxy = connection.get("proxy")
+    if not proxy:
+        return "direct"
+    if proxy["host"] in stderr:
+        return "jump"
+    if any(e in stderr.lower() for e in _CHANNEL_ERRORS):
+        return "channel"
+    return "handshake"
