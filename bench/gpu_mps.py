@@ -464,22 +464,28 @@ def hostile(out: Path, share: int, slot: list[str], gpus: list[str], exporter: "
     check("a service that mounts the MPS pipes itself does not start", log.startswith(("Failed", "Rejected")) and
           "where the node's MPS daemons listen" in log, log.splitlines()[0][:200])
     read_only_pipe(out, gpus, slot)
-    control_daemon_probe(out, over, slot)
+    control_daemon_probe(out, over, slot, gpus)
+
+
+def free_pipe(gpus: list[str]) -> str | None:
+    """The pipe folder of the GPU whose slot is free (every slot is held but the one freed for these tasks)."""
+    held = {given(c, SHARED_KIND) for c in containers("steady")}
+    per_gpu = (len(held) + 1) // len(gpus)
+    free = [gpu_of_slot(s) for s in (f"{g}-s{k}" for k in range(per_gpu) for g in gpus) if s not in held]
+    return f"{MPS_DIR}/{free[0]}/pipe" if free else None
 
 
 def read_only_pipe(out: Path, gpus: list[str], slot: list[str]) -> None:
     """Evidence, not a check: whether an MPS client works through its pipe folder mounted read-only
     (it would keep a task from removing the sockets its neighbours' next clients need). The service
     mounts the free slot's pipe itself, read-only, where the guard would; the guard then adds none."""
-    held = {given(c, SHARED_KIND) for c in containers("steady")}
-    per_gpu = (len(held) + 1) // len(gpus)  # every slot is held but the one freed for these tasks
-    free = [gpu_of_slot(s) for s in (f"{g}-s{k}" for k in range(per_gpu) for g in gpus) if s not in held]
-    if not free:
+    pipe = free_pipe(gpus)
+    if not pipe:
         return
-    pipe = f"{MPS_DIR}/{free[0]}/pipe"
     try:
-        log = job("ro-pipe", "touch $CUDA_MPS_PIPE_DIRECTORY/x 2>&1; cuda-probe 64 & p=$!; sleep 5; kill $p; "
-                  "echo done", *slot, "--mount", f"type=bind,source={pipe},target={pipe},readonly", timeout=60)
+        log = job("ro-pipe", "ls -la $CUDA_MPS_PIPE_DIRECTORY; touch $CUDA_MPS_PIPE_DIRECTORY/x 2>&1; "
+                  "cuda-probe 64 & p=$!; sleep 5; kill $p; echo done", *slot, "--mount",
+                  f"type=bind,source={pipe},target={pipe},readonly", timeout=60)
     except RuntimeError as e:
         log = f"no answer: {e}"
     (out / "read-only-pipe.log").write_text(log)
@@ -495,7 +501,11 @@ def two_processes(out: Path, share: int, slot: list[str], exporter: "Exporter") 
         said = wait(lambda: next((v for v in containers("twice").values() if v.count("allocated") == 2 or
                                   "error" in v), None), 90, "the two processes to allocate")
         container = next(iter(containers("twice")), "")
-        memory = exporter.task_memory_mib(container[:12])
+        try:  # the driver reports a process's memory a moment after it allocated
+            memory = wait(lambda: (lambda m: m if m and m >= 2 * each else None)(
+                exporter.task_memory_mib(container[:12])), 30, "the task's two processes in the exporter")
+        except RuntimeError:
+            memory = exporter.task_memory_mib(container[:12])
     except RuntimeError as e:
         said, memory = str(e), None
     (out / "two-processes.log").write_text(said)
@@ -506,29 +516,40 @@ def two_processes(out: Path, share: int, slot: list[str], exporter: "Exporter") 
     gone("twice")
 
 
-def control_daemon_probe(out: Path, over: int, slot: list[str]) -> None:
-    """Evidence, not a check: a slot task that brings nvidia-cuda-mps-control and asks its GPU's daemon
-    (through the pipe the guard mounted) for a higher ceiling, then allocates. Run last: if MPS obeys,
-    the server's limit changes for every later client. The log says what MPS did (README)."""
+def control_daemon_probe(out: Path, over: int, slot: list[str], gpus: list[str]) -> None:
+    """Evidence, not checks: a slot task that brings nvidia-cuda-mps-control and asks its GPU's daemon
+    (through the pipe folder) for a higher ceiling, then allocates more than its share with no limit
+    of its own. First with the daemon's root-only socket, control_privileged, masked by /dev/null (a
+    client of any user never needs it: the fix the guard would make), then as the guard mounts the
+    folder today. Run last: if MPS obeys, the server's limit changes for every later client. The logs
+    say what MPS did (README "What MPS limits, and what it does not")."""
     control = shutil.which("nvidia-cuda-mps-control")
     if not control:
         return
     own = "/usr/local/bin/own-mps-control"  # the task's own copy; the toolkit may mount one too (utility)
-    script = (f"echo \"the toolkit's: $(command -v nvidia-cuda-mps-control)\"; "
+    attack = (f"echo \"the toolkit's: $(command -v nvidia-cuda-mps-control)\"; ls -la $CUDA_MPS_PIPE_DIRECTORY; "
               f"S=$(echo get_server_list | {own}); echo \"servers: $S\"; "
               f"echo set_default_device_pinned_mem_limit 0 200G | {own}; echo \"default: rc $?\"; "
               f"for s in $S; do echo set_device_pinned_mem_limit $s 0 200G | {own}; echo \"server $s: rc $?\"; "
               # a probe that got the memory holds it until stopped: it has 5 s to say which
               f"done; unset CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; cuda-probe {over} & p=$!; sleep 5; kill $p; wait $p; "
               "echo \"cuda-probe: exit $?\"")
-    try:
-        log = job("control", script, *slot, "--mount", f"type=bind,source={control},target={own},readonly",
-                  timeout=90)
-    except RuntimeError as e:  # evidence: what happened is the finding, never the run's failure
-        log = f"no answer: {e}"
-    (out / "control-daemon-probe.log").write_text(log)
-    print(f"evidence: a slot task that tells its MPS daemon a higher ceiling: {' | '.join(log.splitlines()[:8])}",
-          flush=True)
+    pipe = free_pipe(gpus)
+    tries = [("open", "through the pipe folder as the guard mounts it", [], "")]
+    if pipe:  # the free slot's pipe, mounted by the service where the guard would (it then adds none)
+        tries.insert(0, ("masked", "with control_privileged masked", [
+            "--mount", f"type=bind,source={pipe},target={pipe}",
+            "--mount", f"type=bind,source=/dev/null,target={pipe}/control_privileged"],
+            "echo 'a client first:'; cuda-probe 64 & p=$!; sleep 3; kill $p; wait $p; echo \"client: exit $?\"; "))
+    for name, what, mounts, first in tries:
+        try:
+            log = job(f"control-{name}", first + attack, *slot, "--mount",
+                      f"type=bind,source={control},target={own},readonly", *mounts, timeout=90)
+        except RuntimeError as e:  # evidence: what happened is the finding, never the run's failure
+            log = f"no answer: {e}"
+        (out / f"control-daemon-probe-{name}.log").write_text(log)
+        print(f"evidence: a slot task that tells its MPS daemon a higher ceiling, {what}: "
+              f"{' | '.join(log.splitlines()[:12])}", flush=True)
 
 
 def main() -> int:

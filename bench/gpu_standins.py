@@ -69,6 +69,7 @@ if [ "${1:-}" = -d ]; then
   "$0" --run </dev/null >/dev/null 2>&1 &
   echo $! >"$pipe/nvidia-cuda-mps-control.pid"
   : >"$pipe/control"
+  : >"$pipe/control_privileged"
   echo "daemon for $CUDA_VISIBLE_DEVICES" >"${CUDA_MPS_LOG_DIRECTORY:-$pipe}/control.log"
   exit 0
 fi
