@@ -267,7 +267,7 @@ def _mps(spec: dict, env: list[str], gpu: str, settings: dict[str, str]) -> list
 
     The memory limit is the slot's share unless the service asks for less with its own
     CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (never more: the other slots' shares are theirs). The
-    thread percentage is a ceiling MPS enforces, not a reservation: a service may set its own.
+    thread percentage is a ceiling MPS enforces, not a reservation: a service may set a lower one.
     What holds is the GPU's daemon's ceiling (gpu-swarm-mps sets the share before its server
     starts): a process can change its own environment, and MPS lets a client's variable raise its
     limit, so these are the task's information and a way to ask for less, never the limit itself."""
@@ -281,10 +281,16 @@ def _mps(spec: dict, env: list[str], gpu: str, settings: dict[str, str]) -> list
                           f"{settings.get('SLOTS_PER_GPU')} slots); ask for at most 0={share}M, such as 0=4G, or "
                           "leave it unset to get the whole share")
     threads = _value(env, MPS_THREADS_ENV)
+    ceiling = settings.get("MPS_THREAD_PERCENT") or "100"
     if threads is None:
-        threads = settings.get("MPS_THREAD_PERCENT") or "100"
+        threads = ceiling
     elif not (threads.isdigit() and threads.isascii() and 1 <= int(threads) <= 100):
         raise Refused(f"{MPS_THREADS_ENV}={threads}: expected a whole percentage from 1 to 100")
+    elif int(threads) > int(ceiling):
+        # The daemon holds every client to it (gpu-swarm-mps): more would be less, without a word.
+        raise Refused(f"{MPS_THREADS_ENV}={threads}: a slot of this GPU may use at most {ceiling} % of its threads "
+                      f"(100 / {settings.get('SLOTS_PER_GPU')} slots, the GPU's MPS daemon's ceiling); ask for at "
+                      f"most {ceiling}, or leave it unset")
     pipe = f"{settings['MPS_DIR']}/{gpu}/pipe"
     env = _set(env, MPS_PIPE_ENV, pipe)
     env = _set(env, MPS_MEMORY_ENV, f"0={limit}M")  # device 0: the one GPU the container sees

@@ -174,10 +174,10 @@ def test_an_mps_slot_gets_its_gpus_daemon_and_its_share_of_memory_and_threads():
 @pytest.mark.parametrize("asked, limit", [("0=4G", "0=4096M"), ("8192M", "0=8192M"), ("512MB", "0=512M"),
                                           ("0=19968M", "0=19968M")])
 def test_a_stack_may_ask_for_less_memory_than_the_slots_share(asked, limit):
-    env = env_of(decide(spec(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={asked}", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100",
+    env = env_of(decide(spec(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={asked}", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10",
                              f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={B}-s0"), **MPS))
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == limit
-    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"  # a ceiling, not a reservation: its own choice
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "10"  # fewer threads than the ceiling: its own choice
 
 
 @pytest.mark.parametrize("variable, value, message", [
@@ -187,6 +187,9 @@ def test_a_stack_may_ask_for_less_memory_than_the_slots_share(asked, limit):
     ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0M", "ask for at most"),
     ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "0", "from 1 to 100"),
     ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "150", "from 1 to 100"),
+    # the daemon's ceiling (gpu-swarm-mps) would cap it without a word: said at the start instead
+    ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100", "may use at most 25 % of its threads"),
+    ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "26", "ask for at most 25, or leave it unset"),
 ])
 def test_an_mps_slot_cannot_take_more_than_its_share(variable, value, message):
     with pytest.raises(gpu_guard.Refused, match=message):
