@@ -29,7 +29,7 @@ from contract import DOCKER_SOCKET, METRICS_PORT, POOL_GPU_COUNT_LABEL  # noqa: 
 from gpu_tasks import DockerUnavailable, docker_get  # noqa: E402
 
 WANTED = ("gpu_swarm_gpu_up", "gpu_swarm_gpu_utilization_percent", "gpu_swarm_memory_used_bytes",
-          "gpu_swarm_memory_total_bytes", "gpu_swarm_task_memory_used_bytes")
+          "gpu_swarm_memory_total_bytes", "gpu_swarm_task_memory_used_bytes", "gpu_swarm_task_utilization_percent")
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*,?')
 MIB = 1024 * 1024
@@ -73,6 +73,7 @@ def rows_of(node: str, metrics: dict) -> list[dict]:
         k = key(labels)
         used, total = values["gpu_swarm_memory_used_bytes"].get(k), values["gpu_swarm_memory_total_bytes"].get(k)
         task_memory = values["gpu_swarm_task_memory_used_bytes"].get(k)
+        task_util = values["gpu_swarm_task_utilization_percent"].get(k)
         rows.append({"node": labels.get("node") or node, "index": labels.get("index", ""),
                      "model": labels.get("model", ""), "gpu": labels.get("gpu", ""), "up": up == 1,
                      "utilization_percent": values["gpu_swarm_gpu_utilization_percent"].get(k),
@@ -80,7 +81,8 @@ def rows_of(node: str, metrics: dict) -> list[dict]:
                      "memory_total_mib": None if total is None else round(total / MIB),
                      "service": labels.get("service", ""), "task": labels.get("task", ""),
                      "slot": labels.get("slot", ""),
-                     "task_memory_mib": None if task_memory is None else round(task_memory / MIB)})
+                     "task_memory_mib": None if task_memory is None else round(task_memory / MIB),
+                     "task_utilization_percent": task_util})
     return rows
 
 
@@ -109,19 +111,21 @@ def _mib(value) -> str:
 
 
 def render(view: dict) -> str:
-    header = ("NODE", "GPU", "MODEL", "UTIL", "MEMORY MiB", "SERVICE", "TASK", "TASK MiB")
+    header = ("NODE", "GPU", "MODEL", "UTIL", "MEMORY MiB", "SERVICE", "TASK", "TASK MiB", "TASK UTIL")
     rows = [header]
     for r in view["gpus"]:
         gpu = f"{r['index']}" + (f" slot {r['slot'].rsplit('-s', 1)[1]}" if r["slot"] else "")
         util = "ERR" if not r["up"] else "-" if r["utilization_percent"] is None else f"{r['utilization_percent']:.0f}%"
         memory = f"{_mib(r['memory_used_mib'])} / {_mib(r['memory_total_mib'])}"
+        task_util = r.get("task_utilization_percent")
         rows.append((r["node"], gpu, r["model"], util, memory, r["service"] or "-", r["task"] or "-",
-                     "-" if r["task_memory_mib"] is None else str(r["task_memory_mib"])))
+                     "-" if r["task_memory_mib"] is None else str(r["task_memory_mib"]),
+                     "-" if task_util is None else f"{task_util:.0f}%"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     lines += [f"{e['node']}: no metrics ({e['error']})" for e in view["errors"]]
-    lines.append("UTIL ERR: NVML could not read that GPU (see gpu_swarm_nvml_errors_total). TASK MiB: the memory "
-                 "of that task's own processes on the GPU.")
+    lines.append("UTIL ERR: NVML could not read that GPU (see gpu_swarm_nvml_errors_total). UTIL and MEMORY are the "
+                 "GPU's, for each of a shared GPU's holders; TASK MiB and TASK UTIL that task's own processes' on it.")
     return "\n".join(lines)
 
 

@@ -446,7 +446,8 @@ def test_top_reads_the_exporters_text_and_shows_each_gpu_and_its_task(node):
     top = _load("gpu_top_under_test", NODE / "gpu_top.py")
     node.docker.add(task_container(CID["a"], 'we"ird', 2, [f"DOCKER_RESOURCE_NVIDIA-GPU={G[1]}"]))
     node.gpus[1].update(utilization={"gpu": 77, "memory": 3}, processes=[{"pid": node.process(401, CID["a"]),
-                                                                          "used_mib": 300}])
+                                                                          "used_mib": 300}],
+                        process_utilization=[{"pid": 401, "sm": 64}])
     node.scrape()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(node.collector)
@@ -456,3 +457,4 @@ def test_top_reads_the_exporters_text_and_shows_each_gpu_and_its_task(node):
     assert rows[1]["memory_total_mib"] == 81559 and rows[1]["task"].startswith('we"ird.2.')
     text = top.render({"gpus": rows, "errors": [{"node": "node-9", "error": "10.0.0.9:9835: refused"}]})
     assert "77%" in text and "300 / 81559" in text and "node-9: no metrics (10.0.0.9:9835: refused)" in text
+    assert rows[1]["task_utilization_percent"] == 64 and text.splitlines()[2].endswith("300       64%")
