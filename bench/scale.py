@@ -65,6 +65,9 @@ def measure(gpu_nodes: int, trace: bool, types_out: str | None = None, profile_o
     sys.path.insert(0, str(REPO))
     from tests.conftest import run_program  # the test suite's mocks
 
+    from localswarm import fake_aws
+    # An account that runs thousands of GPU nodes has the EC2 vCPU quota for them (g6.xlarge: 4 vCPUs).
+    fake_aws.DEFAULT_QUOTA = max(fake_aws.DEFAULT_QUOTA, 8.0 * gpu_nodes)
     config = _config(gpu_nodes)
     if trace:
         tracemalloc.start()
