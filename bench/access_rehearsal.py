@@ -26,13 +26,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from localswarm import machines, program, rehearsal, ssh  # noqa: E402
+from localswarm import engine, machines, program, rehearsal, ssh  # noqa: E402
 
 OVERRIDES = {"managerCount": "3"}
 
 
 def connections(state: dict) -> dict[str, dict]:
-    return {name: r["inputs"]["connection"] for name, r in state["resources"].items()
+    """Each command's connection, by the command's name (the state knows it by its URN)."""
+    return {engine.name_of(urn): r["inputs"]["connection"] for urn, r in state["resources"].items()
             if r["type"] == "command:remote:Command"}
 
 

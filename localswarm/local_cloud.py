@@ -294,8 +294,9 @@ class LocalCloud(pulumi_mocks.Mocks):
             taken = {r["outputs"].get("publicIp") for r in (*self.previous.values(), *self.current.values())
                      if r["type"] == "aws:ec2/eip:Eip"}
             address = next(a for a in (str(SUBNET.network_address + 200 + k) for k in range(50)) if a not in taken)
-            self.current[name] = {"type": "aws:ec2/eip:Eip", "id": "", "inputs": inputs,
-                                  "outputs": {"publicIp": address}}  # taken, while this call returns
+            taken_by = getattr(self.options, "urn", "") or name
+            self.current[taken_by] = {"type": "aws:ec2/eip:Eip", "id": "", "inputs": inputs,
+                                      "outputs": {"publicIp": address}}  # taken, while this call returns
         allocation = f"eipalloc-{hashlib.sha1(f'{name}/{address}'.encode()).hexdigest()[:17]}"
         return allocation, {**inputs, "publicIp": address, "allocationId": allocation}
 
