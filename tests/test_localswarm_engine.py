@@ -205,3 +205,30 @@ def test_refresh_drops_a_terminated_instance_and_reads_a_stopped_one_as_stopped(
 
 def test_the_project_refreshes_at_every_up():
     assert engine.project_refreshes(program.REPO)
+
+
+def test_a_failed_update_keeps_the_replaced_resource_to_delete_on_the_next_success(monkeypatch):
+    rec = Recorder(monkeypatch)
+    first = cloud_after()
+    up(first)
+    rec.fail.add("setup")
+    rec.events.clear()
+    failed = cloud_after(first, replace_targets=frozenset({"node"}))
+    with pytest.raises(Exception, match="run-setup"):
+        up(failed)
+    state = program._state_of(failed, {}, "dev", 0, failed=True)
+    old_node = next(r["id"] for k, r in first.current.items() if k.endswith("::node"))
+    assert [r["id"] for r in state["doomed"]] == [old_node]
+    assert ("terminate", "lsw-1") not in rec.events  # a failed update deletes nothing
+    rec.fail.clear()
+    again = local_cloud.LocalCloud(previous=state["resources"], region="us-east-1", say=lambda _: None,
+                                   clock=time.monotonic, machines_by_instance=state["machines"],
+                                   next_index=state["next_index"], doomed=state["doomed"])
+    up(again)
+    assert rec.events[-1] == ("terminate", "lsw-1")  # the next successful update deletes it, last
+
+
+def test_pending_operations_are_named_in_the_next_ups_warning():
+    urn = "urn:pulumi:dev::gpu-swarm::gpu-swarm:aws:NodePool$aws:ec2/instance:Instance::gpu-swarm-t4-0"
+    text = engine.pending_warning({urn: {"type": engine.INSTANCE, "operation": "creating"}})
+    assert "1 operation(s) pending: gpu-swarm-t4-0 (creating)" in text and "check those resources in AWS" in text
