@@ -1,8 +1,9 @@
 """Benchmark: how fast the rehearsal's health watcher and reconciler take a sick node out, and give it back.
 
 Run as root after scripts/setup.sh:  .venv/bin/python bench/health.py [--runs N] [--raw FILE]
---smoke: one round, no pauses, on 2 nodes x 2 GPUs with 2 replicas (the smallest rehearsal where a
-drained worker's tasks still have GPUs to move to), to see that the bench still runs.
+--smoke: one round, no pauses, on 3 nodes x 1 GPU with 2 replicas (the smallest rehearsal where a
+worker surely runs a task, and a drained worker's task has a free GPU to move to), to see that the
+bench still runs.
 
 One `localswarm up` (3 nodes x 2 GPUs, 3 one-GPU replicas, so a drained node's tasks have free
 GPUs to move to), then N rounds of:
@@ -129,13 +130,13 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--raw", type=Path, help="also write every round's figures here as JSON")
     parser.add_argument("--seed", type=int, default=1, help="for the random pauses (default 1)")
-    parser.add_argument("--smoke", action="store_true", help="one round, no pauses, 2 nodes x 2 GPUs: that the "
+    parser.add_argument("--smoke", action="store_true", help="one round, no pauses, 3 nodes x 1 GPU: that the "
                         "bench runs")
     args = parser.parse_args()
     global REPLICAS
-    nodes, longest_pause = 3, 20
+    nodes, gpus, longest_pause = 3, 2, 20
     if args.smoke:
-        args.runs, nodes, longest_pause, REPLICAS = 1, 2, 0, 2
+        args.runs, gpus, longest_pause, REPLICAS = 1, 1, 0, 2
     rng = random.Random(args.seed)
     stack = (REPO / "stacks" / "gpu-smoke.yml").read_text()
     with tempfile.TemporaryDirectory() as tmp:
@@ -144,7 +145,7 @@ def main() -> int:
         if f"replicas: {REPLICAS}" not in compose.read_text():
             sys.exit("stacks/gpu-smoke.yml has no `replicas:` line; update bench/health.py")
         localswarm("down")
-        localswarm("up", "--nodes", str(nodes), "--gpus-per-node", "2", "--stack", f"smoke={compose}", "--json")
+        localswarm("up", "--nodes", str(nodes), "--gpus-per-node", str(gpus), "--stack", f"smoke={compose}", "--json")
     rounds = []
     try:
         for _ in range(args.runs):
@@ -155,7 +156,7 @@ def main() -> int:
         localswarm("down")
     if args.raw:
         args.raw.write_text(json.dumps(rounds, indent=2) + "\n")
-    print(f"\n{len(rounds)} rounds on a rehearsal of {nodes} nodes x 2 GPUs, {REPLICAS} one-GPU replicas; "
+    print(f"\n{len(rounds)} rounds on a rehearsal of {nodes} nodes x {gpus} GPUs, {REPLICAS} one-GPU replicas; "
           f"watcher every 1 s, reconciler every 1 s, recovery 5 s; seed {args.seed}. Seconds, median (min-max):")
     for key in rounds[0]:
         values = [r[key] for r in rounds]

@@ -208,7 +208,7 @@ def test_program_up_bench(engine):
 @REHEARSAL
 def test_health_bench(engine):
     out = python("health.py", timeout=600).stdout
-    assert "1 rounds on a rehearsal of 2 nodes x 2 GPUs, 2 one-GPU replicas" in out
+    assert "1 rounds on a rehearsal of 3 nodes x 1 GPUs, 2 one-GPU replicas" in out
     assert "tasks_running_elsewhere_s" in out and "spot_heal_to_active_s" in out
 
 
