@@ -2,9 +2,9 @@
 
 The order `pulumi up` follows, per node: the instance boots and installs itself from its
 user data; boot waits for that; the node joins the swarm (the first manager makes it);
-then, one node per pool at a time, the node is drained if its release changes, upgraded in
-place and admitted. Once every node is in: the reconcile (stacks the program no longer has go),
-then the stacks, each deploy waiting until its stack has settled, then the health read.
+then, in waves of at most the pool's maxUnavailable nodes (managers one at a time), the node
+is drained if its release changes, upgraded in place and admitted. Once every node is in: the
+reconcile (stacks the program no longer has go), then the stacks, each deploy waiting until its stack has settled, then the health read.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from components.network import Network, NetworkArgs
 from components.node_boot import NodeBoot, NodeBootArgs
 from components.node_bundle import NodeBundle, NodeBundleArgs
 from components.node_pool import Node, NodePool, NodePoolArgs
-from components.node_rollout import NodeRollout, NodeRolloutArgs
+from components.node_rollout import NodeRollout, NodeRolloutArgs, RollWaves
 from components.remote import BOOT, LIVE, as_root
 from components.security_groups import SecurityGroups, SecurityGroupsArgs
 from components.ssh_key import SshKey, SshKeyArgs
@@ -141,14 +141,16 @@ class Cluster(pulumi.ComponentResource):
         ), opts=self._child)
 
         manager_ips = [n.private_ip for n in managers.nodes]
-        members, rollouts, previous = {}, {}, {}
+        members, rollouts = {}, {}
+        waves = RollWaves(f"{name}-roll", self._child)
         for node, pool in nodes:
             members[node.name] = self._membership(node, swarm, boots[node.name], manager_ips)
-            # One node per pool at a time: its rollout waits for the previous node's admit.
-            after = [members[node.name].joined, *([previous[node.pool]] if node.pool in previous else [])]
+            # At most maxUnavailable nodes of a pool out at a time (managers: one), pools side by side.
+            after = [members[node.name].joined, *waves.next(node.pool, pool.max_unavailable if pool else 1)]
             rollouts[node.name] = self._rollout(node, pool, members[node.name], after)
-            previous[node.pool] = rollouts[node.name].admitted
-        admitted = [r.admitted for r in rollouts.values()]
+            waves.add(node.pool, rollouts[node.name].admitted)
+        # Each pool's last wave: waiting for it is waiting for every admit, at the cost of one dependency.
+        admitted = waves.rolled()
         node_ids = [members[n.name].node_id for n, _ in nodes]
         reconcile = SwarmReconcile(f"{name}-reconcile", SwarmReconcileArgs(
             manager=self._first_live, node_ids=node_ids, after=admitted,

@@ -7,10 +7,10 @@ and only then (their scripts name the release):
   first boot ran (node_commands.upgrade), so a roll and a boot are one path;
 - admit, on the first manager: label the node, check that the swarm sees its GPUs, prove
   them (the post-join check), record the release and give back what cordon took.
-Cluster chains them per pool: a node's cordon waits for the previous node's admit. So at
-most one node per pool is out at a time, and no command ever waits for one that has not
-started, whatever `pulumi up --parallel` is (a lease held across commands would deadlock
-there). A node that just joined is drained as well, so it takes no task before admit has
+Cluster rolls each pool in waves of at most its maxUnavailable nodes (RollWaves): a node's
+cordon waits for every admit of the wave before. So at most that many nodes per pool are out
+at a time, and no command ever waits for one that has not started, whatever
+`pulumi up --parallel` is (a lease held across commands would deadlock there). A node that just joined is drained as well, so it takes no task before admit has
 checked it; its upgrade only says that it runs the release already (it booted with it).
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ class NodeRolloutArgs:
     slots_per_gpu: int  # 0: whole GPUs
     shared_kind: str
     check: GpuCheck | None = None  # prove the node's GPUs (GPU nodes)
-    # The join, and the previous node of the pool's admit: one node per pool at a time.
+    # The join, and what the node's wave waits for (RollWaves.next).
     after: Sequence[pulumi.Resource] = field(default_factory=list)
 
 
@@ -85,3 +85,44 @@ class NodeRollout(pulumi.ComponentResource):
         self.gpus_verified = result.apply(lambda r: r[1])
         self.timings = upgrade.stdout.apply(parse_timings)
         self.register_outputs({"release": release})
+
+
+class RollWaves:
+    """Each pool's rollouts in waves: wave w+1's cordons wait until every node of wave w is admitted.
+
+    The dependency chain is then as deep as the waves, not the nodes (the SDK walks each new
+    dependency's ancestors recursively, and crashed on a chain of a pool of 400). Between two
+    waves of several nodes stands a gate, a command that does nothing but wait for the wave's
+    admits: each node depends on one gate and each gate on its wave, 2 edges a node, where every
+    node depending on every admit before it would be wave-size edges a node, which the SDK walks
+    too. A wave of one node waits for the previous admit itself, as managers roll one at a time.
+    """
+
+    def __init__(self, name: str, opts: pulumi.ResourceOptions):
+        self._name, self._opts = name, opts
+        self._open: dict[str, list[pulumi.Resource]] = {}  # pool -> admits of the wave being filled
+        self._gate: dict[str, pulumi.Resource] = {}  # pool -> what the wave being filled waits for
+        self._closed: dict[str, int] = {}  # pool -> waves closed so far
+
+    def next(self, pool: str, size: int) -> list[pulumi.Resource]:
+        """What the next node of `pool` waits for, with waves of `size` nodes; then add() its admit."""
+        if len(self._open.setdefault(pool, [])) >= size:
+            self._close(pool)
+        return [self._gate[pool]] if pool in self._gate else []
+
+    def add(self, pool: str, admitted: pulumi.Resource) -> None:
+        self._open[pool].append(admitted)
+
+    def rolled(self) -> list[pulumi.Resource]:
+        """Per pool, what is done once all of its nodes are admitted: its last wave's gate."""
+        for pool, admits in self._open.items():
+            if admits:
+                self._close(pool)
+        return list(self._gate.values())
+
+    def _close(self, pool: str) -> None:
+        admits, wave = self._open[pool], self._closed.get(pool, 0)
+        self._gate[pool] = admits[0] if len(admits) == 1 else command.local.Command(
+            f"{self._name}-{pool}-wave-{wave}", opts=pulumi.ResourceOptions.merge(
+                self._opts, pulumi.ResourceOptions(depends_on=admits)))
+        self._open[pool], self._closed[pool] = [], wave + 1

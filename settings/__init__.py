@@ -20,6 +20,7 @@ from settings.model import PROJECT, GpuPool, Health, Managers, Monitoring, Netwo
 from settings.monitoring_checks import read_monitoring
 from settings.model import cluster_name
 from settings.pool_placement import place
+from settings.pool_rollout import wave_size
 from settings.quota_checks import check_quotas
 from settings.reader import DEFAULTS, Reader, suggest
 from settings.reservation_checks import check_reservations
@@ -82,7 +83,8 @@ def load_settings() -> Settings:
                             gpus_per_node=found.nvidia_gpus, gpu_model=found.gpu_model, slots_per_gpu=p.slots_per_gpu,
                             sharing_mode=p.sharing_mode,
                             options=p.options, zones=placed[p.index].zones,
-                            efa_interfaces=placed[p.index].efa_interfaces, offered_in=placed[p.index].offered_in)
+                            efa_interfaces=placed[p.index].efa_interfaces, offered_in=placed[p.index].offered_in,
+                            max_unavailable=wave_size(p.max_unavailable, p.count))
                 )
         if image:
             manager_ami, gpu_ami = resolve_amis(r, image, ami_id, managers, pools)

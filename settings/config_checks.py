@@ -12,8 +12,9 @@ import pulumi.runtime.config as runtime_config
 from settings import reader
 from settings.model import PROJECT, Managers
 from settings.pool_options import PoolOptions, read_pool_options
+from settings.pool_rollout import read_rollout
 from settings.pool_sharing import NOT_SHARED, read_sharing
-from settings.reader import (DEFAULTS, POOL_DEFAULTS, Reader, boolean, integer, key,
+from settings.reader import (DEFAULTS, POOL_DEFAULTS, ROLLOUT_DEFAULTS, Reader, boolean, integer, key,
                              suggest)
 
 MANAGER_COUNTS = (1, 3, 5, 7)
@@ -130,6 +131,7 @@ class PoolConfig:
     slots_per_gpu: int = 0
     options: PoolOptions = PoolOptions()  # market, reservation, placement, EFA, zone
     sharing_mode: str = "time-slicing"  # with slots_per_gpu: time-slicing or mps (settings/pool_sharing.py)
+    max_unavailable: int | str = ROLLOUT_DEFAULTS["maxUnavailable"]  # nodes or "P%" (settings/pool_rollout.py)
 
 
 def read_pools(r: Reader) -> list[PoolConfig]:
@@ -205,10 +207,14 @@ def read_pools(r: Reader) -> list[PoolConfig]:
         if sharing is None:
             ok, sharing = False, NOT_SHARED
         slots, sharing_mode = sharing
+        max_unavailable = read_rollout(entry.get("rollout"), error)
+        if max_unavailable is None:
+            ok, max_unavailable = False, ROLLOUT_DEFAULTS["maxUnavailable"]
         type_ok = bool(instance_type) and _INSTANCE_TYPE_RE.match(instance_type)
         if type_ok:
             pools.append(PoolConfig(name, instance_type, count, spot, price, volume, i, ok, slots,
-                                    options or PoolOptions(), sharing_mode=sharing_mode))
+                                    options or PoolOptions(), sharing_mode=sharing_mode,
+                                    max_unavailable=max_unavailable))
         elif ok:
             raise AssertionError("a pool without a valid instance type must have a problem")
     return pools

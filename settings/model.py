@@ -46,6 +46,7 @@ class GpuPool:
     zones: tuple[str, ...] = ()  # where its nodes go, in the network's order; empty: every zone
     efa_interfaces: int = 0  # EFA interfaces per node (one per network card); 0: no EFA
     offered_in: tuple[str, ...] = ()  # every zone of the region that offers its type (for capacity advice)
+    max_unavailable: int = 1  # nodes a roll drains at once: rollout.maxUnavailable (settings/pool_rollout.py)
 
 
 @dataclass(frozen=True)

@@ -62,8 +62,10 @@ POOL_DEFAULTS: dict[str, Any] = {
     "efa": False,  # every EFA interface the type has
     "availabilityZone": "",  # all of the pool's nodes in this zone
     "sharing": None,  # {slotsPerGpu: K, mode}: the pool's GPUs are shared by K tasks each (settings/pool_sharing.py)
+    "rollout": None,  # {maxUnavailable}: how many nodes a roll drains at once (settings/pool_rollout.py)
 }
 SHARING_DEFAULTS: dict[str, Any] = {"slotsPerGpu": None, "mode": "time-slicing"}
+ROLLOUT_DEFAULTS: dict[str, Any] = {"maxUnavailable": "10%"}  # or a number of nodes
 HEALTH_DEFAULTS: dict[str, Any] = {
     "ignoreXids": [],  # besides the application XIDs 13, 31, 43, 45, 68 and 109
     "criticalXids": [],  # never ignored, even one of those

@@ -275,6 +275,68 @@ def test_each_pools_nodes_roll_one_after_the_other_and_pools_side_by_side(prod):
         assert "flock" not in cmd["create"] and "waiting: node" not in cmd["create"], name
 
 
+def _pool_graph(count: int, rollout: dict | None) -> Graph:
+    pool = {"name": "gpu", "instanceType": "g6.xlarge", "count": count, **({"rollout": rollout} if rollout else {})}
+    return Graph(run_program(stack_config("dev", gpuPools=[pool]), stack="dev"))
+
+
+def _waves(graph: Graph, pool: str) -> list[set[str]]:
+    """The pool's nodes by wave, as the graph orders them: a node is in wave w when the longest
+    chain of earlier admits before its cordon is w nodes long."""
+    nodes = sorted({n.split("-rollout-")[1].rsplit("-", 1)[0] for n in graph.commands("-cordon")
+                    if f"-rollout-{pool}-" in n})
+    before = {n: {m for m in nodes if f"gpu-swarm-rollout-{m}-admit" in ancestors(graph, f"gpu-swarm-rollout-{n}-cordon")}
+              for n in nodes}
+    depth: dict[str, int] = {}
+    for n in sorted(nodes, key=lambda n: len(before[n])):
+        depth[n] = 1 + max((depth[m] for m in before[n]), default=-1)
+    return [{n for n in nodes if depth[n] == w} for w in range(max(depth.values()) + 1)]
+
+
+def _longest_chain(graph: Graph) -> int:
+    """The longest dependency chain through the registrations: what the SDK walks at each one."""
+    memo: dict[str, int] = {}
+
+    def depth(name: str) -> int:
+        if name not in memo:
+            deps = [d.split("::")[-1] for d in graph.requests[name].dependencies]
+            memo[name] = 1 + max((depth(d) for d in deps if d in graph.requests), default=0)
+        return memo[name]
+    return max(depth(n) for n in graph.requests)
+
+
+@pytest.mark.parametrize("count, rollout, waves", [
+    (10, {"maxUnavailable": 3}, [3, 3, 3, 1]),
+    (20, None, [2] * 10),  # the default, 10 %
+    (6, {"maxUnavailable": "50%"}, [3, 3]),
+    (5, {"maxUnavailable": 9}, [5]),  # more than the pool: the whole pool in one wave
+])
+def test_a_pool_rolls_in_waves_of_at_most_max_unavailable_nodes(count, rollout, waves):
+    """No node of a wave is drained before every node of the wave before is admitted, and within a
+    wave no node waits for another: at most maxUnavailable nodes of the pool are out at once."""
+    graph = _pool_graph(count, rollout)
+    found = _waves(graph, "gpu")
+    assert [len(w) for w in found] == waves
+    for w, wave in enumerate(found[1:], 1):
+        for node in wave:
+            before = ancestors(graph, f"gpu-swarm-rollout-{node}-cordon")
+            assert all(f"gpu-swarm-rollout-{m}-admit" in before for m in found[w - 1]), node
+    # Each cordon waits for its join and at most one thing of the wave before: a gate, or the one
+    # admit of a wave of one. Every admit before it would be wave-size edges a node.
+    for name in graph.commands("-cordon"):
+        rolled = [d for d in graph.requests[name].dependencies if d.endswith("-admit") or "-wave-" in d]
+        assert len(rolled) <= 1, (name, rolled)
+
+
+def test_the_chain_is_as_deep_as_the_waves_not_the_nodes():
+    """Twice the nodes in as many waves: the longest chain (what the SDK walks) does not grow."""
+    small, large = _pool_graph(8, {"maxUnavailable": 2}), _pool_graph(16, {"maxUnavailable": 4})
+    assert len(_waves(small, "gpu")) == len(_waves(large, "gpu")) == 4
+    assert _longest_chain(large) == _longest_chain(small)
+    one_by_one = _pool_graph(8, {"maxUnavailable": 1})
+    assert _longest_chain(one_by_one) > _longest_chain(small)  # 8 waves of one
+
+
 def test_instances_boot_once_their_bundle_is_readable_through_the_endpoint(prod):
     (obj,) = prod.of_type("aws:s3/bucketObjectv2:BucketObjectv2")
     (policy,) = prod.of_type("aws:s3/bucketPolicy:BucketPolicy")
@@ -478,13 +540,13 @@ def test_reconcile_keeps_every_node_and_stack_after_all_are_admitted(prod):
     assert "keep_nodes=' " + " ".join(sorted(node_ids)) + " '" in inner(cmd)
     assert "keep_stacks=' gpu-smoke inference '" in inner(cmd)
     for admit in prod.commands("-admit"):
-        assert prod.depends_on(name, admit), admit
+        assert admit in ancestors(prod, name), admit  # through each pool's last wave
 
 
 def test_stacks_deploy_from_stdin_after_every_node_is_in(prod):
     deploy_name = "gpu-swarm-stack-gpu-smoke-deploy"
     for admit in prod.commands("-admit"):
-        assert prod.depends_on(deploy_name, admit), admit
+        assert admit in ancestors(prod, deploy_name), admit
     deploy = prod.plain(deploy_name)
     text = (REPO / "stacks" / "gpu-smoke.yml").read_text()
     assert deploy["stdin"] == text

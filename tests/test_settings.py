@@ -175,6 +175,19 @@ BAD = [
      ["gpu-swarm:gpuPools[0].sharing: expected an object such as {slotsPerGpu: 4}"]),
     ("sharing-unknown-key", {"gpuPools": pools({**T4, "sharing": {"slotsPerGPU": 4}})}, (),
      ["gpu-swarm:gpuPools[0].sharing.slotsPerGPU: is not a sharing setting; did you mean slotsPerGpu?"]),
+    ("rollout-zero", {"gpuPools": pools({**T4, "rollout": {"maxUnavailable": 0}})}, (),
+     ["gpu-swarm:gpuPools[0].rollout.maxUnavailable: 0: use a whole number of nodes from 1 to 1000 (e.g. 2), "
+      'or a share of the pool from "1%" to "100%"']),
+    ("rollout-share-over-100", {"gpuPools": pools({**T4, "rollout": {"maxUnavailable": "150%"}})}, (),
+     ["gpu-swarm:gpuPools[0].rollout.maxUnavailable: '150%' is not a share of the pool; use a whole number"]),
+    ("rollout-share-not-a-number", {"gpuPools": pools({**T4, "rollout": {"maxUnavailable": "half%"}})}, (),
+     ["gpu-swarm:gpuPools[0].rollout.maxUnavailable: 'half%' is not a share of the pool"]),
+    ("rollout-fraction", {"gpuPools": pools({**T4, "rollout": {"maxUnavailable": 1.5}})}, (),
+     ["gpu-swarm:gpuPools[0].rollout.maxUnavailable: 1.5: use a whole number of nodes"]),
+    ("rollout-not-an-object", {"gpuPools": pools({**T4, "rollout": 2})}, (),
+     ["gpu-swarm:gpuPools[0].rollout: expected an object such as {maxUnavailable: 2}"]),
+    ("rollout-unknown-key", {"gpuPools": pools({**T4, "rollout": {"maxSurge": 1}})}, (),
+     ["gpu-swarm:gpuPools[0].rollout.maxSurge: is not a rollout setting; known keys: maxUnavailable"]),
     ("shared-kind-same-as-kind", {"sharedGpuKind": "NVIDIA-GPU"}, (),
      ["gpu-swarm:sharedGpuKind: 'NVIDIA-GPU' is also gpu-swarm:gpuKind", "NVIDIA-GPU-SHARED"]),
     ("shared-kind-invalid", {"sharedGpuKind": "GPU SLOT"}, (),
@@ -430,6 +443,18 @@ def test_whole_gpu_reservations_need_a_pool_that_does_not_share(tmp_path, monkey
     use_mocks(stack_config("dev", gpuPools=pools({**T4, "sharing": {"slotsPerGpu": 2}})))
     with pytest.raises(SettingsError, match="every pool shares its GPUs"):
         load_settings()
+
+
+@pytest.mark.parametrize("count, rollout, nodes", [
+    (4, None, 1), (20, None, 2), (1000, None, 100),  # the default, 10 %: one by one up to 19 nodes
+    (4, {"maxUnavailable": 2}, 2), (4, {"maxUnavailable": "2"}, 2),  # pulumi config set --path gives a string
+    (9, {"maxUnavailable": "25%"}, 2), (3, {"maxUnavailable": "25%"}, 1),  # rounded down, at least one
+    (3, {"maxUnavailable": 10}, 3), (0, None, 1),
+])
+def test_a_pools_rollout_drains_at_most_max_unavailable_nodes_at_once(count, rollout, nodes):
+    use_mocks(stack_config("dev", gpuPools=pools({**T4, "count": count, **({"rollout": rollout} if rollout else {})})))
+    (pool,) = load_settings().gpu_pools
+    assert pool.max_unavailable == nodes
 
 
 def test_health_defaults_and_settings_reach_the_node_env():
