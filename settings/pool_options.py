@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from settings.values import boolean
+
 MARKET_TYPES = ("on-demand", "spot", "capacity-block")
 INTERRUPTIONS = ("terminate", "stop")
 PREFERENCES = ("open", "none")
@@ -54,8 +56,6 @@ def read_pool_options(entry: dict, spot: Any, error: Callable[[str, str], None])
 
     `spot: true` is the older spelling of `marketType: spot`, and both are read.
     """
-    from settings.reader import boolean  # here: settings.reader imports the model, which imports this module
-
     ok = True
     spot = boolean(spot, False, lambda m: error("spot", m))
     market = str(entry.get("marketType") or "").strip() or ("spot" if spot else "on-demand")

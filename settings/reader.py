@@ -1,15 +1,14 @@
 """Reading raw `gpu-swarm:*` values: every key's default, and a reader that collects problems."""
 from __future__ import annotations
 
-import difflib
 import json
-import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pulumi.runtime.config as runtime_config
 
 from settings.model import PROJECT
+from settings.values import boolean, integer, suggest  # noqa: F401 (the checks import them from here too)
 from swarm.gpu_kind import DEFAULT_KIND
 
 # Stack files are named relative to the project, so the state holds no path of this machine.
@@ -126,35 +125,3 @@ class Reader:
             self.error(name, f"expected {what}, found {value!r}; set it with {example}")
             return None
         return parsed
-
-
-def integer(value: Any, default: Any, low: int, high: int, error: Callable[[str], None]) -> int | None:
-    if value is None or value == "":
-        return default
-    if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        error(f"expected a whole number, found {value!r}")
-        return None
-    if not low <= value <= high:
-        error(f"{value} is out of range; use a number from {low} to {high}")
-        return None
-    return value
-
-
-def boolean(value: Any, default: bool, error: Callable[[str], None]) -> bool:
-    if value is None or value == "":
-        return default
-    if isinstance(value, bool):
-        return value
-    if str(value).strip().lower() in ("true", "false"):
-        return str(value).strip().lower() == "true"
-    error(f"expected true or false, found {value!r}")
-    return default
-
-
-def suggest(word: str, choices) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f"; did you mean {close[0]}?" if close else f"; known keys: {', '.join(sorted(choices))}"
-
-
