@@ -47,7 +47,7 @@ def bash(bench: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return smoke(["bash", f"bench/{bench}", "--smoke"], timeout)
 
 
-# bench -> the test below that runs its smoke
+# bench -> the test below that runs its smoke, or the test file that does
 SMOKES = {
     "scale.py": "test_scale_prints_each_size_with_its_ratio_to_the_sdk_floor",
     "compose_preview.py": "test_compose_preview_times_the_corpus",
@@ -58,7 +58,7 @@ SMOKES = {
     "agent_gpu_proof.sh": "test_agent_proof_on_stand_in_gpus",
     "health_soak.py": "test_health_soak_on_stand_in_gpus",
     "gpu_e2e.py": "test_gpu_bench_on_stand_in_gpus",
-    "gpu_mps.py": "test_gpu_bench_on_stand_in_gpus",
+    "gpu_mps.py": "tests/test_gpu_mps_bench.py",  # with what the bench must leave as it found it
     "gpu_metrics.py": "test_gpu_bench_on_stand_in_gpus",
     "gpu_session.sh": "test_gpu_session_runs_a_bench_and_packs_it",
     "rehearsal.py": "test_rehearsal_bench",
@@ -75,7 +75,9 @@ def test_every_bench_has_a_smoke_mode_that_a_test_here_runs():
     assert benches == sorted(SMOKES), "a bench without a smoke test here (add one), or a smoke test of a bench " \
                                       "that is gone"
     tests = {name for name in globals() if name.startswith("test_")}
-    assert set(SMOKES.values()) <= tests
+    elsewhere = {v for v in SMOKES.values() if v.startswith("tests/")}
+    assert set(SMOKES.values()) - elsewhere <= tests
+    assert all("--smoke" in (REPO / v).read_text() for v in elsewhere)
     assert all("--smoke" in (BENCH / b).read_text() for b in benches)
 
 
@@ -170,10 +172,9 @@ def test_health_soak_on_stand_in_gpus(engine):
 
 @REHEARSAL
 @pytest.mark.parametrize("bench, gpus, limit", [
-    # Every check passes on 1, 2 and 4 GPUs (run by hand, bench/results/gpu-smoke-standins.md); here
-    # each bench on the smallest count where a task could get another's GPU, and the cheap one on all.
-    ("gpu_metrics.py", 1, 120), ("gpu_metrics.py", 2, 120), ("gpu_metrics.py", 4, 120),
-    ("gpu_mps.py", 2, 300), ("gpu_e2e.py", 2, 300),
+    # Every check passes on 1, 2 and 4 GPUs (run by hand, bench/results/gpu-smoke-standins.md); CI
+    # runs 2, the smallest count where a task could get another's GPU (gpu_mps: test_gpu_mps_bench.py).
+    ("gpu_metrics.py", 2, 120), ("gpu_e2e.py", 2, 300),
 ])
 def test_gpu_bench_on_stand_in_gpus(engine, bench, gpus, limit):
     out = python(bench, "--gpus", str(gpus), timeout=limit).stdout

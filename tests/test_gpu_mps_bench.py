@@ -1,8 +1,9 @@
-"""bench/gpu_mps.py, run whole on this machine against one stand-in GPU, so that the real-GPU run finds no bug of its own.
+"""bench/gpu_mps.py, run whole here on two stand-in GPUs, so that the real-GPU run finds no bug of its own.
 
-The real engine, swarm, agent, guard, ledger and node/gpu-swarm-mps run; the GPU is played by
-bench/gpu_standins.py (tests/test_benches.py runs the same smoke on 2 GPUs). What this adds: the
-bench leaves the machine as it found it. It starts a dockerd on this host and writes
+The real engine, swarm, agent, guard, ledger and node/gpu-swarm-mps run; the GPUs are played by
+bench/gpu_standins.py. Two, the fewest on which a task could get its neighbour's GPU (1 and 4
+passed by hand: bench/results/gpu-smoke-standins.md). This is the bench's smoke in CI
+(tests/test_benches.py counts it), and it checks that the bench leaves the machine as found. It starts a dockerd on this host and writes
 /etc/gpu-swarm/runtime.env (put back after), so it runs under the shared lock:
     flock /tmp/gpu-swarm-rehearsal.lock .venv/bin/python -m pytest tests/test_gpu_mps_bench.py
 """
@@ -20,12 +21,12 @@ REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.integration
 
 
-def test_the_mps_bench_passes_every_check_on_one_stand_in_gpu_and_puts_the_machine_back(engine, tmp_path):
+def test_the_mps_bench_passes_every_check_on_two_stand_in_gpus_and_puts_the_machine_back(engine, tmp_path):
     runtime_env = Path("/etc/gpu-swarm/runtime.env")
     before = runtime_env.read_bytes() if runtime_env.exists() else None
     ours = [] if Path("/run/gpu-swarm").exists() else ["/run/gpu-swarm"]  # the ledger's folder, when it made it
     try:
-        done = subprocess.run([sys.executable, "bench/gpu_mps.py", "--smoke", "--gpus", "1", "--out",
+        done = subprocess.run([sys.executable, "bench/gpu_mps.py", "--smoke", "--gpus", "2", "--out",
                                str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=600)
         results = json.loads((tmp_path / "out" / "results.json").read_text())
         # The start-time figures are for a real GPU machine: on a stand-in runtime on a busy
