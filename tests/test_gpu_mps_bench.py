@@ -3,8 +3,9 @@
 The real engine, swarm, agent, guard, ledger and node/gpu-swarm-mps run; the GPUs are played by
 bench/gpu_standins.py. Two, the fewest on which a task could get its neighbour's GPU (1 and 4
 passed by hand: bench/results/gpu-smoke-standins.md). This is the bench's smoke in CI
-(tests/test_benches.py counts it), and it checks that the bench leaves the machine as found. It starts a dockerd on this host and writes
-/etc/gpu-swarm/runtime.env (put back after), so it runs under the shared lock:
+(tests/test_benches.py counts it), and it checks that the bench leaves the machine as found.
+It starts a dockerd on this host and writes /etc/gpu-swarm/runtime.env (put back after), so it
+runs under the shared lock:
     flock /tmp/gpu-swarm-rehearsal.lock .venv/bin/python -m pytest tests/test_gpu_mps_bench.py
 """
 from __future__ import annotations
