@@ -1,9 +1,11 @@
 """gpu-swarm: AWS GPU instances as a Docker Swarm in which every GPU is a schedulable generic resource."""
 import pulumi
 
+from components import collector
 from components.cluster import Cluster, ClusterArgs
 from settings import load_settings
 
+collector.for_a_large_graph()  # before the graph: its objects live until the end (components/collector.py)
 settings = load_settings()  # raises SettingsError, listing every problem, before anything exists
 cluster = Cluster("gpu-swarm", ClusterArgs(settings=settings))
 

@@ -64,19 +64,25 @@ class Access:
         return connection(host=self.manager_address, user=self._user, private_key=self._key,
                           host_key=self.manager_host_key, budget=budget)
 
-    def ssh_command(self, node: Node) -> pulumi.Output[str]:
-        """What an operator types: workers hop through the live manager (ssh -J)."""
-        if node.role == "manager":
-            return pulumi.Output.concat("ssh ", self._user, "@", node.public_ip)
-        return pulumi.Output.concat("ssh -J ", self._user, "@", self.manager_address, " ", self._user, "@",
-                                    node.private_ip)
+    def ssh_commands(self, nodes: Sequence[Node]) -> pulumi.Output[dict[str, str]]:
+        """What an operator types, by node name: workers hop through the live manager (ssh -J).
+        One Output for all of them: an Output per node costs the SDK more than the text does."""
+        def command(node: Node, address: str, manager: str) -> str:
+            if node.role == "manager":
+                return f"ssh {self._user}@{address}"
+            return f"ssh -J {self._user}@{manager} {self._user}@{address}"
+
+        addresses = [n.public_ip if n.role == "manager" else n.private_ip for n in nodes]
+        return pulumi.Output.all(self.manager_address, *addresses).apply(
+            lambda v: {n.name: command(n, a, v[0]) for n, a in zip(nodes, v[1:])})
 
     @staticmethod
     def known_hosts(nodes: Sequence[Node]) -> pulumi.Output[str]:
         """A known_hosts file for the operator's own ssh: each node's pinned key at each address it is dialled at."""
-        def line(node: Node) -> pulumi.Output[str]:
-            hosts = [node.public_ip, node.private_ip] if node.role == "manager" else [node.private_ip]
-            return pulumi.Output.all(*hosts, node.host_key).apply(
-                lambda v: f"{','.join(h for h in v[:-1] if h)} {pinned(v[-1])}\n")
+        def line(node: Node, public_ip: str | None, private_ip: str | None, host_key: str) -> str:
+            hosts = [public_ip, private_ip] if node.role == "manager" else [private_ip]
+            return f"{','.join(h for h in hosts if h)} {pinned(host_key)}\n"
 
-        return pulumi.Output.all(*[line(n) for n in nodes]).apply(lambda lines: "".join(lines))
+        values = [v for n in nodes for v in (n.public_ip, n.private_ip, n.host_key)]
+        return pulumi.Output.all(*values).apply(
+            lambda v: "".join(line(n, *v[3 * i:3 * i + 3]) for i, n in enumerate(nodes)))

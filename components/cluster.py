@@ -75,6 +75,7 @@ class Cluster(pulumi.ComponentResource):
         s = args.settings
         self._name, self._s = name, s
         self._child = pulumi.ResourceOptions(parent=self)
+        self._connections: dict[tuple[str, tuple[int, int]], pulumi.Output] = {}
         self._tags = {**s.tag_map, CLUSTER_TAG: s.cluster_name}
 
         vpc_id, subnet_ids, route_tables = self._network()
@@ -180,12 +181,15 @@ class Cluster(pulumi.ComponentResource):
         self.manager_private_ips = pulumi.Output.all(*manager_ips)
         self.ssh_commands = self._ssh_commands([node for node, _ in nodes])
         self.known_hosts = Access.known_hosts([node for node, _ in nodes])
-        entries = [self._inventory_entry(node, pool, members[node.name], rollouts[node.name]) for node, pool in nodes]
-        # Each node's health is added to the whole list in one step: handing the conditions of
-        # every node to each node's entry made the program's cost grow with the square of the nodes.
-        self.inventory = pulumi.Output.all(pulumi.Output.all(*entries), health.conditions).apply(
-            lambda v: [{**entry, "health": _health_entry((v[1] or {}).get(entry["swarmNodeId"]), health.read_at)}
-                       for entry in v[0]])
+        # One Output for the whole list, each node's health added in the same step: handing the
+        # conditions of every node to each node's entry made the program's cost grow with the
+        # square of the nodes, and an Output per node costs the SDK more than the entry does.
+        values = [v for node, _ in nodes for v in self._inventory_values(node, members[node.name], rollouts[node.name])]
+        width = len(values) // len(nodes)
+        self.inventory = pulumi.Output.all(health.conditions, *values).apply(lambda v: [
+            {**self._inventory_entry(node, pool, v[1 + width * i:1 + width * (i + 1)]),
+             "health": _health_entry((v[0] or {}).get(v[1 + width * i + 3]), health.read_at)}
+            for i, (node, pool) in enumerate(nodes)])
         self.bootstrap_timings = pulumi.Output.all(*[boots[n.name].timings for n, _ in nodes]).apply(
             lambda timings: {node.name: t for (node, _), t in zip(nodes, timings)}
         )
@@ -240,8 +244,12 @@ class Cluster(pulumi.ComponentResource):
                      release=self._bundle.url.apply(lambda url: NodeRelease(url, sha, env, steps)))
 
     def _connection(self, node: Node, budget=LIVE):
-        """Managers are reached directly; workers only through a live manager (see SecurityGroups)."""
-        return self._reach.to(node, budget)
+        """Managers are reached directly; workers only through a live manager (see SecurityGroups).
+        One Output per node and budget, which its commands share."""
+        made = self._connections.get((node.name, budget))
+        if made is None:
+            made = self._connections[(node.name, budget)] = self._reach.to(node, budget)
+        return made
 
     def _boot(self, node: Node) -> NodeBoot:
         kind = self._kinds[node.pool]
@@ -277,17 +285,17 @@ class Cluster(pulumi.ComponentResource):
 
     def _ssh_commands(self, nodes: list[Node]) -> pulumi.Output[dict[str, str]]:
         # Workers take SSH only from the managers: hop through the live manager.
-        return pulumi.Output.all(*[self._reach.ssh_command(n) for n in nodes]).apply(
-            lambda commands: {n.name: c for n, c in zip(nodes, commands)}
-        )
+        return self._reach.ssh_commands(nodes)
 
-    def _inventory_entry(self, node: Node, pool: GpuPool | None, member: Membership,
-                         rollout: NodeRollout) -> pulumi.Output[dict]:
-        """The node's entry, all but its health (see __init__)."""
-        return pulumi.Output.all(
-            node.instance.instance_type, node.private_ip, node.public_ip, member.node_id, rollout.advertised_gpus,
-            rollout.gpus_verified,
-        ).apply(lambda v: {
+    @staticmethod
+    def _inventory_values(node: Node, member: Membership, rollout: NodeRollout) -> tuple:
+        """What a node's entry needs from its resources; the swarm node id fourth (its health's key)."""
+        return (node.instance.instance_type, node.private_ip, node.public_ip, member.node_id,
+                rollout.advertised_gpus, rollout.gpus_verified)
+
+    def _inventory_entry(self, node: Node, pool: GpuPool | None, v: list) -> dict:
+        """The node's entry, all but its health (see __init__), from its _inventory_values."""
+        return {
             "name": node.name,
             "role": node.role,
             "pool": node.pool,
@@ -302,7 +310,7 @@ class Cluster(pulumi.ComponentResource):
             "gpusVerified": (v[5] or {}).get("verified") if pool else None,
             "slotsPerGpu": pool.slots_per_gpu if pool else 0,
             "release": self._kinds[node.pool].release_id[:12],
-        })
+        }
 
 
 def _health_entry(seen: dict | None, read_at: str | None) -> dict:
