@@ -20,7 +20,7 @@ import node_commands
 import node_software
 from components.cloud_config import render_cloud_config
 from components.remote import as_root
-from localswarm import machines, network, object_store, program, ssh
+from localswarm import machines, network, nspawn, object_store, program, ssh
 from node_software import NodeRelease
 from tests.rehearsal_tools import cli, cli_json, require_engine, tasks_of
 
@@ -127,6 +127,82 @@ def test_a_rebooted_node_comes_back_with_its_gpu_and_the_next_up_has_nothing_to_
     assert set(view) == set(before)  # the same swarm node, not a second one
     again = program_up()
     assert [c["name"] for c in again["commands"]] == ["gpu-swarm-health-read"]
+
+
+# ---------------------------------------------------------------- day 2 through the engine's own steps
+
+# The pool moved to a type with 4 GPUs, on spot: the replacements take the program's current
+# inputs (the market a running node ignores), and a spot node can be reclaimed.
+BIGGER = json.dumps([{"name": "t4", "instanceType": "g4dn.12xlarge", "count": 2, "marketType": "spot"}])
+
+
+def _t4_machines() -> dict[str, str]:
+    return {r["machine"]: r["hostname"] for r in program.load_state()["machines"].values()
+            if r["hostname"].startswith("gpu-swarm-dev-t4-")}
+
+
+def test_a_new_gpu_type_replaces_the_pools_nodes_new_ones_first_and_drains_the_old_one_at_a_time(first):
+    old = _t4_machines()
+    report = program_up("--set", f"gpuPools={BIGGER}")
+    new = _t4_machines()
+    assert not set(old) & set(new) and sorted(new.values()) == sorted(old.values())
+    assert {m.name for m in machines.machines()} >= set(new) and not {m.name for m in machines.machines()} & set(old)
+    assert report["resources"]["replace"] >= 2 and report["resources"]["delete"] >= 2
+    # The swarm holds the new nodes only, each with its new type's 4 GPUs, checked; the old ones
+    # were drained and removed by the reconcile, one at a time, before their instances went.
+    nodes = [n for n in report["nodes"] if n["name"].startswith("gpu-swarm-dev-t4-")]
+    assert len(nodes) == 2 and all(len(n["gpus"]) == 4 and n["gpus_verified"] is True for n in nodes), nodes
+    assert all(n["state"] == "ready" and n["availability"] == "active" for n in report["nodes"])
+    assert report["peak_drained_per_pool"].get("t4", 0) <= 1
+    assert len([t for t in tasks_of(report, "gpu-smoke_gpu") if t["state"] == "running"]) == 2
+
+
+def test_a_spot_node_reclaimed_behind_the_programs_back_is_created_again_and_its_swarm_node_removed(first):
+    records = {r["hostname"]: r for r in program.load_state()["machines"].values()}
+    lost = records["gpu-swarm-dev-t4-1"]
+    machines.terminate(machines.Machine(lost["machine"], lost["index"]))  # AWS took it back
+    report = program_up("--set", f"gpuPools={BIGGER}")  # refresh (Pulumi.yaml) sees it gone
+    assert report["resources"]["create"] >= 1
+    ran = {c["name"] for c in report["commands"]}
+    assert {"gpu-swarm-boot-t4-1-wait", "gpu-swarm-member-t4-1-join", "gpu-swarm-reconcile-run"} <= ran
+    assert not {"gpu-swarm-boot-t4-0-wait", "gpu-swarm-member-t4-0-join"} & ran  # the other node stays as it is
+    names = [n["name"] for n in report["nodes"]]
+    assert sorted(names) == ["gpu-swarm-dev-manager-0", "gpu-swarm-dev-t4-0", "gpu-swarm-dev-t4-1"]  # the dead one gone
+    assert all(n["state"] == "ready" for n in report["nodes"])
+
+
+def test_routine_changes_reach_only_what_they_must(first):
+    """Rows of the README's Day-2 table, two `pulumi up`s of several changes each: a pool's count up,
+    new health settings and a second authorized key; then the count down, the stack removed and a
+    new manager type."""
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJdx8rR6pcuMMd7T9M4xI7Dt1uT3v8vV9Hh9qz0y8c3X colleague@laptop"
+    kept = _t4_machines()
+    grown = json.dumps([{**json.loads(BIGGER)[0], "count": 3}])
+    report = program_up("--set", f"gpuPools={grown}", "--set", 'health={"ignoreXids": [94]}',
+                        "--set", f"sshAuthorizedKeys={json.dumps([key])}")
+    ran = {c["name"] for c in report["commands"]}
+    assert set(_t4_machines()) > set(kept) and report["resources"]["replace"] == 0  # nothing replaced
+    new = next(n for n in report["nodes"] if n["name"] == "gpu-swarm-dev-t4-2")
+    assert new["availability"] == "active" and len(new["gpus"]) == 4 and new["gpus_verified"] is True
+    for node in ("managers-0", "t4-0", "t4-1"):  # the new key reaches every node; no running node is touched
+        assert f"gpu-swarm-boot-{node}-access" in ran and f"gpu-swarm-boot-{node}-wait" not in ran
+        assert f"gpu-swarm-rollout-{node}-cordon" not in ran
+    assert any(name.endswith("-health") for name in ran)  # the health services restarted with the settings
+    assert report["peak_drained_per_pool"].get("t4", 0) <= 1 and "managers" not in report["peak_drained_per_pool"]
+    manager = next(m for m in program.load_state()["machines"].values() if m["role"] == "manager")
+    boot_pid = nspawn.init_pid(machines.Machine(manager["machine"], manager["index"]))
+
+    shrunk = json.dumps([{**json.loads(BIGGER)[0], "count": 1}])
+    report = program_up("--set", f"gpuPools={shrunk}", "--set", "stacks=[]", "--set", "managerInstanceType=t3.large")
+    assert sorted(n["name"] for n in report["nodes"]) == ["gpu-swarm-dev-manager-0", "gpu-swarm-dev-t4-0"]
+    assert len(_t4_machines()) == 1 and report["resources"]["delete"] >= 2
+    assert not report["services"]  # the stack the program no longer has is gone from the swarm
+    # The manager was resized in place: the same machine, stopped and started (a new init), its
+    # Elastic IP kept, so nothing that dials it changed; the swarm came back with it.
+    again = next(m for m in program.load_state()["machines"].values() if m["role"] == "manager")
+    assert again["machine"] == manager["machine"]
+    assert nspawn.init_pid(machines.Machine(again["machine"], again["index"])) != boot_pid
+    assert all(n["state"] == "ready" for n in report["nodes"])
 
 
 # ---------------------------------------------------------------- a boot that fails, loudly
