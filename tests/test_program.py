@@ -20,7 +20,7 @@ import node_commands
 import node_software
 from components.cloud_config import render_cloud_config
 from components.remote import as_root
-from localswarm import machines, network, nspawn, object_store, program, ssh
+from localswarm import engine, local_cloud, machines, network, nspawn, object_store, program, ssh
 from node_software import NodeRelease
 from tests.rehearsal_tools import cli, cli_json, require_engine, tasks_of
 
@@ -245,3 +245,35 @@ def test_a_failed_first_boot_fails_its_wait_with_the_nodes_log_and_the_next_wait
         machines.terminate(m)
         shutil.rmtree(object_store.object_path(bucket, "x").parent, ignore_errors=True)
 
+
+# ---------------------------------------------------------------- a pool rolled in waves (last: it grows the pool)
+
+
+def test_a_pool_of_4_with_max_unavailable_2_rolls_in_2_waves_even_one_command_at_a_time(first):
+    """One up grows the pool to 4 nodes with rollout.maxUnavailable 2; new node software then rolls at
+    `--parallel 1`: wave 1's cordons run only once both of wave 0's nodes are admitted, and the swarm
+    never sees more than 2 of the pool drained. It keeps the pool's type and market, the manager's
+    type and the stacks as the module left them, so nothing else changes."""
+    state = program.load_state()["resources"]
+    inputs = {engine.name_of(k): r["inputs"] for k, r in state.items()
+              if r["type"] in (local_cloud.INSTANCE, local_cloud.SPOT_REQUEST)}
+    t4 = next(v for n, v in sorted(inputs.items()) if n.startswith("gpu-swarm-t4-"))
+    pool = {"name": "t4", "instanceType": t4["instanceType"], "count": 4, "rollout": {"maxUnavailable": 2},
+            **({"marketType": "spot"} if t4.get("instanceMarketOptions") else {})}
+    keep = ("--set", f"gpuPools={json.dumps([pool])}", "--set", "stacks=[]",
+            "--set", f"managerInstanceType={inputs['gpu-swarm-managers-0']['instanceType']}")
+    grown = program_up(*keep)
+    assert sorted(n["name"] for n in grown["nodes"] if "-t4-" in n["name"]) == [f"gpu-swarm-dev-t4-{i}" for i in range(4)]
+    rolled = program_up(*keep, "--bump-node-software", "--parallel", "1")
+    order = [c["name"] for c in rolled["commands"]]  # in the order they finished
+    for node in range(4):
+        assert {f"gpu-swarm-rollout-t4-{node}-{step}" for step in ("cordon", "upgrade", "admit")} <= set(order), node
+    first_wave_in = max(order.index(f"gpu-swarm-rollout-t4-{n}-admit") for n in (0, 1))
+    assert all(order.index(f"gpu-swarm-rollout-t4-{n}-cordon") > first_wave_in for n in (2, 3)), order
+    assert 1 <= rolled["peak_drained_per_pool"].get("t4", 0) <= 2, rolled["peak_drained_per_pool"]
+    assert all(n["availability"] == "active" for n in rolled["nodes"])
+    seconds = {c["name"]: c["seconds"] for c in rolled["commands"]}
+    per_node = [sum(seconds[f"gpu-swarm-rollout-t4-{n}-{s}"] for s in ("cordon", "upgrade", "admit")) for n in range(4)]
+    print(f"roll of 4 GPU nodes in 2 waves at --parallel 1: {rolled['timings']['up_s']} s; per node (cordon + "
+          f"upgrade + admit): {', '.join(f'{s:.1f}' for s in per_node)} s; peak drained "
+          f"{rolled['peak_drained_per_pool']}")  # the README's roll times (pytest -s)
