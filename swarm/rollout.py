@@ -1,9 +1,9 @@
 """Taking a node out of scheduling for a software change, and admitting it (back) afterwards.
 
 Run on a manager. A node whose release is about to change is drained first (cordon) and
-marked as under maintenance; the program orders each pool's nodes one after the other, so
-at most one node per pool is out at a time while the rest of the pool keeps its GPUs in
-service. admit labels the node, checks what the swarm
+marked as under maintenance; the program rolls each pool in waves of at most its
+rollout.maxUnavailable nodes (components/node_rollout.py), so the rest of the pool keeps its
+GPUs in service. admit labels the node, checks what the swarm
 sees of its GPUs, records the software it runs, and gives back only what cordon (or a
 failed GPU check) took: a node an operator drained stays drained.
 """
@@ -33,8 +33,8 @@ def cordon_node(node: str, *, pool: str, software: str, drain_timeout_s: int = 3
     """Drain swarm node `node` before it changes to release `software`; a no-op if it runs it.
 
     It marks the node as under maintenance (the health reconciler then leaves it alone) and
-    drains it if it was active. It never waits for another node: the program chains each
-    pool's nodes (components/node_rollout.py), so one node per pool is out at a time.
+    drains it if it was active. It never waits for another node: the program orders each
+    pool's nodes in waves (components/node_rollout.py), so at most maxUnavailable are out at a time.
     """
     node = node_id(node)
     swarm_name(pool, "pool name")
