@@ -61,14 +61,18 @@ def check_pins(state: dict, out: dict) -> None:
 def check_openssh(state: dict, out: dict) -> None:
     conns = connections(state)
     worker = next(c for n, c in conns.items() if n.endswith("-join") and c.get("proxy"))
-    other = next(c["hostKey"] for c in conns.values() if c["hostKey"] != worker["hostKey"])
+    keys = [c["hostKey"] for c in conns.values()]
+    # Another machine's key for each: not the node's own, and for the proxy not the proxy's own
+    # (with one manager, the first key that is not the worker's is the proxy's).
+    not_node = next(k for k in keys if k != worker["hostKey"])
+    not_proxy = next(k for k in keys if k != worker["proxy"]["hostKey"])
     quick = {"dialErrorLimit": 1, "perDialTimeout": 10}
     started = time.monotonic()
     good = ssh.run({**worker, **quick}, "hostname; cat /etc/ssh/ssh_host_ed25519_key.pub")
     out["worker_through_proxy"] = {"ok": True, "answer": good.stdout.splitlines()[0], "seconds": good.seconds,
                                    "proxy": worker["proxy"]["host"], "host": worker["host"]}
-    for what, conn in (("node", {**worker, **quick, "hostKey": other}),
-                       ("proxy", {**worker, **quick, "proxy": {**worker["proxy"], "hostKey": other, **quick}})):
+    for what, conn in (("node", {**worker, **quick, "hostKey": not_node}),
+                       ("proxy", {**worker, **quick, "proxy": {**worker["proxy"], "hostKey": not_proxy, **quick}})):
         try:
             ssh.run(conn, "true", sleep=lambda s: None)
             out[f"wrong_{what}_key"] = "ACCEPTED (a failure of the pin)"
