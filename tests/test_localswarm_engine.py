@@ -72,6 +72,9 @@ def build(instance_type="g4dn.xlarge", user_data="boot-1", *, pool_type="test:aw
 
 
 def up(cloud: local_cloud.LocalCloud, **kwargs) -> None:
+    # The tests after these run the program under the test mocks in this process, on the loop
+    # they find: put back whatever loop there was, not none.
+    before = asyncio.get_event_loop_policy().get_event_loop()
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     pulumi.runtime.settings.ROOT.set(None)
@@ -86,7 +89,7 @@ def up(cloud: local_cloud.LocalCloud, **kwargs) -> None:
         run()
     finally:
         loop.close()
-        asyncio.set_event_loop(None)
+        asyncio.set_event_loop(before)
     cloud.delete_the_rest()
 
 
