@@ -14,6 +14,16 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 
+def send_json(handler: BaseHTTPRequestHandler, body) -> None:
+    """Answer a request with `body` as the Engine API does: JSON, with its length."""
+    data = json.dumps(body).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 def task_container(cid: str, service: str, slot: int, env: list[str]) -> dict:
     """A container as dockerd describes a swarm task's: Docker's labels, swarm's variables in its Env."""
     return {"Id": cid, "Labels": {"com.docker.swarm.service.name": service,
@@ -39,12 +49,7 @@ class DockerApiStub:
                 else:
                     self.send_error(404)
                     return
-                data = json.dumps(body).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, body)
 
             def log_message(self, *args):
                 pass

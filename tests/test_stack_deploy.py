@@ -28,6 +28,7 @@ import pytest
 from components.gpu_stack import GpuStack, GpuStackArgs
 from swarm.stacks import deploy_stack, settle_report
 from tests.conftest import REPO, request_inputs, is_secret, use_mocks
+from tests.docker_api_stub import send_json
 from tests.tools import require_tool
 
 COMPOSE = "services:\n  gpu:\n    image: busybox\n"
@@ -95,12 +96,7 @@ class Engine(BaseHTTPRequestHandler):
         else:
             self.send_error(404)
             return
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, body)
 
     def address_string(self):
         return "unix"
