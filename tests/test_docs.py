@@ -1,16 +1,27 @@
 """The markdown a clone carries links only to files the clone has: no relative link leaves the
 repository or names a missing file, and the README does not point at the ../shared folder
-that only this project's workspace has."""
+that only this project's workspace has. The documentation site builds with MkDocs in strict
+mode, where a broken link or anchor is an error, and its references say what the program has."""
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.tools import files_git_lists
 
 REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
+_spec = importlib.util.spec_from_file_location("docs_hooks", DOCS / "hooks" / "reference.py")
+hooks = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(hooks)
 
 # [text](target) and ![alt](target), and reference definitions "[label]: target".
 INLINE_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -42,9 +53,14 @@ def test_relative_links_stay_in_the_repository_and_exist(doc):
         path = (doc.parent / target.split("#", 1)[0]).resolve()
         if not path.is_relative_to(REPO):
             problems.append(f"{target}: outside the repository")
-        elif not path.exists():
+        elif not path.exists() and not _generated(path):
             problems.append(f"{target}: no such file")
     assert not problems, f"{doc.relative_to(REPO)}: " + "; ".join(problems)
+
+
+def _generated(path: Path) -> bool:
+    """A page the site's build makes (docs/hooks/reference.py), which a checkout does not hold."""
+    return path.is_relative_to(DOCS) and path.relative_to(DOCS).as_posix() in hooks.GENERATED
 
 
 def test_readme_does_not_point_at_the_workspace():
@@ -59,3 +75,91 @@ def test_readme_does_not_point_at_the_workspace():
 ])
 def test_relative_links_are_the_path_links(text, links):
     assert relative_links(text) == links
+
+
+# ---------------------------------------------------------------- the site
+
+
+def mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # Material's banner about MkDocs 2.0, not a problem
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_the_site_builds_strict(tmp_path):
+    proc = mkdocs_build(REPO / "mkdocs.yml", tmp_path / "site")
+    assert proc.returncode == 0, proc.stderr
+    assert "WARNING" not in proc.stderr, proc.stderr
+    built = {p.relative_to(tmp_path / "site").as_posix() for p in (tmp_path / "site").rglob("index.html")}
+    nav_pages = [p for p in _nav_pages(nav())]
+    for page in nav_pages:
+        html = "index.html" if page == "index.md" else page.removesuffix("index.md").removesuffix(".md") + "/index.html"
+        assert html.replace("//", "/") in built, f"{page} was not built"
+    reference = (tmp_path / "site" / "reference" / "configuration" / "index.html").read_text()
+    for key in yaml.safe_load((REPO / "Pulumi.yaml").read_text())["config"]:
+        assert f'id="{key.lower()}"' in reference, f"the configuration reference has no section for {key}"
+    # The pictures are Mermaid sources that the theme draws in the browser.
+    assert (tmp_path / "site" / "design" / "architecture" / "index.html").read_text().count('class="mermaid"') >= 1
+
+
+class _MkdocsLoader(yaml.SafeLoader):
+    """mkdocs.yml names Python objects (!!python/name:...), which only MkDocs itself imports."""
+
+
+_MkdocsLoader.add_multi_constructor("tag:yaml.org,2002:python/", lambda loader, suffix, node: suffix)
+
+
+def nav() -> list:
+    return yaml.load((REPO / "mkdocs.yml").read_text(), Loader=_MkdocsLoader)["nav"]
+
+
+def _nav_pages(nav) -> list[str]:
+    pages = []
+    for item in nav:
+        for value in (item.values() if isinstance(item, dict) else [item]):
+            pages += _nav_pages(value) if isinstance(value, list) else [value]
+    return pages
+
+
+def test_every_page_is_in_the_nav():
+    in_nav = set(_nav_pages(nav()))
+    pages = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md") if "hooks" not in p.parts}
+    assert pages | hooks.GENERATED == in_nav
+
+
+@pytest.mark.parametrize("broken, said", [
+    ("[gone](../aws/no-such-page.md)", "no-such-page.md"),
+    ("[no anchor](../aws/spot.md#no-such-section)", "no-such-section"),
+    ("[outside](../../node/contract.py)", "node/contract.py"),
+])
+def test_a_broken_link_fails_the_build(tmp_path, broken, said):
+    """The build the test above runs would catch each of these: a copy of the site, one link broken."""
+    copy = tmp_path / "repo"
+    shutil.copytree(DOCS, copy / "docs")
+    for name in ("mkdocs.yml", "README.md", "Pulumi.yaml"):
+        shutil.copy(REPO / name, copy / name)
+    page = copy / "docs" / "operations" / "day-2.md"
+    page.write_text(page.read_text() + f"\n\nSee {broken}.\n")
+    proc = mkdocs_build(copy / "mkdocs.yml", tmp_path / "site")
+    assert proc.returncode != 0
+    assert "operations/day-2.md" in proc.stderr and said in proc.stderr, proc.stderr
+
+
+def test_the_configuration_reference_needs_a_description_for_every_key(tmp_path):
+    project = tmp_path / "Pulumi.yaml"
+    project.write_text("config:\n  vpcId: {type: string, default: ''}\n  gpuKind: {type: string, description: The kind.}\n")
+    with pytest.raises(ValueError, match="without a description: vpcId"):
+        hooks.config_reference(project)
+
+
+def documented_outputs() -> set[str]:
+    page = (DOCS / "reference" / "outputs.md").read_text()
+    table = page.split("## ", 1)[0]
+    return set(re.findall(r"^\| `([A-Za-z]+)` \|", table, re.MULTILINE))
+
+
+def test_the_outputs_page_names_exactly_what_the_program_exports():
+    """Under the mocks, with prod's config (a generated key, so privateKey too) and monitoring on."""
+    from tests.conftest import run_program, stack_config
+    run = run_program(stack_config("prod", monitoring="true"), stack="prod")
+    assert documented_outputs() == set(run.exports)
