@@ -35,6 +35,11 @@ def stack_tasks(stdout: str | None) -> dict:
     return {"services": {s["name"]: s["outcome"] for s in found.get("services", [])},
             "waitingForGpus": [{"service": w["service"], "task": w["slot"], "reason": w["reason"]}
                                for w in found.get("waiting", [])],
+            # Tasks whose last run failed on a GPU the node's health watcher marked faulty (node/stack_tasks.py);
+            # the key only when there are some.
+            **({"hardwareFailures": [{"service": h["service"], "task": h["slot"], "node": h["node"], "gpu": h["gpu"],
+                                      "xid": h["xid"]} for h in found["hardware_failures"]]}
+               if found.get("hardware_failures") else {}),
             "settledInSeconds": found.get("seconds")}
 
 

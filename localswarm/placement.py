@@ -67,8 +67,8 @@ def collect(nodes: list[Node], engine: Engine, kind: str, shared_kind: str = "")
                            "availability": "unknown", "condition": "unknown", "gpus": [], "drained_by": "",
                            "maintenance": ""}
                           for n in nodes], "services": [], "error": "no manager's engine answers"}
-    view_nodes, nodes_by_id = [], {}
-    for info in _get(manager, "/nodes"):
+    view_nodes, nodes_by_id, node_docs = [], {}, _get(manager, "/nodes")
+    for info in node_docs:
         name = info["Description"]["Hostname"]
         if name in by_name:
             nodes_by_id[info["ID"]] = by_name[name]
@@ -107,21 +107,17 @@ def collect(nodes: list[Node], engine: Engine, kind: str, shared_kind: str = "")
                         "container")
         return (*_gpus_and_slots(_assigned(task, kind), _assigned(task, shared_kind)), "scheduler")
 
-    services = _services(manager, gpus_of, names_by_id, state_of)
+    services = services_view(_get(manager, "/services"), _get(manager, "/tasks"), gpus_of, names_by_id, state_of,
+                             task_runs.node_faults(node_docs))
     for n in view_nodes:
         del n["id"]
     return {"nodes": view_nodes, "services": services}
 
 
-def _services(manager: Node, gpus_of, names_by_id: dict, state_of: dict) -> list[dict]:
-    """Every service, from one read of the services and one of every task, past ones included."""
-    return services_view(_get(manager, "/services"), _get(manager, "/tasks"), gpus_of, names_by_id, state_of)
-
-
 def services_view(services_docs: list[dict], tasks_docs: list[dict], gpus_of, names_by_id: dict,
-                  state_of: dict) -> list[dict]:
+                  state_of: dict, faults: dict | None = None) -> list[dict]:
     """Every service with one entry per slot (node/stack_tasks.py, the deploy command's own rules)."""
-    return task_runs.services_view(services_docs, tasks_docs, gpus_of, names_by_id, state_of)
+    return task_runs.services_view(services_docs, tasks_docs, gpus_of, names_by_id, state_of, faults)
 
 
 def _condition(engine_labels: dict, labels: dict) -> dict:
@@ -196,6 +192,10 @@ def render_table(view: dict) -> str:
                              "ended" if t.get("ended") else t["state"]))
     if len(rows) > 1:
         out.append(_table(rows))
+    failed = [f"{svc['name']} task {t['slot']} failed {task_runs.fault_text(fault, t['last_run']['node'])}"
+              for svc in view["services"] for t in svc["tasks"] if (fault := (t.get("last_run") or {}).get("hardware"))]
+    if failed:
+        out.append("HARDWARE\n" + "\n".join(failed))
     out.append("TASK is the replica's slot number (service.slot in `docker service ps`). CONDITION is what the "
                "node's GPU health watcher reported, as the manager last heard it."
                + (" LAST RUN is the newest of a task's runs that ended, and RUNS counts the runs swarm still "

@@ -30,7 +30,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)  # the rules and the contract ship beside this file
 from contract import DOCKER_SOCKET  # noqa: E402
-from stack_tasks import converged, failing, outcome, releasing, services_view, unsettled, waits_for_resources  # noqa: E402
+from stack_tasks import (converged, failing, fault_text, node_faults, outcome, releasing,  # noqa: E402
+                         services_view, unsettled, waits_for_resources)
 
 STACK_LABEL = "com.docker.stack.namespace"  # docker stack deploy labels each service with its stack
 # Settled on two reads in a row: a service's tasks appear a moment after `stack deploy` returns.
@@ -93,7 +94,7 @@ def read(sock: str, stack: str) -> tuple[dict, bool]:
     ready = {node_id for node_id, state in state_of.items() if state == "ready"}
     freeing = bool(releasing(get(sock, "/tasks"), ready))
     no_gpus = lambda task: ([], [], "scheduler")  # noqa: E731 (which GPUs is the rehearsal's view)
-    return {"services": services_view(services, current, no_gpus, names, state_of)}, freeing
+    return {"services": services_view(services, current, no_gpus, names, state_of, node_faults(nodes))}, freeing
 
 
 def report(stack: str, view: dict, *, settled: bool, seconds: float, problems: list[str]) -> dict:
@@ -105,10 +106,15 @@ def report(stack: str, view: dict, *, settled: bool, seconds: float, problems: l
                       "outcome": line.split(": ", 1)[1],
                       "tasks": [{"slot": t["slot"], "node": t["node"], "state": t["state"],
                                  "desired_state": t["desired_state"], "reason": t["reason"],
-                                 "exit_code": t["exit_code"]} for t in s["tasks"]]}
+                                 "exit_code": t["exit_code"],
+                                 "hardware": (t.get("last_run") or {}).get("hardware")} for t in s["tasks"]]}
                      for s, line in zip(view["services"], outcome(view))],
         "waiting": [{"service": s["name"], "slot": t["slot"], "reason": t["reason"]}
                     for s in view["services"] for t in s["tasks"] if waits_for_resources(t)],
+        # Tasks whose last run failed on a GPU the node's health watcher marked faulty: the hardware did it.
+        "hardware_failures": [{"service": s["name"], "slot": t["slot"], "node": t["last_run"]["node"], **fault}
+                              for s in view["services"] for t in s["tasks"]
+                              if (fault := (t.get("last_run") or {}).get("hardware"))],
         "problems": problems,
     }
 
@@ -161,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {svc['name']}: {svc['outcome']}", file=sys.stderr)
     for task in result["waiting"]:
         print(f"  {task['service']} task {task['slot']} waits: {task['reason']}", file=sys.stderr)
+    for task in result["hardware_failures"]:
+        print(f"  {task['service']} task {task['slot']} failed {fault_text(task, task['node'])}", file=sys.stderr)
     if code:
         print("gpu-swarm: " + "\n".join(result["problems"]), file=sys.stderr)
         print("Look with `docker service ps --no-trunc <service>` on a manager; fix the stack or the nodes and "

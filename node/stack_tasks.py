@@ -9,9 +9,16 @@ the rehearsal and the tests load this very file by path, so "settled" has one de
 """
 from __future__ import annotations
 
+import os
 import re
+import sys
 import time
 from datetime import datetime, timezone
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.append(_HERE)  # the contract ships beside this file; appended, so it shadows nothing of a caller's
+from contract import CONDITION_LABEL, CONDITION_REASON_LABEL, CONDITION_SINCE_LABEL, HEALTH_LAST_LABEL  # noqa: E402
 
 
 # A task's process ended by itself, or never started (rejected): swarm may start another in its slot.
@@ -42,19 +49,76 @@ NO_RESOURCES = "insufficient resources"
 START_FAILED = "starting container failed"
 # An update swarm gave up on, as the service's update_config.failure_action said.
 UPDATE_GAVE_UP = ("paused", "rollback_paused", "rollback_completed")
+# A run that failed at most this long before its GPU was marked faulty, or any time after, failed on
+# faulty hardware: the task dies with the XID, and the watcher notes the fault a moment later (it
+# checks every second or so; NVML's events come at once). A run that failed earlier than that had a
+# GPU that was fine, as far as anyone knows.
+FAULT_SLACK_S = 30
+# The watcher's reason for an unhealthy GPU: what happened, then the GPU (xid_79_on_GPU-..., ecc_double_on_...).
+_FAULT_REASON = re.compile(r"(?P<what>.+?)_on_(?P<gpu>(?:GPU|MIG)-\S+)")
+_SLOT = re.compile(r"(?P<gpu>(?:GPU|MIG)-.+)-s[0-9]+")
+
+
+def node_faults(nodes_docs: list[dict]) -> dict[str, dict]:
+    """Per node ID, the GPU its health watcher marks unhealthy and since when: from the watcher's engine
+    labels, else from the reconciler's last drain (node label), which tells the same once the manager
+    has seen it. {"gpu", "xid" (None for other faults), "reason", "since"}."""
+    out = {}
+    for node in nodes_docs:
+        engine = ((node.get("Description") or {}).get("Engine") or {}).get("Labels") or {}
+        last = ((node.get("Spec") or {}).get("Labels") or {}).get(HEALTH_LAST_LABEL, "")
+        fault = None
+        if engine.get(CONDITION_LABEL) == "unhealthy" and engine.get(CONDITION_SINCE_LABEL, "").isdigit():
+            fault = _fault(engine.get(CONDITION_REASON_LABEL, ""), int(engine[CONDITION_SINCE_LABEL]))
+        match = re.fullmatch(r"drained:(\d+):unhealthy:(.+)", last)
+        if fault is None and match:
+            fault = _fault(match[2], int(match[1]))
+        if fault:
+            out[node["ID"]] = fault
+    return out
+
+
+def _fault(reason: str, since: int) -> dict | None:
+    match = _FAULT_REASON.fullmatch(reason)
+    if not match:
+        return None
+    xid = re.fullmatch(r"xid_(\d+)", match["what"])
+    return {"gpu": match["gpu"], "xid": int(xid[1]) if xid else None, "reason": reason, "since": since}
+
+
+def hardware_fault(run: dict, faults: dict[str, dict]) -> dict | None:
+    """The fault of the GPU a failed run held, if its node's watcher marked that GPU faulty when the run
+    failed (see FAULT_SLACK_S); None for a run that completed, was stopped by swarm, or lost by the engine."""
+    if run["Status"]["State"] in ("complete", *STOPPED) or _lost(run):
+        return None
+    fault = faults.get(run.get("NodeID", ""))
+    ended = _epoch(run["Status"].get("Timestamp", ""))
+    if fault is None or ended is None or ended < fault["since"] - FAULT_SLACK_S:
+        return None
+    values = [r.get("NamedResourceSpec", {}).get("Value", "") for r in run.get("AssignedGenericResources") or []]
+    held = {slot["gpu"] if (slot := _SLOT.fullmatch(v)) else v for v in values}  # a slot counts as its GPU
+    return fault if fault["gpu"] in held else None
+
+
+def fault_text(fault: dict, node: str = "") -> str:
+    """How a run's hardware fault reads for people: the GPU (of node), and the XID when there is one."""
+    what = f"XID {fault['xid']}" if fault["xid"] is not None else fault["reason"].rsplit("_on_", 1)[0]
+    where = f" of {node}" if node else ""
+    return f"on GPU {fault['gpu']}{where}, which its node's health watcher marked faulty ({what})"
 
 
 def services_view(services_docs: list[dict], tasks_docs: list[dict], gpus_of, names_by_id: dict,
-                  state_of: dict) -> list[dict]:
+                  state_of: dict, faults: dict | None = None) -> list[dict]:
     """Every service with one entry per slot (a replica's number; a node, for a global service):
-    its newest task, and what the slot's tasks that ended did. gpus_of, names_by_id, state_of: see task_view."""
+    its newest task, and what the slot's tasks that ended did. gpus_of, names_by_id, state_of: see
+    task_view; faults: node_faults() of the nodes, which names the hardware of a run that failed on it."""
     by_service: dict[str, list[dict]] = {}
     for task in tasks_docs:
         by_service.setdefault(task.get("ServiceID", ""), []).append(task)
     services = []
     for svc in services_docs:
         mode = svc["Spec"].get("Mode", {})
-        tasks = [task_view(group, gpus_of, names_by_id, state_of)
+        tasks = [task_view(group, gpus_of, names_by_id, state_of, faults or {})
                  for group in slots(svc, by_service.get(svc["ID"], []))]
         replicated = mode.get("Replicated")
         job = mode.get("ReplicatedJob")
@@ -100,7 +164,7 @@ def _created(task: dict) -> tuple:
     return (match[1], float(match[2] or 0)) if match else ("", 0.0), task.get("Version", {}).get("Index", 0)
 
 
-def task_view(group: list[dict], gpus_of, names_by_id: dict, state_of: dict) -> dict:
+def task_view(group: list[dict], gpus_of, names_by_id: dict, state_of: dict, faults: dict | None = None) -> dict:
     """What a slot shows: its newest task, with the state, exit code and GPUs of its last run that ended.
 
     gpus_of(task) -> (GPUs, slots of shared GPUs, where they were read); names_by_id and
@@ -136,7 +200,8 @@ def task_view(group: list[dict], gpus_of, names_by_id: dict, state_of: dict) -> 
         "last_run": None if last is None else {
             "state": last["Status"]["State"], "exit_code": _exit_code(last), "error": last["Status"].get("Err", ""),
             "node": names_by_id.get(last.get("NodeID", ""), ""), "gpus": last_gpus,
-            "age_s": round(_age(last["Status"].get("Timestamp", "")) or 0, 1)},
+            "age_s": round(_age(last["Status"].get("Timestamp", "")) or 0, 1),
+            "hardware": hardware_fault(last, faults or {})},
         # Of the runs swarm still remembers (its task history keeps the last few per slot).
         "runs": {"completed": sum(t["Status"]["State"] == "complete" for t in runs),
                  "failed": sum(t["Status"]["State"] != "complete" and not _lost(t) for t in runs),
@@ -154,11 +219,17 @@ def _exit_code(task: dict) -> int | None:
 
 def _age(timestamp: str) -> float | None:
     """Seconds since a Docker timestamp such as 2026-11-22T23:08:24.123456789Z."""
+    when = _epoch(timestamp)
+    return None if when is None else max(0.0, time.time() - when)
+
+
+def _epoch(timestamp: str) -> float | None:
+    """A Docker timestamp such as 2026-11-22T23:08:24.123456789Z as Unix time."""
     match = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?Z$", timestamp or "")
     if not match:
         return None
-    when = datetime.strptime(match[1], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
-    return max(0.0, time.time() - when - float(match[2] or 0))
+    when = datetime.strptime(match[1], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
+    return when.timestamp() + float(match[2] or 0)
 
 
 def settled(task: dict, freeing: bool = False) -> bool:
@@ -222,7 +293,8 @@ def failing(view: dict) -> list[str]:
             run = t.get("last_run") or {}
             if t.get("ended") and run and run["state"] != "complete" and _never_started(run):
                 out.append(f"{svc['name']} task {t['slot']} was {run['state']} and swarm will not start it "
-                           f"again: {run['error']}")
+                           f"again: {run['error']}"
+                           + (f" ({fault_text(run['hardware'])})" if run.get("hardware") else ""))
         update = svc.get("update") or {}
         if update.get("state") in UPDATE_GAVE_UP:
             out.append(f"{svc['name']}: update {update['state'].replace('_', ' ')}: {update.get('message', '')}")
@@ -263,6 +335,8 @@ def _last(task: dict) -> str:
         text += f", exit {run['exit_code']}"
     if run.get("error"):
         text += f": {run['error']}"
+    if run.get("hardware"):
+        text += f", {fault_text(run['hardware'])}"
     return text
 
 
@@ -275,6 +349,7 @@ def outcome(view: dict) -> list[str]:
             if t.get("ended"):
                 code = (t.get("last_run") or {}).get("exit_code")
                 what = "completed" if t["state"] == "complete" else f"failed (exit {code})" if code else t["state"]
+
             elif t["state"] == "running":
                 what = "running"
             elif t["state"] == "pending" and t["reason"]:
@@ -283,6 +358,9 @@ def outcome(view: dict) -> list[str]:
                 what = "completed, restarting"
             else:
                 what = t["state"]
+            fault = (t.get("last_run") or {}).get("hardware")
+            if fault:  # the run that ended last failed on faulty hardware: said whatever the slot does now
+                what += f" ({'its last run ' if not t.get('ended') else ''}failed {fault_text(fault)})"
             counts[what] = counts.get(what, 0) + 1
         lines.append(f"{svc['name']}: " + (", ".join(f"{n} {what}" for what, n in counts.items()) or "no tasks"))
     return lines
