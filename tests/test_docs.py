@@ -83,7 +83,7 @@ def test_relative_links_are_the_path_links(text, links):
 def mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # Material's banner about MkDocs 2.0, not a problem
     return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)],
-                          capture_output=True, text=True, env=env, timeout=300)
+                          capture_output=True, text=True, env=env, timeout=300, cwd=config.parent)
 
 
 def test_the_site_builds_strict(tmp_path):
