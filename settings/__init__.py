@@ -16,6 +16,7 @@ from settings.aws_checks import (check_overlay_pool, region_problem, resolve_ami
                                  resolve_network)
 from settings.config_checks import (read_authorized_keys, read_image, read_managers, read_network, read_pools, read_ssh,
                                     read_ssh_cidrs, read_tags)
+from settings.cuda_checks import check_cuda, read_registry_credentials
 from settings.model import PROJECT, GpuPool, Health, Managers, Monitoring, Network, Settings, SettingsError, StackFile
 from settings.monitoring_checks import read_monitoring
 from settings.model import cluster_name
@@ -59,6 +60,7 @@ def load_settings() -> Settings:
     extra_keys = read_authorized_keys(r)
     health = read_health(r)
     monitoring = read_monitoring(r, [stack.name for stack in stack_cfgs])
+    registry_credentials = read_registry_credentials(r)
 
     # Checks against AWS, for the values that passed the checks above.
     resolved_pools: list[GpuPool] = []
@@ -96,6 +98,7 @@ def load_settings() -> Settings:
     stacks = []
     if kind_ok and shared_kind and pools and len(resolved_pools) == len(pools):
         stacks = check_stacks(r, stack_cfgs, resolved_pools, kind, shared_kind)
+        check_cuda(r, stacks, {s.name: s.index for s in stack_cfgs}, resolved_pools, image, registry_credentials)
 
     if r.problems:
         raise SettingsError(r.problems)

@@ -33,6 +33,7 @@ DEFAULTS: dict[str, Any] = {
     "gpuKind": DEFAULT_KIND,
     "stacks": [],
     "stackSecrets": {},  # {stack: {VARIABLE: value}}, a Pulumi secret (settings/stack_checks.py)
+    "registryCredentials": {},  # {registry: {username, password}}, a Pulumi secret (settings/cuda_checks.py)
     "tags": {},
     "sshUser": "ubuntu",
     "sshPublicKey": "",

@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 # The node programs import their siblings (gpu_agent imports gpu_detect), as they do on a node.
 sys.path.insert(0, str(REPO / "node"))
 from localswarm import engine as engine_model, fake_aws
+from settings import image_registry
 from localswarm.fake_aws import (  # noqa: F401  (the tests import these from here)
     ACCOUNT, AMIS, ARM_AMI, BLOCK_RESERVATION, CUSTOM_AMI, CUSTOM_AMI_NEXT, DEEP_LEARNING_AMI, INSTANCE_TYPES,
     OFFERED_IN, OTHER_VPC, REGION, RESERVATION, SUBNETS, UBUNTU_AMI, VPC, VPC_CIDRS, ZONES, answer, bucket_state,
@@ -211,6 +212,10 @@ def use_mocks(config: dict[str, str], secret_keys: tuple[str, ...] = (), stack: 
     otherwise the account is fresh."""
     if not keep_account:
         fake_aws.reset_account()
+    # No test reaches a real registry: each is a closed loopback port that refuses at once, so preview's CUDA
+    # check (settings/cuda_checks.py) warns and goes on; a test that reads images points ENDPOINTS at its own.
+    image_registry.ENDPOINTS.clear()
+    image_registry.ENDPOINTS["*"] = "http://127.0.0.1:9"
     mocks = AwsMocks()
     monitor = RecordingMonitor(mocks)
     # A fresh root stack per run, or exports of earlier runs would linger in its outputs.

@@ -78,7 +78,7 @@ def test_credentials_that_cannot_read_quotas_get_a_warning_not_a_block(monkeypat
     monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warnings.append(message))
     settings = load(stack_config("dev", gpuPools=[T4]), {"L-DB2E81BA": 0}, readable=False)
     assert settings.gpu_pools
-    (warning,) = warnings
+    (warning,) = [w for w in warnings if "CUDA" not in w]  # the stack's image is on Docker Hub, closed to tests
     assert "servicequotas:GetServiceQuota" in warning and "were not checked" in warning
     assert "VcpuLimitExceeded" in warning
 
