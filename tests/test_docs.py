@@ -136,8 +136,8 @@ def test_a_broken_link_fails_the_build(tmp_path, broken, said):
     """The build the test above runs would catch each of these: a copy of the site, one link broken."""
     copy = tmp_path / "repo"
     shutil.copytree(DOCS, copy / "docs")
-    for name in ("mkdocs.yml", "README.md", "Pulumi.yaml"):
-        shutil.copy(REPO / name, copy / name)
+    for top in (*REPO.glob("*.md"), *REPO.glob("*.y*ml")):  # mkdocs.yml, README.md, Pulumi*.yaml the pages include
+        shutil.copy(top, copy / top.name)
     page = copy / "docs" / "operations" / "day-2.md"
     page.write_text(page.read_text() + f"\n\nSee {broken}.\n")
     proc = mkdocs_build(copy / "mkdocs.yml", tmp_path / "site")
