@@ -31,8 +31,9 @@ before anything is created. A key without a default is required. How the keys fi
 
 
 def _type(spec: dict) -> str:
-    if "type" not in spec:
-        return "object or list (YAML)"
+    if "type" not in spec:  # Pulumi's schema cannot type objects; the default shows the shape
+        default = spec.get("default")
+        return "list" if isinstance(default, list) else "object" if isinstance(default, dict) else "YAML value"
     if spec["type"] == "array":
         return f"list of {spec.get('items', {}).get('type', 'values')}"
     return spec["type"]
@@ -54,8 +55,8 @@ def config_reference(pulumi_yaml: Path = REPO / "Pulumi.yaml") -> str:
                          "add one under each, since the documentation's reference is made from it")
     rows = ["| key | type | default |", "| --- | --- | --- |"]
     rows += [f"| [`{k}`](#{k.lower()}) | {_type(s)} | {_default(s)} |" for k, s in keys.items()]
-    sections = [f"## `{k}`\n\n*{_type(s)}, default {_default(s)}*\n\n{s['description'].strip()}\n"
-                for k, s in keys.items()]
+    sections = [f"## `{k}`\n\n*{_type(s)}, {_default(s) if 'default' not in s else 'default ' + _default(s)}*"
+                f"\n\n{s['description'].strip()}\n" for k, s in keys.items()]
     return CONFIG_INTRO + "\n".join(rows) + "\n\n" + "\n".join(sections)
 
 
