@@ -35,8 +35,8 @@ from node_software import NodeRelease
 from settings import GpuPool, Settings
 from settings.aws_lookups import CLUSTER_TAG, running_names
 from swarm.gpu_check import GpuCheck
-from swarm.node_contract import (MONITORING_STACK, POOL_GPU_COUNT_LABEL, POOL_GPU_MODEL_LABEL,
-                                 POOL_INSTANCE_TYPE_LABEL, POOL_LABEL, POOL_SLOTS_PER_GPU_LABEL, POOL_SPOT_LABEL)
+from swarm.labels import pool_labels
+from swarm.node_contract import MONITORING_STACK, POOL_LABEL
 
 
 @dataclass
@@ -277,7 +277,7 @@ class Cluster(pulumi.ComponentResource):
         return NodeRollout(f"{self._name}-rollout-{node.pool}-{node.index}", NodeRolloutArgs(
             pool=node.pool, release=kind.release, release_id=kind.release_id, node=self._connection(node),
             manager=self._first_live, node_id=member.node_id,
-            labels={POOL_LABEL: "managers"} if pool is None else _pool_labels(pool),
+            labels={POOL_LABEL: "managers"} if pool is None else pool_labels(pool),
             expected_gpus=kind.expected_gpus, kind=self._s.gpu_kind,
             slots_per_gpu=pool.slots_per_gpu if pool else 0, shared_kind=self._s.shared_gpu_kind,
             check=GpuCheck() if pool else None, after=after,
@@ -321,15 +321,3 @@ def _health_entry(seen: dict | None, read_at: str | None) -> dict:
             "availability": seen.get("availability"), "state": seen.get("state"),
             "drainedBy": seen.get("drainedBy"), "lastAction": seen.get("healthLast"), "readAt": read_at}
 
-
-def _pool_labels(pool: GpuPool) -> dict[str, str]:
-    # Named after what they describe, so placement constraints read naturally:
-    # node.labels.gpu-swarm.pool == training, node.labels.gpu-swarm.gpu-model == H100.
-    return {
-        POOL_LABEL: pool.name,
-        POOL_INSTANCE_TYPE_LABEL: pool.instance_type,
-        POOL_GPU_MODEL_LABEL: pool.gpu_model,
-        POOL_GPU_COUNT_LABEL: str(pool.gpus_per_node),
-        POOL_SPOT_LABEL: "true" if pool.spot else "false",
-        POOL_SLOTS_PER_GPU_LABEL: str(pool.slots_per_gpu),
-    }

@@ -16,17 +16,20 @@ import yaml
 from localswarm import registry
 from localswarm.host import RehearsalError
 from localswarm.nodes import REGISTRY
+from swarm.labels import POOL_LABEL, POOL_SPOT_LABEL
 from swarm.stack_files import StackFileError, validate_stack_file
 
 
 def prepare_stack(path: Path, name: str, kind: str, gpus_per_node: int, total_gpus: int, *, scale: bool,
-                  say: Callable[[str], None], shared_kind: str | None = None, total_slots: int = 0) -> dict:
+                  say: Callable[[str], None], shared_kind: str | None = None, total_slots: int = 0,
+                  spot: bool = False) -> dict:
     """{"file", "text"}: the checked compose file as `pulumi up` would deploy it (its Compose GPU
     requests rewritten into reservations, swarm/compose_gpus.py), with its images replaced where needed.
 
     gpus_per_node: the most whole GPUs a node has (0: every GPU node shares); shared_kind:
     the kind of the slots, when some node shares. With scale, each GPU service gets one
-    replica more than there are GPUs (or slots) for it, so one waits.
+    replica more than there are GPUs (or slots) for it, so one waits. spot: the rehearsal's nodes
+    stand for a spot pool, so services get the spot pools' stop grace period (swarm/compose_spot.py).
     """
     try:
         text = path.read_text()
@@ -34,7 +37,8 @@ def prepare_stack(path: Path, name: str, kind: str, gpus_per_node: int, total_gp
         raise RehearsalError(f"--stack {path}: cannot read it ({e.strerror})") from None
     try:
         info = validate_stack_file(text, kind=kind, max_gpus_per_node=gpus_per_node, shared_kind=shared_kind,
-                                   source=str(path))
+                                   source=str(path), pools={"rehearsal": {POOL_LABEL: "rehearsal",
+                                                                          POOL_SPOT_LABEL: str(spot).lower()}})
     except StackFileError as e:
         raise RehearsalError(str(e)) from None
     for rewrite in info.rewrites:

@@ -18,6 +18,7 @@ import pulumi.runtime.config as runtime_config
 from settings import reader
 from settings.model import GpuPool, StackFile
 from settings.reader import STACK_DEFAULTS, Reader, integer, key, suggest
+from swarm.labels import pool_labels
 from swarm.stack_files import StackFileError, validate_stack_file
 
 _STACK_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")  # what swarm/script.py's swarm_name accepts
@@ -143,7 +144,8 @@ def check_stacks(r: Reader, stacks: list[StackConfig], pools: list[GpuPool], kin
             info = validate_stack_file(text, kind=kind, max_gpus_per_node=max_whole, shared_kind=sharing,
                                        source=stack.file, pool_sizes=whole_pools, efa_max=efa_max,
                                        profiles=stack.profiles, variables=dict(stack.variables),
-                                       secrets=dict(stack.secrets), base_dir=path.parent)
+                                       secrets=dict(stack.secrets), base_dir=path.parent,
+                                       pools={p.name: pool_labels(p) for p in pools})
         except StackFileError as exc:
             for problem in exc.problems:
                 r.error(f"stacks[{stack.index}].file", f"{stack.file}: {problem}")

@@ -20,6 +20,7 @@ import yaml
 
 from swarm.compose_gpus import rewrite_gpu_requests
 from swarm.compose_resolve import ComposeError, resolve
+from swarm.compose_spot import spot_grace
 from swarm.compose_swarm import Translation, raise_version, to_swarm
 from swarm.compose_vars import Variables
 from swarm.compose_yaml import Scalar, dump, load, plain
@@ -74,7 +75,7 @@ def validate_stack_file(
     text: str, *, kind: str, max_gpus_per_node: int, shared_kind: str | None = None, source: str = "<stack>",
     pool_sizes: Mapping[str, int] | None = None, efa_max: int = 0, profiles: Sequence[str] = (),
     variables: Mapping[str, str] | None = None, secrets: Mapping[str, str] | None = None,
-    base_dir: Path | None = None,
+    base_dir: Path | None = None, pools: Mapping[str, Mapping[str, str]] | None = None,
 ) -> StackInfo:
     """Read a compose file as Compose means it, make it what swarm accepts, and check it against the cluster.
 
@@ -87,7 +88,9 @@ def validate_stack_file(
     with `efa: true` has (0: no such pool), which a service may reserve as EFA_KIND (AWS-EFA)
     beside its GPUs. `profiles`, `variables` and `secrets` are the stack's Compose profiles
     and the values of its ${...} references (compose_resolve.py); `extends: {file: ...}` is
-    read from `base_dir`. The checks run on what will be deployed, StackInfo.content.
+    read from `base_dir`. `pools` gives each pool's node labels (swarm/labels.py pool_labels): a
+    service that can land on a spot pool gets time to checkpoint (compose_spot.py). The checks run on
+    what will be deployed, StackInfo.content.
     Raises StackFileError listing all problems, each once.
     """
     sizes = dict(pool_sizes) if pool_sizes is not None else ({"": max_gpus_per_node} if max_gpus_per_node else {})
@@ -106,7 +109,7 @@ def validate_stack_file(
         rewrite = rewrite_gpu_requests(dump(escaped), plain(escaped), kind=kind, pool_sizes=sizes,
                                        shared_kind=shared_kind, source=source)
         final = load(rewrite.text)
-        changes = [*translation.changes, *rewrite.changes]
+        changes = [*translation.changes, *rewrite.changes, *spot_grace(final, pools or {}, kind, shared_kind)]
         raise_version(final, changes)
         return (dump(final), values, [*translation.problems, *rewrite.problems],
                 [*warnings, *translation.warnings, *rewrite.warnings], changes)
