@@ -4,8 +4,9 @@
 
 One server for every node: a node's watcher uses http://127.0.0.1:PORT/<node> as its IMDS,
 so it asks /<node>/latest/api/token and then, with that token, for the spot paths. A
-notice is a file: DIR/<node>/imds/spot-instance-action.json (or rebalance.json), written
-by `localswarm node spot-notice`. No file: 404, as EC2 answers when nothing is announced.
+notice is a file: DIR/<node>/imds/spot-instance-action.json (or rebalance.json, or
+maintenance-scheduled.json), written by `localswarm node spot-notice` (and health.maintenance_notice).
+No file: 404, as EC2 answers when nothing is announced.
 Like IMDSv2, a GET without a token gets 401.
 """
 from __future__ import annotations
@@ -16,7 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 PATHS = {"/latest/meta-data/spot/instance-action": "spot-instance-action.json",
-         "/latest/meta-data/events/recommendations/rebalance": "rebalance.json"}
+         "/latest/meta-data/events/recommendations/rebalance": "rebalance.json",
+         "/latest/meta-data/events/maintenance/scheduled": "maintenance-scheduled.json"}
 
 
 def notice_file(root: Path, node: str, kind: str = "spot-instance-action") -> Path:

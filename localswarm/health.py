@@ -152,8 +152,8 @@ def gpu_heal(node: Node) -> dict:
     """Clear the node's faults and spot notices; the watcher calls it healthy after RECOVERY_S."""
     healed = sorted(_faults(node))
     faults_file(node).write_text("{}\n")
-    notices = [f for f in (notice_file(STATE_ROOT, node.name), notice_file(STATE_ROOT, node.name, "rebalance"))
-               if f.exists()]
+    notices = [f for f in (notice_file(STATE_ROOT, node.name), notice_file(STATE_ROOT, node.name, "rebalance"),
+                           notice_file(STATE_ROOT, node.name, "maintenance-scheduled")) if f.exists()]
     for f in notices:
         f.unlink()
     return {"node": node.name, "healed": healed, "notices_cleared": len(notices)}
@@ -166,6 +166,19 @@ def spot_notice(node: Node, action: str = "terminate") -> dict:
     file.parent.mkdir(parents=True, exist_ok=True)
     file.write_text(json.dumps({"action": action, "time": when}) + "\n")
     return {"node": node.name, "action": action, "time": when}
+
+
+def maintenance_notice(node: Node, code: str = "system-reboot", starts_in_s: int = 60) -> dict:
+    """What EC2's IMDS lists when AWS schedules maintenance for the instance (here: soon enough to drain)."""
+    fmt = "%d %b %Y %H:%M:%S GMT"
+    start = datetime.now(timezone.utc) + timedelta(seconds=starts_in_s)
+    event = {"Code": code, "Description": f"scheduled {code}", "EventId": f"instance-event-{node.name}",
+             "NotBefore": start.strftime(fmt), "NotAfter": (start + timedelta(hours=2)).strftime(fmt),
+             "State": "active"}
+    file = notice_file(STATE_ROOT, node.name, "maintenance-scheduled")
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(json.dumps([event]) + "\n")
+    return {"node": node.name, **event}
 
 
 def _faults(node: Node) -> dict:

@@ -180,7 +180,7 @@ def parse_args(argv, env=os.environ) -> argparse.Namespace:
         help=f"mps: also check each GPU's MPS control daemon (${SHARING_MODE_ENV})")
     add("--mps-dir", default=MPS_DIR, metavar="PATH", help=f"where the MPS daemons keep their pipes (default {MPS_DIR})")
     add("--spot", action=argparse.BooleanOptionalAction, default=spot_env in ("1", "true", "yes"),
-        help=f"watch IMDS for spot interruption and rebalance notices (${SPOT_ENV}=true)")
+        help=f"watch IMDS for spot interruption and rebalance notices, and scheduled maintenance (${SPOT_ENV}=true)")
     add("--imds", default=DEFAULT_IMDS, metavar="URL", help=f"instance metadata service (default {DEFAULT_IMDS})")
     add("--dockerd-pidfile", default=DOCKERD_PIDFILE, metavar="PATH", help=f"(default {DOCKERD_PIDFILE})")
     add("--state-file", default=HEALTH_STATE_PATH, metavar="PATH",

@@ -14,13 +14,18 @@ import os
 import time
 import urllib.error
 import urllib.request
+from datetime import datetime, timezone
 
 from gpu_detect import BadInput, DetectionFailed, load_inventory
 from health_rules import OK, Tracker, record_event
 from nvml_reader import Nvml as Nvml_, NvmlFailed, NvmlMissing, PynvmlMissing
 
 DEFAULT_IMDS = "http://169.254.169.254"
-SPOT_PATHS = ("/latest/meta-data/spot/instance-action", "/latest/meta-data/events/recommendations/rebalance")
+SPOT_PATHS = ("/latest/meta-data/spot/instance-action", "/latest/meta-data/events/recommendations/rebalance",
+              "/latest/meta-data/events/maintenance/scheduled")
+# A scheduled maintenance event (a reboot, a stop, a retirement) drains its node this long before it
+# begins; until then it is shown, as degraded. AWS schedules them days ahead.
+MAINTENANCE_LEAD_S = 300
 
 
 FAULT_KEYS = {"xid": lambda v: type(v) is int and v >= 0, "ecc": lambda v: v in ("single", "double"),
@@ -155,8 +160,8 @@ class Nvml:
 
 
 class Spot:
-    """Spot interruption and rebalance notices from IMDSv2; an IMDS that does not answer
-    is logged and changes nothing."""
+    """Spot interruption and rebalance notices, and scheduled maintenance events, from IMDSv2; an IMDS
+    that does not answer is logged and changes nothing."""
 
     def __init__(self, imds: str, log, timeout: float = 2):
         self.base, self.log, self.timeout = imds.rstrip("/"), log, timeout
@@ -184,7 +189,9 @@ class Spot:
                 if status not in (200, 404):
                     self.token = None if status == 401 else self.token  # expired: a new one next time
                     raise OSError(f"{path} answered HTTP {status}")
-                if status == 200:
+                if status == 200 and path == SPOT_PATHS[2]:
+                    notices += maintenance(body, time.time())
+                elif status == 200:
                     try:
                         data = dict(json.loads(body))
                     except (ValueError, TypeError):
@@ -203,7 +210,33 @@ class Spot:
         # only says the risk went up, often hours ahead: it is shown, as degraded, and the
         # node keeps its tasks (AWS's Node Termination Handler does not drain on it either,
         # unless told to).
-        reclaim = [n for n in notices if n.startswith("spot_")]
+        reclaim = [n for n in notices if n.startswith(("spot_", "maintenance_now_"))]
         self.error = None
         self.state = ("reclaim", reclaim[0]) if reclaim else ("degraded", notices[0]) if notices else OK
         return self.state
+
+
+def maintenance(body: str, now: float) -> list[str]:
+    """IMDS's scheduled events (a JSON list, [] when none) as notices: maintenance_now_<code>_at_<start> for
+    an event that begins within MAINTENANCE_LEAD_S (or has begun), which drains the node as a spot
+    reclaim does; maintenance_<code>_at_<start> for a later one, shown only. Completed and canceled
+    events say nothing; an event whose start cannot be read is shown, not acted on."""
+    try:
+        events = json.loads(body) if body.strip() else []
+    except ValueError:
+        events = None
+    if not isinstance(events, list):
+        return ["maintenance_unreadable_at_unknown"]
+    out = []
+    for event in events:
+        if not isinstance(event, dict) or event.get("State") in ("completed", "canceled"):
+            continue
+        code, start = str(event.get("Code", "event")), str(event.get("NotBefore", "unknown"))
+        try:  # "21 Jan 2019 09:00:43 GMT", as EC2 writes it
+            begins = datetime.strptime(start, "%d %b %Y %H:%M:%S %Z").replace(tzinfo=timezone.utc).timestamp()
+        except ValueError:
+            begins = None
+        soon = begins is not None and begins - now <= MAINTENANCE_LEAD_S
+        stamp = datetime.fromtimestamp(begins, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ") if begins else "unknown"
+        out.append(f"maintenance_{'now_' if soon else ''}{code}_at_{stamp}")
+    return sorted(out, key=lambda n: not n.startswith("maintenance_now_"))

@@ -519,6 +519,41 @@ def imds():
 
 ACTION = "/latest/meta-data/spot/instance-action"
 REBALANCE = "/latest/meta-data/events/recommendations/rebalance"
+MAINTENANCE = "/latest/meta-data/events/maintenance/scheduled"
+
+
+def _ec2_time(seconds_from_now: float) -> str:
+    """A time as IMDS's scheduled events write it: 21 Jan 2019 09:00:43 GMT."""
+    return time.strftime("%d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + seconds_from_now))
+
+
+def _event(code: str, starts_in: float, state: str = "active") -> dict:
+    return {"Code": code, "Description": "scheduled reboot", "EventId": "instance-event-0d59937288b749b32",
+            "NotBefore": _ec2_time(starts_in), "NotAfter": _ec2_time(starts_in + 3600), "State": state}
+
+
+def test_scheduled_maintenance_drains_when_it_is_near_and_is_shown_before(node, imds):
+    """AWS schedules a reboot, stop or retirement days ahead: shown as degraded until MAINTENANCE_LEAD_S
+    before it begins, then the node is drained as for a spot reclaim; completed or canceled ones say nothing."""
+    url, fake = imds
+    fake.answers[MAINTENANCE] = [_event("system-reboot", 3 * 86400)]
+    report, _ = node.once("--spot", "--imds", url)
+    assert report["condition"] == "degraded" and report["reason"].startswith("maintenance_system-reboot_at_20")
+    fake.answers[MAINTENANCE] = [_event("system-reboot", 3 * 86400), _event("instance-stop", 120)]
+    report, _ = node.once("--spot", "--imds", url)
+    assert report["condition"] == "reclaim" and report["reason"].startswith("maintenance_now_instance-stop_at_20")
+    assert node.labels()["gpu-swarm.condition"] == "reclaim"
+    fake.answers[MAINTENANCE] = [_event("instance-stop", 120, "canceled"), _event("system-reboot", -60, "completed")]
+    report, _ = node.once("--spot", "--imds", url)
+    assert report["condition"] == "healthy"
+    fake.answers[MAINTENANCE] = []  # what IMDS answers when nothing is scheduled
+    assert node.once("--spot", "--imds", url)[0]["condition"] == "healthy"
+
+
+def test_a_maintenance_event_whose_start_cannot_be_read_is_shown_not_acted_on(imds):
+    url, fake = imds
+    fake.answers[MAINTENANCE] = [{"Code": "system-maintenance", "NotBefore": "soon", "State": "active"}]
+    assert health.Spot(url, print).poll(0) == ("degraded", "maintenance_system-maintenance_at_unknown")
 
 
 def test_spot_instance_action_means_reclaim(node, imds):
@@ -529,9 +564,10 @@ def test_spot_instance_action_means_reclaim(node, imds):
     assert report["condition"] == "reclaim" and report["gpu"] == "-"
     assert report["reason"] == "spot_terminate_at_2026-11-22T23:59:00Z"
     assert node.labels()["gpu-swarm.condition.reason"] == "spot_terminate_at_2026-11-22T23:59:00Z"
-    assert [(m, p) for m, p, _ in fake.requests] == [("PUT", "/latest/api/token"), ("GET", ACTION), ("GET", REBALANCE)]
+    assert [(m, p) for m, p, _ in fake.requests] == [("PUT", "/latest/api/token"), ("GET", ACTION), ("GET", REBALANCE),
+                                                     ("GET", MAINTENANCE)]
     assert fake.requests[0][2]["x-aws-ec2-metadata-token-ttl-seconds"] == "21600"
-    assert [h.get("x-aws-ec2-metadata-token") for _, _, h in fake.requests] == [None, fake.token, fake.token]
+    assert [h.get("x-aws-ec2-metadata-token") for _, _, h in fake.requests] == [None] + [fake.token] * 3
 
 
 def test_spot_reclaim_outranks_a_gpu_fault_and_a_rebalance(node, imds):
@@ -559,7 +595,7 @@ def test_spot_nothing_announced_is_healthy(node, imds):
     url, fake = imds
     report, _ = node.once("--spot", "--imds", url)
     assert report["condition"] == "healthy" and report["spot"] == {"condition": "healthy", "reason": "ok"}
-    assert len(fake.requests) == 3
+    assert len(fake.requests) == 4  # the token, the two spot notices, the scheduled events
 
 
 def test_spot_imds_down_is_logged_not_a_condition(node):
