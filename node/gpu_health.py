@@ -107,6 +107,7 @@ def run(args, log, clock=time.time) -> int:
     tracker.events = {uuid: event for uuid, event in tracker.events.items() if uuid in uuids}  # GPUs since replaced
     source = Simulation(args.inventory, args.faults, log) if args.inventory else Nvml(uuids, log)
     spot, spot_state, next_check, error, changes = Spot(args.imds, log) if args.spot else None, OK, 0.0, None, 0
+    next_poll = 0.0  # IMDS: a notice gives two minutes, so it is asked more often than the GPUs are checked
     log(f"watching {len(uuids)} GPU(s) of {args.kind} and {args.shared_kind}{', spot notices' if spot else ''}; "
         f"ignoring XIDs {','.join(map(str, sorted(ignored)))}")
     try:
@@ -118,8 +119,10 @@ def run(args, log, clock=time.time) -> int:
                     source.check(uuids, tracker, now, ignored)
                     if args.sharing_mode == "mps":
                         check_mps(uuids, tracker, now, args.mps_dir)
-                    spot_state = spot.poll(now) if spot else OK
                     next_check = now + args.interval
+                if spot and now >= next_poll:
+                    spot_state = spot.poll(now)
+                    next_poll = now + min(args.imds_interval, args.interval)
                 for _ in range(1000 if args.once else 0):  # --once: take the events already queued
                     if not source.wait(0, tracker, ignored, clock):
                         break
@@ -139,7 +142,7 @@ def run(args, log, clock=time.time) -> int:
                       f"condition {report['condition']}: {report['reason']} gpu={report['gpu']}", flush=True)
             if args.once:
                 return 0
-            source.wait(next_check - clock(), tracker, ignored, clock)
+            source.wait(min(next_check, next_poll if spot else next_check) - clock(), tracker, ignored, clock)
     finally:
         source.close()
 
@@ -182,6 +185,8 @@ def parse_args(argv, env=os.environ) -> argparse.Namespace:
     add("--spot", action=argparse.BooleanOptionalAction, default=spot_env in ("1", "true", "yes"),
         help=f"watch IMDS for spot interruption and rebalance notices, and scheduled maintenance (${SPOT_ENV}=true)")
     add("--imds", default=DEFAULT_IMDS, metavar="URL", help=f"instance metadata service (default {DEFAULT_IMDS})")
+    add("--imds-interval", type=_seconds, default="2", metavar="S",
+        help="seconds between asks of IMDS, at most --interval (default 2, as AWS's Node Termination Handler)")
     add("--dockerd-pidfile", default=DOCKERD_PIDFILE, metavar="PATH", help=f"(default {DOCKERD_PIDFILE})")
     add("--state-file", default=HEALTH_STATE_PATH, metavar="PATH",
         help=f"where events are remembered across restarts (default {HEALTH_STATE_PATH})")
@@ -195,8 +200,8 @@ def parse_args(argv, env=os.environ) -> argparse.Namespace:
         parser.error(f"{SPOT_ENV}={spot_env!r}: expected true or false")
     if args.faults and not args.inventory:
         parser.error("--faults needs --inventory (simulated GPUs)")
-    if args.interval <= 0:
-        parser.error("--interval must be more than 0 seconds")
+    if args.interval <= 0 or args.imds_interval <= 0:
+        parser.error("--interval and --imds-interval must be more than 0 seconds")
     return args
 
 

@@ -550,6 +550,23 @@ def test_scheduled_maintenance_drains_when_it_is_near_and_is_shown_before(node, 
     assert node.once("--spot", "--imds", url)[0]["condition"] == "healthy"
 
 
+def test_imds_is_asked_every_imds_interval_not_every_gpu_check(node, imds):
+    """A notice gives two minutes: waiting for the next GPU check (10 s on a node) would spend up to 10 s of them."""
+    url, fake = imds
+    process = subprocess.Popen([sys.executable, str(WATCHER), *node.sim(), "--interval", "30", "--imds-interval",
+                                "0.2", "--spot", "--imds", url], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    try:
+        assert wait_for(lambda: node.daemon_json.exists() and node.labels().get("gpu-swarm.condition") == "healthy")
+        fake.answers[ACTION] = {"action": "terminate", "time": "2026-11-22T23:59:00Z"}
+        noticed = time.monotonic()
+        assert wait_for(lambda: node.labels()["gpu-swarm.condition"] == "reclaim")
+        assert time.monotonic() - noticed < 5  # well before the next GPU check, 30 s on
+    finally:
+        process.terminate()
+        process.communicate(timeout=10)
+
+
 def test_a_maintenance_event_whose_start_cannot_be_read_is_shown_not_acted_on(imds):
     url, fake = imds
     fake.answers[MAINTENANCE] = [{"Code": "system-maintenance", "NotBefore": "soon", "State": "active"}]
