@@ -27,6 +27,7 @@ import tarfile
 import tempfile
 import time
 import urllib.parse
+import urllib.request
 from pathlib import Path
 
 from localswarm import api, registry
@@ -157,7 +158,7 @@ def deploy(manager: Node, engine, progress=print, timeout: float = 120) -> dict:
     run_script(manager, engine, monitoring.deploy_monitoring(monitoring.bundle_sha256(text)), stdin=text)
     deadline = time.monotonic() + timeout
     while True:
-        where = _prometheus_task(manager)
+        where = prometheus_task(manager)
         if where and _wget(where, "/-/ready", check=False) is not None:
             break
         if time.monotonic() > deadline:
@@ -168,7 +169,7 @@ def deploy(manager: Node, engine, progress=print, timeout: float = 120) -> dict:
     return {"prometheus": where, "images": chosen}
 
 
-def _prometheus_task(manager: Node) -> dict | None:
+def prometheus_task(manager: Node) -> dict | None:
     """{"node", "container"} of the running Prometheus task, or None."""
     try:
         tasks = api.get(manager.sock, "/tasks", filters={"service": [f"{MONITORING_STACK}_prometheus"],
@@ -203,6 +204,55 @@ def query(prometheus: dict, expr: str) -> list[dict]:
     if data.get("status") != "success":
         raise RehearsalError(f"Prometheus refused {expr!r}: {data}")
     return data["data"]["result"]
+
+
+def program_access(outputs: dict, managers: list, timeout: float = 90) -> dict | None:
+    """Where to look after `program up` with monitoring on, or None when it is off: the program's own
+    `monitoring` output (the SSH tunnel and the addresses it opens on the operator's machine) and,
+    in this rehearsal, each published port on the managers, which the host reaches over the bridge
+    without a tunnel. Each is asked, so the report says what answers, not what should; the stack's
+    deploy does not wait (--detach=true), so Prometheus gets up to timeout seconds to start."""
+    access = outputs.get("monitoring") or {}
+    if not access.get("tunnel"):
+        return None
+    here = {service: [f"http://{m.address}:{port}" for m in managers] for service, port in monitoring.PORTS.items()}
+    deadline = time.monotonic() + timeout
+    while not (ready := [url for url in here["prometheus"] if _answers(f"{url}/-/ready")]):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    grafana = [url for url in here["grafana"] if _answers(f"{url}/")]
+    return {"tunnel": access["tunnel"], "grafana": access.get("grafana"), "prometheus": access.get("prometheus"),
+            "rehearsal": {
+                "prometheus": {"url": (ready or here["prometheus"])[0], "answers": bool(ready)},
+                "grafana": {"url": (grafana or here["grafana"])[0], "answers": bool(grafana),
+                            "note": "a stand-in that serves nothing: the rehearsal cannot pull grafana/grafana "
+                                    "(Docker Hub is out of reach) and Debian does not package Grafana"}}}
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=3) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
+
+
+def render_access(access: dict) -> str:
+    """program_access() as `program up` prints it."""
+    here = access["rehearsal"]
+
+    def seen(service: str) -> str:
+        answer = "answers" if here[service]["answers"] else "does not answer"
+        return f"{here[service]['url']} ({answer}{'; ' + here[service]['note'] if 'note' in here[service] else ''})"
+    return "\n".join([
+        "\nmonitoring (the stack output `monitoring`): open the tunnel, then browse",
+        f"  {access['tunnel']}",
+        f"  Grafana:    {access['grafana']}",
+        f"  Prometheus: {access['prometheus']}",
+        "in this rehearsal, from this host without a tunnel:",
+        f"  Prometheus: {seen('prometheus')}",
+        f"  Grafana:    {seen('grafana')}"])
 
 
 def main(argv=None) -> int:

@@ -1,17 +1,21 @@
-"""`localswarm top`: node/gpu_top.py, the operator's view of every GPU and the task on it, on the rehearsal.
+"""`localswarm top`: node/gpu_top.py, the operator's view of every GPU and the task on it, on the rehearsal,
+and, where the monitoring stack runs, the dashboard's top panel as Prometheus answers it.
 
 The same program an operator runs on a manager: it asks a manager's engine for the nodes and
 scrapes each node's exporter (localswarm/metrics.py runs one on every node, at the node's own
-address), so what the rehearsal shows is what a cluster shows.
+address), so what the rehearsal shows is what a cluster shows. The panel's PromQL is read from
+the provisioned dashboard (swarm/monitoring.py), never written here.
 """
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 
-from localswarm import metrics
-from localswarm.host import REPO, RehearsalError
+from localswarm import metrics, monitoring_stack
+from localswarm.host import CLI, REPO, RehearsalError
 from localswarm.state import nodes_of, require_state
+from swarm import monitoring
 
 
 def _gpu_top():
@@ -29,7 +33,8 @@ gpu_top = _gpu_top()
 
 
 def top() -> dict:
-    """{"gpus": [{node, gpu, index, model, service, task, memory_used_mib, ...}], "errors": [...]}"""
+    """{"gpus": [{node, gpu, index, model, service, task, memory_used_mib, ...}], "errors": [...],
+    "dashboard": {title, expr, unit, rows: [{legend, value}]} or {title, expr, absent}}"""
     state = require_state()
     nodes = nodes_of(state)
     manager = next((n for n in nodes if n.role == "manager"), None)
@@ -43,8 +48,48 @@ def top() -> dict:
         view["errors"] += [{"node": name, "error": f"no exporter running (see {metrics.log_file(n)})"}
                            for name, n in ((n.name, n) for n in nodes) if name in missing
                            and not any(e["node"] == name for e in view["errors"])]
+    view["dashboard"] = dashboard_top_panel(manager)
     return view
 
 
+def dashboard_top_panel(manager) -> dict:
+    """The dashboard's top panel, its first query asked of the rehearsal's Prometheus as Grafana would.
+    A Prometheus that runs but refuses the query is an error (it raises); no monitoring stack is not."""
+    panel = monitoring.top_panel()
+    target = panel["targets"][0]
+    shown = {"title": panel["title"], "expr": target["expr"], "unit": panel["fieldConfig"]["defaults"].get("unit")}
+    where = monitoring_stack.prometheus_task(manager)
+    if where is None:
+        return {**shown, "absent": f"the monitoring stack is not running: `{CLI} up --monitoring` deploys it"}
+    rows = [{"legend": legend(target.get("legendFormat", ""), r["metric"]), "value": float(r["value"][1])}
+            for r in monitoring_stack.query(where, target["expr"])]
+    return {**shown, "prometheus_on": where["node"], "rows": sorted(rows, key=lambda r: r["legend"])}
+
+
+def legend(fmt: str, labels: dict) -> str:
+    """Grafana's legendFormat: {{label}} replaced by the series' label value; no format, all labels."""
+    if not fmt:
+        return ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "(value)"
+    return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: labels.get(m[1], ""), fmt)
+
+
+def _value(value: float, unit: str | None) -> str:
+    if unit == "percent":
+        return f"{value:.1f}%"
+    if unit == "bytes":
+        return f"{value / 2**20:.0f} MiB"
+    return f"{value:g}"
+
+
 def render(view: dict) -> str:
-    return gpu_top.render(view)
+    text = gpu_top.render(view)
+    panel = view.get("dashboard")
+    if not panel:
+        return text
+    lines = [f"\nDashboard's top panel: {panel['title']}", f"  {panel['expr']}"]
+    if "absent" in panel:
+        lines.append(f"  ({panel['absent']})")
+    else:
+        lines += [f"  {row['legend']:<20} {_value(row['value'], panel['unit'])}" for row in panel["rows"]]
+        lines += [] if panel["rows"] else ["  No data: Prometheus has no series for this query yet"]
+    return text + "\n" + "\n".join(lines)

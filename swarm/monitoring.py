@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import json
 import re
 import tarfile
 from pathlib import Path
@@ -26,6 +27,7 @@ from swarm.labels import STACK_LABEL
 
 STACKS = Path(__file__).resolve().parent.parent / "stacks"
 COMPOSE = STACKS / "monitoring.yml"
+DASHBOARD = STACKS / "monitoring" / "gpu-swarm-dashboard.json"  # what Grafana provisions
 SERVICES = ("prometheus", "grafana")  # the services whose images monitoringImages may replace
 PORTS = {"grafana": 3000, "prometheus": 9090}  # published, reached through an SSH tunnel
 DIGEST_REF = re.compile(r"[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}")
@@ -119,11 +121,24 @@ def tunnel_command(user: str, manager: str) -> str:
     return f"ssh -N {forwards} {user}@{manager}"
 
 
+def dashboard_panels() -> list[dict]:
+    """The provisioned dashboard's panels, in the order a reader meets them (top to bottom, left to
+    right): what `localswarm top` and the tests take each panel's PromQL from, so it is written once."""
+    panels = json.loads(DASHBOARD.read_text(encoding="utf-8"))["panels"]
+    return sorted(panels, key=lambda p: (p["gridPos"]["y"], p["gridPos"]["x"]))
+
+
+def top_panel() -> dict:
+    """The dashboard's top-left panel: the first thing an operator sees when it opens."""
+    return dashboard_panels()[0]
+
+
 def scrape_port_in_config() -> int:
     """The exporter port Prometheus's relabelling points at (a test compares it with the contract's)."""
     text = (STACKS / "monitoring" / "prometheus.yml").read_text(encoding="utf-8")
     return int(re.search(r'replacement: "\$1:(\d+)"', text)[1])
 
 
-__all__ = ["COMPOSE", "METRICS_PORT", "PORTS", "SERVICES", "bundle", "bundle_sha256", "default_images",
-           "deploy_monitoring", "image_problem", "render", "scrape_port_in_config", "tunnel_command"]
+__all__ = ["COMPOSE", "DASHBOARD", "METRICS_PORT", "PORTS", "SERVICES", "bundle", "bundle_sha256",
+           "dashboard_panels", "default_images", "deploy_monitoring", "image_problem", "render",
+           "scrape_port_in_config", "top_panel", "tunnel_command"]

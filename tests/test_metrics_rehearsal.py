@@ -20,6 +20,7 @@ from localswarm.nodes import Node
 from localswarm.state import nodes_of, require_state
 from tests.rehearsal_tools import KIND, cli, cli_json, rehearsal_up, tasks_of
 from localswarm.host import REPO
+from swarm import monitoring
 
 pytestmark = pytest.mark.integration
 SERVICE = "smoke_gpu"
@@ -103,17 +104,29 @@ def test_prometheus_returns_a_tasks_gpu_memory_by_its_service_name(rehearsal):
     assert any(g["task_memory_mib"] == ALLOCATED_MIB and g["service"] == SERVICE for g in top_json()["gpus"])
 
 
-def test_every_dashboard_query_runs_and_the_main_panels_have_data(rehearsal):
-    prometheus = rehearsal["monitoring"]["prometheus"]
-    dashboard = json.loads((REPO / "stacks" / "monitoring" / "gpu-swarm-dashboard.json").read_text())
-    empty = []
-    for panel in dashboard["panels"]:
-        for target in panel["targets"]:
-            result = monitoring_stack.query(prometheus, target["expr"])  # raises on a query Prometheus refuses
-            if not result:
-                empty.append(panel["title"])
-    # The errors panel is empty on healthy GPUs; every other panel shows something.
-    assert set(empty) <= {"Errors: GPUs down, NVML errors, XIDs, ECC, health"}, empty
+def test_top_shows_the_dashboards_top_panel_as_prometheus_answers_it(rehearsal):
+    panel = monitoring.top_panel()
+    assert panel["gridPos"]["y"] == 0 and panel["gridPos"]["x"] == 0
+
+    def agreeing():
+        # Prometheus's answer for each node against the exporters' own figures, which top reads
+        # directly: the panel's avg over the node's GPUs, within a scrape's lag.
+        view = top_json()
+        if not view or "rows" not in view["dashboard"]:
+            return None
+        by_node: dict[str, list[float]] = {}
+        for g in view["gpus"]:
+            by_node.setdefault(g["node"], []).append(g["utilization_percent"])
+        rows = {r["legend"]: r["value"] for r in view["dashboard"]["rows"]}
+        workers = {n.name for n in nodes_of(require_state()) if n.role == "worker"}
+        expected = {node: sum(u) / len(u) for node, u in by_node.items() if node in workers}
+        return view if rows == expected and any(expected.values()) else None
+    view = wait(agreeing, 60, "the top panel's values to match the exporters' GPU utilization per node")
+    assert view["dashboard"]["title"] == panel["title"] and view["dashboard"]["expr"] == panel["targets"][0]["expr"]
+    table = cli("top").stdout
+    assert f"Dashboard's top panel: {panel['title']}" in table and panel["targets"][0]["expr"] in table
+    busiest = max(view["dashboard"]["rows"], key=lambda r: r["value"])
+    assert re.search(rf"{busiest['legend']}\s+{busiest['value']:.1f}%", table), table
 
 
 def test_the_monitoring_stack_runs_its_pinned_digests_and_is_the_programs(rehearsal):
@@ -122,3 +135,38 @@ def test_the_monitoring_stack_runs_its_pinned_digests_and_is_the_programs(rehear
     services = cli_json("status")["services"]
     names = {s["name"] for s in services}
     assert {"gpu-swarm-monitoring_prometheus", "gpu-swarm-monitoring_grafana"} <= names
+
+
+def panels_without_data(prometheus) -> list[str]:
+    """Titles of the dashboard's panels none of whose queries returns a series: what Grafana shows
+    as "No data". A query Prometheus refuses raises (monitoring_stack.query)."""
+    return [panel["title"] for panel in monitoring.dashboard_panels()
+            if not any(monitoring_stack.query(prometheus, target["expr"]) for target in panel["targets"])]
+
+
+def test_every_dashboard_panel_has_data_with_gpu_tasks_running_and_errors_once_a_gpu_fails(rehearsal):
+    """Last in the module: it fails a GPU, which drains its node. The errors panel is empty on
+    healthy GPUs by design ("Empty is good"), so every panel having data needs a real fault:
+    `node gpu-fault` -> the health watcher's condition in daemon.json -> the exporter -> Prometheus."""
+    prometheus = rehearsal["monitoring"]["prometheus"]
+    errors = next(p["title"] for p in monitoring.dashboard_panels() if p["title"].startswith("Errors"))
+    assert any(t["state"] == "running" for t in tasks_of(cli_json("status"), SERVICE))
+    last: list = []
+
+    def empty_panels_are(expected: list[str]) -> bool:
+        last[:] = panels_without_data(prometheus)
+        return last == expected
+    try:
+        wait(lambda: empty_panels_are([errors]), 60, "every panel but the errors panel to have data")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; panels without data: {last}") from None
+    cli("node", "gpu-fault", "node-3")
+    try:
+        try:
+            wait(lambda: empty_panels_are([]), 60, "the errors panel to show node-3's fault")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; panels without data: {last}") from None
+        failing = monitoring_stack.query(prometheus, "max by (node, gpu, condition, reason) (gpu_swarm_condition) > 0")
+        assert {r["metric"]["node"] for r in failing} == {"node-3"}, failing
+    finally:
+        cli("node", "gpu-heal", "node-3")

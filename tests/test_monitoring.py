@@ -203,3 +203,38 @@ def test_the_dashboard_has_the_panels_the_issue_asks_and_uses_the_provisioned_so
 def test_the_tunnel_forwards_both_ports():
     assert monitoring.tunnel_command("ubuntu", "203.0.113.9") == \
         "ssh -N -L 3000:localhost:3000 -L 9090:localhost:9090 ubuntu@203.0.113.9"
+
+
+def test_the_top_panel_is_the_dashboards_top_left_one_and_top_reads_its_query_from_there(monkeypatch, tmp_path):
+    from localswarm import top
+    panels = json.loads((REPO / "stacks" / "monitoring" / "gpu-swarm-dashboard.json").read_text())["panels"]
+    first = monitoring.top_panel()
+    assert all((first["gridPos"]["y"], first["gridPos"]["x"]) <= (p["gridPos"]["y"], p["gridPos"]["x"]) for p in panels)
+    # One source: a changed dashboard is what `localswarm top` asks.
+    changed = json.loads(monitoring.DASHBOARD.read_text())
+    changed["panels"][3]["gridPos"] = {"x": 0, "y": 0, "w": 24, "h": 4}
+    changed["panels"][0]["gridPos"]["y"] = 1
+    moved = tmp_path / "dashboard.json"
+    moved.write_text(json.dumps(changed))
+    monkeypatch.setattr(monitoring, "DASHBOARD", moved)
+    shown = top.dashboard_top_panel(manager=type("Gone", (), {"sock": str(tmp_path / "no.sock")})())
+    assert shown["title"] == changed["panels"][3]["title"] and shown["expr"] == changed["panels"][3]["targets"][0]["expr"]
+    assert "up --monitoring" in shown["absent"]
+    text = top.render({"gpus": [], "errors": [], "dashboard": shown})
+    assert f"Dashboard's top panel: {shown['title']}" in text and "up --monitoring" in text
+
+
+@pytest.mark.parametrize("fmt, labels, shown", [
+    ("{{node}}", {"node": "gpu-1", "gpu": "GPU-a"}, "gpu-1"),
+    ("{{ service }} on {{node}}", {"node": "gpu-1", "service": "train"}, "train on gpu-1"),
+    ("", {"node": "gpu-1", "gpu": "GPU-a"}, "gpu=GPU-a, node=gpu-1"),
+])
+def test_top_names_each_series_as_grafanas_legend_format_does(fmt, labels, shown):
+    from localswarm import top
+    assert top.legend(fmt, labels) == shown
+
+
+def test_program_up_reports_no_monitoring_addresses_when_monitoring_is_off():
+    from localswarm import monitoring_stack
+    off = {"monitoring": {"enabled": False, "how": "pulumi config set gpu-swarm:monitoring true && pulumi up"}}
+    assert monitoring_stack.program_access(off, managers=[]) is None
