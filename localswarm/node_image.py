@@ -72,8 +72,8 @@ system_info:
     shell: /bin/bash
 """
 RESOLV_CONF = f"""\
-# gpu-swarm rehearsal: nothing answers DNS here, so a lookup fails at once instead of timing out
-# (the bridge address refuses port 53). Names a machine needs are in its /etc/hosts.
+# gpu-swarm rehearsal: the bridge's resolver (localswarm/dns.py) answers every name NXDOMAIN at
+# once, as nothing is reachable. Names a machine needs are in its /etc/hosts.
 nameserver {BRIDGE_ADDR}
 """
 MASKED = {

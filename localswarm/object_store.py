@@ -5,7 +5,8 @@ the bridge address) and verify the certificate against the rehearsal CA, which t
 trusts. Only the rehearsal's machines may read (others get 403 AccessDenied, as a bucket policy
 limited to the VPC endpoint answers). Objects are files, <state>/objects/<bucket>/<key>.
 API: ensure_ca() -> Path, start() -> None, put(bucket, key, data), url(bucket, key, region),
-stop(). The server is a background process of this module (`serve`), like the local registry.
+stop(). The server is a background process of this module (`serve`), like the local registry; the
+bridge's resolver (localswarm/dns.py) runs in the same process, so it starts and stops with it.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
+from localswarm import dns
 from localswarm.host import SETUP_HINT, RehearsalError, run
 from localswarm.network import BRIDGE_ADDR, SUBNET
 
@@ -193,6 +195,7 @@ def serve(address: str = BRIDGE_ADDR, port: int = PORT) -> None:
     server = http.server.ThreadingHTTPServer((address, port), Handler)
     server.daemon_threads = True
     server.socket = context.wrap_socket(server.socket, server_side=True)
+    dns.serve_in_background(address)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     server.serve_forever()
 
