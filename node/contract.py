@@ -153,7 +153,13 @@ AGENT_REPORT_PATH = "/run/gpu-swarm/report.json"  # the agent's unit writes its 
 GUARD_LEDGER_PATH = "/run/gpu-swarm/gpu-claims"  # which container holds which GPU or slot: the guard (gpu_guard.py)
 # writes and reads it, under <path>.lock; the agent passes its path in runtime.env. Gone at reboot, as the holders are
 MPS_DIR = "/run/gpu-swarm/mps"  # <uuid>/pipe and <uuid>/log of each GPU's MPS control daemon: gpu-swarm-mps starts
-# them there; the guard mounts a slot task's GPU's pipe; the watcher reads each daemon's pid file
+# them there; the watcher reads each daemon's pid file
+MPS_TASK_DIR = "tasks"  # <MPS_DIR>/<uuid>/tasks/control: mps_relay.py's socket, which passes CUDA clients to the
+# daemon's pipe/control and refuses control commands; the guard mounts this folder (read-only) where a slot task's
+# CUDA_MPS_PIPE_DIRECTORY points, never the daemon's pipe
+MPS_RELAY_PID = "relay.pid"  # <MPS_DIR>/relay.pid: mps_relay.py names itself there; gpu-swarm-mps stops it, the
+# guard refuses a slot task while it is not running
+MPS_RELAY_PATH = f"{SOFTWARE_DIR}/mps_relay.py"  # gpu-swarm-mps starts it after the daemons
 MPS_SCRIPT_PATH = f"{SOFTWARE_DIR}/gpu-swarm-mps"  # gpu-swarm-mps.service runs it (start, stop)
 GUARD_SERVER_DIR = "/run/gpu-swarm/guard"  # the guard's server (guard_server.py) listens on <dir>/requests and
 # names itself in <dir>/server.pid; the agent writes it to runtime.env as GUARD_SERVER; gpu-swarm-runtime reads both

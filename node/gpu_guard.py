@@ -32,7 +32,7 @@ import posix  # os without what it imports (stat, posixpath, _collections_abc): 
 import sys
 import time
 
-from guard_files import Held, absolute, claim, codec, mps_daemon_alive, rewrite
+from guard_files import MPS_TASK_DIR, Held, absolute, claim, codec, mps_daemon_alive, mps_relay_alive, rewrite
 
 _HEX = frozenset("0123456789abcdefABCDEF")
 _UUID_GROUPS = (8, 4, 4, 4, 12)
@@ -241,8 +241,9 @@ def _efa(spec: dict, env: list[str], kind: str, node_devices: str) -> str:
 
 
 def _refuse_mps_mounts(spec: dict, mps_dir: str, own_gpu: str | None) -> None:
-    """Only a slot task reaches an MPS daemon, and only its GPU's: through the mount added here."""
-    own = f"{mps_dir}/{own_gpu}/pipe" if own_gpu else None
+    """Only a slot task reaches an MPS daemon, and only its GPU's: through the mount added here, of the
+    relay's folder (mps_relay.py), never the daemon's own pipe, whose socket takes control commands."""
+    own = f"{mps_dir}/{own_gpu}/{MPS_TASK_DIR}" if own_gpu else None
     for mount in spec.get("mounts") or []:
         source = _normpath(mount.get("source") or "")
         if source and (source == mps_dir or source.startswith(mps_dir + "/")) and source != own:
@@ -295,11 +296,18 @@ def _mps(spec: dict, env: list[str], gpu: str, settings: dict[str, str]) -> list
     env = _set(env, MPS_PIPE_ENV, pipe)
     env = _set(env, MPS_MEMORY_ENV, f"0={limit}M")  # device 0: the one GPU the container sees
     env = _set(env, MPS_THREADS_ENV, threads)
+    # The relay's folder where the task looks for the pipe: its one socket passes CUDA clients to the daemon
+    # and refuses control commands (`set_device_pinned_mem_limit` would raise the GPU's ceiling for every
+    # client). Read-only: a client only connects, and no task removes the socket its neighbours need.
+    relay = f"{settings['MPS_DIR']}/{gpu}/{MPS_TASK_DIR}"
     mounts = spec.setdefault("mounts", [])
+    for mount in mounts:
+        if _normpath(mount.get("destination") or "") == pipe and _normpath(mount.get("source") or "") != relay:
+            raise Refused(f"the container mounts {mount.get('source') or mount.get('type')} at {pipe}, where the node "
+                          "gives a slot task its GPU's MPS socket: remove the mount")
     if not any(m.get("destination") == pipe for m in mounts):
-        # The same path inside: the daemon hands clients paths in its pipe directory.
-        mounts.append({"destination": pipe, "type": "bind", "source": pipe,
-                       "options": ["rbind", "rw", "nosuid", "nodev", "noexec"]})
+        mounts.append({"destination": pipe, "type": "bind", "source": relay,
+                       "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]})
     return env
 
 
@@ -361,6 +369,9 @@ def check(config: str, args: list[str]) -> tuple[bool, str]:
         spec = loads(original)
         before = dumps(spec)
         decision = guard(spec, settings)
+        if decision.mps_gpu and not mps_relay_alive(settings["MPS_DIR"]):
+            raise Refused(f"the MPS relay of this node ({settings['MPS_DIR']}/{MPS_TASK_DIR}) is not running, so a "
+                          "slot task could not reach its MPS daemon; systemctl restart gpu-swarm-mps")
         if decision.mps_gpu and not mps_daemon_alive(settings["MPS_DIR"], decision.mps_gpu):
             raise Refused(f"the MPS control daemon of {decision.mps_gpu} is not running (see "
                           f"{settings['MPS_DIR']}/{decision.mps_gpu}/log); without it the task would run outside "

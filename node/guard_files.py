@@ -9,6 +9,9 @@ json package (its import pulls in re, enum and more, half of a Python create) an
 import posix
 
 MPS_PID_FILE = "nvidia-cuda-mps-control.pid"  # the control daemon writes it into its pipe directory
+# contract.py's, spelled again (the guard imports nothing else of ours); tests/test_node_contract.py keeps them equal:
+MPS_TASK_DIR = "tasks"  # <MPS_DIR>/<uuid>/tasks: mps_relay.py's socket, the folder the guard mounts into a slot task
+MPS_RELAY_PID = "relay.pid"  # <MPS_DIR>/relay.pid: mps_relay.py names itself there
 CREATE_GRACE_S = 120  # a claim whose runc state is not there yet: the create is still under way
 
 
@@ -131,6 +134,17 @@ def mps_daemon_alive(mps_dir: str, gpu: str) -> bool:
             state = f.read().rpartition(")")[2].split()[0]
         return comm.startswith("nvidia-cuda-mps") and state not in ("Z", "X")  # a zombie serves no one
     except (OSError, ValueError, IndexError):
+        return False
+
+
+def mps_relay_alive(mps_dir: str) -> bool:
+    """Whether mps_relay.py runs: the socket a slot task reaches its daemon through (gpu-swarm-mps starts it)."""
+    try:
+        with open(f"{mps_dir}/{MPS_RELAY_PID}", encoding="utf-8") as f:
+            pid = int(f.read().strip())
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"mps_relay" in f.read()
+    except (OSError, ValueError):
         return False
 
 

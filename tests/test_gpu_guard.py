@@ -168,7 +168,19 @@ def test_an_mps_slot_gets_its_gpus_daemon_and_its_share_of_memory_and_threads():
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=19968M"  # device 0: the one GPU the task sees
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     (mount,) = decision.spec["mounts"]
-    assert mount["source"] == mount["destination"] == PIPE and "rw" in mount["options"]
+    # where the task looks for its pipe: the relay's folder (mps_relay.py), read-only, never the daemon's pipe
+    assert mount["destination"] == PIPE and mount["source"] == f"/run/gpu-swarm/mps/{B}/tasks"
+    assert "ro" in mount["options"] and "rw" not in mount["options"]
+    again = gpu_guard.guard(decision.spec, {**SETTINGS, **MPS}).spec  # the guard's own mount, seen again: kept
+    assert again["mounts"] == [mount]
+
+
+@pytest.mark.parametrize("source", [PIPE, "/tmp/my-pipe"])
+def test_a_slot_task_cannot_put_its_own_folder_where_its_mps_socket_goes(source):
+    """The daemon's own pipe takes control commands; another folder would hide the relay's socket."""
+    mounts = [{"destination": PIPE, "type": "bind", "source": source, "options": ["rbind"]}]
+    with pytest.raises(gpu_guard.Refused, match="where the node's MPS daemons listen|remove the mount"):
+        decide({**spec(f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={B}-s0"), "mounts": mounts}, **MPS)
 
 
 @pytest.mark.parametrize("asked, limit", [("0=4G", "0=4096M"), ("8192M", "0=8192M"), ("512MB", "0=512M"),

@@ -245,26 +245,54 @@ def start_fake_mps_daemon(mps: Node, gpu: str) -> subprocess.Popen:
     return daemon
 
 
-def test_an_mps_slot_starts_only_while_its_gpus_daemon_runs(mps):
+def start_fake_relay(mps: Node) -> subprocess.Popen:
+    """A process that names itself as mps_relay.py does (its pid file), with its name in its command line."""
+    binary = mps.tmp / "mps_relay"
+    if not binary.exists():
+        shutil.copy(shutil.which("sleep"), binary)
+    relay = subprocess.Popen([str(binary), "600"])
+    (mps.tmp / "mps").mkdir(exist_ok=True)
+    (mps.tmp / "mps" / "relay.pid").write_text(f"{relay.pid}\n")
+    return relay
+
+
+def test_an_mps_slot_starts_only_while_its_gpus_daemon_and_the_relay_run(mps):
     result = mps.create("early", f"{SHARED}={A}-s0")
+    assert result.returncode == 1 and "the MPS relay of this node" in result.stderr
+    relay = start_fake_relay(mps)
+    result = mps.create("early2", f"{SHARED}={A}-s0")
     assert result.returncode == 1 and f"the MPS control daemon of {A} is not running" in result.stderr
     daemon = start_fake_mps_daemon(mps, A)
     try:
         assert mps.create("ok", f"{SHARED}={A}-s0").returncode == 0
         spec = json.loads((mps.bundle("ok") / "config.json").read_text())
         pipe = str(mps.tmp / "mps" / A / "pipe")
-        assert [m["source"] for m in spec["mounts"]] == [pipe] and f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in \
-            spec["process"]["env"]
+        assert [m["source"] for m in spec["mounts"]] == [str(mps.tmp / "mps" / A / "tasks")]
+        assert f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in spec["process"]["env"]
+        relay.kill()
+        relay.wait()
+        result = mps.create("no-relay", f"{SHARED}={A}-s1")
+        assert result.returncode == 1 and "the MPS relay of this node" in result.stderr
+        relay = start_fake_relay(mps)
     finally:
         daemon.kill()
         daemon.wait()
-    result = mps.create("late", f"{SHARED}={A}-s1")
-    assert result.returncode == 1 and "not running" in result.stderr
-    assert mps.created() == ["ok"]
+    try:
+        result = mps.create("late", f"{SHARED}={A}-s1")
+        assert result.returncode == 1 and "not running" in result.stderr
+        assert mps.created() == ["ok"]
+    finally:
+        relay.kill()
+        relay.wait()
 
 
 def test_a_pid_file_left_by_a_dead_daemon_is_not_a_daemon(mps):
     pipe = mps.tmp / "mps" / A / "pipe"
     pipe.mkdir(parents=True)
     (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{os.getpid()}\n")  # a live process, but not MPS's
-    assert "not running" in mps.create("c", f"{SHARED}={A}-s0").stderr
+    relay = start_fake_relay(mps)
+    try:
+        assert "the MPS control daemon of" in mps.create("c", f"{SHARED}={A}-s0").stderr
+    finally:
+        relay.kill()
+        relay.wait()

@@ -254,17 +254,23 @@ def test_each_gpu_gets_its_own_exclusive_daemon_with_a_slots_ceilings_and_a_serv
         assert order == sorted(order)
         assert f"{gpu}: MPS daemon and server started ({pipe}), each client at most {ceiling} MiB" in done.stdout
         assert Path(f"/proc/{daemon_pid(mps_node, gpu)}/comm").read_text().startswith("nvidia-cuda-mps")
+    # then the relay, the only way a slot task reaches a daemon: a socket per GPU, where the guard mounts it
+    assert "MPS relay started" in done.stdout
+    assert all(stat.S_ISSOCK((mps_node.root / "mps" / gpu / "tasks" / "control").stat().st_mode) for gpu in (A, B))
     again = mps(mps_node, "start")  # a restart of the unit's start finds them running
-    assert again.returncode == 0 and again.stdout.count("already running") == 2
+    assert again.returncode == 0 and again.stdout.count("already running") == 2 and "MPS relay: running" in again.stdout
 
 
 def test_stop_quits_every_daemon_and_gives_the_gpus_back_in_default_mode(mps_node):
     assert mps(mps_node, "start").returncode == 0
     import guard_files
-    assert all(guard_files.mps_daemon_alive(str(mps_node.root / "mps"), gpu) for gpu in (A, B))
+    mps_dir = str(mps_node.root / "mps")
+    assert all(guard_files.mps_daemon_alive(mps_dir, gpu) for gpu in (A, B)) and guard_files.mps_relay_alive(mps_dir)
     done = mps(mps_node, "stop")
     assert done.returncode == 0, done.stderr
-    assert not any(guard_files.mps_daemon_alive(str(mps_node.root / "mps"), gpu) for gpu in (A, B))
+    assert not any(guard_files.mps_daemon_alive(mps_dir, gpu) for gpu in (A, B))
+    assert not guard_files.mps_relay_alive(mps_dir) and "MPS relay stopped" in done.stdout
+    assert not list((mps_node.root / "mps").glob("*/tasks/control"))
     assert mps_node.called()[-1] == "nvidia-smi -c DEFAULT"
 
 

@@ -185,7 +185,19 @@ def test_the_agent_takes_its_defaults_from_the_contract(monkeypatch):
         (c.DOCKER_DAEMON_JSON, c.TOOLKIT_CONFIG, c.GUARD_PATH, c.RUNTIME_ENV_PATH)
 
 
-@pytest.mark.parametrize("name", ["gpu_agent", "gpu_detect", "gpu_health", "health_rules", "swarm_reconciler"])
+def test_the_guard_and_the_mps_script_spell_the_relays_names_as_the_contract():
+    """The guard imports nothing of ours but its siblings, and shell imports nothing: both spell them again."""
+    sys.path.insert(0, str(NODE))
+    import guard_files
+    c = node_contract
+    assert (guard_files.MPS_TASK_DIR, guard_files.MPS_RELAY_PID) == (c.MPS_TASK_DIR, c.MPS_RELAY_PID)
+    script = (NODE / "gpu-swarm-mps").read_text()
+    assert f'"$mps_dir/{c.MPS_RELAY_PID}"' in script and f"/{c.MPS_TASK_DIR}/control" in script
+    assert f'"$here/{Path(c.MPS_RELAY_PATH).name}"' in script
+
+
+@pytest.mark.parametrize("name", ["gpu_agent", "gpu_detect", "gpu_health", "health_rules", "swarm_reconciler",
+                                  "mps_relay"])
 def test_node_programs_import_the_contract_as_a_sibling(name):
     tree = ast.parse((NODE / f"{name}.py").read_text())
     assert any(isinstance(n, ast.ImportFrom) and n.module == "contract" for n in ast.walk(tree))
