@@ -34,6 +34,7 @@ from localswarm.host import CLI, REPO, RehearsalError, check_host, find_engine, 
 from localswarm.local_cloud import COMMAND, LocalCloud
 from localswarm.nodes import REGISTRY, STATE_ROOT
 from localswarm.stack_config import stack_config
+from settings import image_registry
 from swarm.labels import POOL_LABEL
 
 STATE_FILE = STATE_ROOT / "program.json"  # the rehearsal's Pulumi state: root only, secrets in clear
@@ -272,6 +273,9 @@ def _run_program(cloud: LocalCloud, config: dict, stack: str, parallel: int, sou
     asyncio.set_event_loop(loop)
     pulumi.runtime.settings.ROOT.set(None)
     pulumi_mocks.set_mocks(cloud, project="gpu-swarm", stack=stack, preview=False, monitor=_Monitor(cloud))
+    # Preview reads the stacks' images (their CUDA requirement) where the machines pull them: this registry,
+    # their Docker Hub mirror, which holds the stand-in under each image's name (registry.push_standin_as).
+    image_registry.ENDPOINTS["docker.io"] = f"http://{REGISTRY}"
     pulumi.runtime.set_all_config(config, [])
 
     async def collect(outputs: dict) -> None:

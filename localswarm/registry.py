@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -144,13 +145,12 @@ def hub_repository(name: str) -> tuple[str, str]:
     return (repo if "/" in repo else f"library/{repo}"), tag
 
 
-def standin_blobs() -> tuple[bytes, bytes, bytes]:
-    """The stand-in image as a registry stores it: (layer .tar.gz, config JSON, schema 2 manifest)."""
-    tar = _standin_rootfs()
-    layer = gzip.compress(tar, mtime=0)
+def standin_blobs(name: str = "") -> tuple[bytes, bytes, bytes]:
+    """The stand-in image as a registry stores it under `name`: (layer .tar.gz, config JSON, schema 2 manifest)."""
+    tar, layer = _standin_layer()
     config = json.dumps({
         "architecture": "amd64", "os": "linux",
-        "config": {"Env": STANDIN_ENV, "Cmd": STANDIN_CMD},
+        "config": {"Env": [*STANDIN_ENV, *cuda_requirement(name)], "Cmd": STANDIN_CMD},
         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(tar).hexdigest()}"]},
         "history": [{"created_by": "gpu-swarm rehearsal stand-in: busybox + localswarm/standin/*"}],
     }, sort_keys=True).encode()
@@ -162,6 +162,22 @@ def standin_blobs() -> tuple[bytes, bytes, bytes]:
                     "digest": _digest(layer)}],
     }, indent=3).encode()
     return layer, config, manifest
+
+
+@functools.cache
+def _standin_layer() -> tuple[bytes, bytes]:
+    tar = _standin_rootfs()
+    return tar, gzip.compress(tar, mtime=0)
+
+
+def cuda_requirement(name: str) -> tuple[str, ...]:
+    """What an nvidia/cuda:X.Y.Z-... image's config says it needs (NVIDIA_REQUIRE_CUDA=cuda>=X.Y), so that
+    preview's CUDA check (settings/cuda_checks.py) reads in the rehearsal what it reads from Docker Hub."""
+    if not name:
+        return ()
+    repository, tag = hub_repository(name)
+    version = re.match(r"(\d+)\.(\d+)\.", tag)
+    return (f"NVIDIA_REQUIRE_CUDA=cuda>={version[1]}.{version[2]}",) if repository == "nvidia/cuda" and version else ()
 
 
 def _digest(data: bytes) -> str:
@@ -186,13 +202,14 @@ def _ask(method: str, url: str, data: bytes | None = None, headers: dict | None 
 def push_standin_as(names: list[str], registry: str = REGISTRY) -> list[str]:
     """Push the stand-in (the same busybox + localswarm/standin/* as push_standin) under Docker Hub
     names such as nvidia/cuda:12.6.3-base-ubuntu24.04, speaking the Registry HTTP API v2: the
-    machines' dockerds, whose registry mirror this registry is, then pull it under that name.
+    machines' dockerds, whose registry mirror this registry is, then pull it under that name. Under an
+    nvidia/cuda name its config says what that image's says it needs (cuda_requirement).
     Returns the repository:tag pushed, in the order given."""
-    layer, config, manifest = standin_blobs()
     base = f"http://{registry}/v2"
     pushed = []
     for name in names:
         repo, tag = hub_repository(name)
+        layer, config, manifest = standin_blobs(name)
         for blob in (layer, config):
             digest = _digest(blob)
             if _ask("HEAD", f"{base}/{repo}/blobs/{digest}")[0] == 200:

@@ -77,13 +77,17 @@ def test_pushed_image_is_the_stand_in_under_each_name(hub):
     assert "sha256:" + hashlib.sha256(config).hexdigest() == manifest["config"]["digest"]
     config = json.loads(config)
     assert "NVIDIA_VISIBLE_DEVICES=all" in config["config"]["Env"]  # as every nvidia/cuda image says
+    assert "NVIDIA_REQUIRE_CUDA=cuda>=12.6" in config["config"]["Env"]  # as nvidia/cuda:12.6.3-* says
     assert config["config"]["Cmd"] == registry.STANDIN_CMD
     layer = fetch(hub, f"nvidia/cuda/blobs/{manifest['layers'][0]['digest']}")
     tar = gzip.decompress(layer)
     assert config["rootfs"]["diff_ids"] == ["sha256:" + hashlib.sha256(tar).hexdigest()]
     names = tarfile.open(fileobj=io.BytesIO(tar)).getnames()
     assert {"bin/busybox", "usr/bin/nvidia-smi", "usr/bin/gpu-standin", "bin/sh"} <= set(names)
-    assert json.loads(fetch(hub, "library/busybox/manifests/latest", registry.MANIFEST_V2)) == manifest
+    busybox = json.loads(fetch(hub, "library/busybox/manifests/latest", registry.MANIFEST_V2))
+    assert busybox["layers"] == manifest["layers"]  # the same stand-in, without nvidia/cuda's requirement
+    busybox_env = json.loads(fetch(hub, f"library/busybox/blobs/{busybox['config']['digest']}"))["config"]["Env"]
+    assert busybox_env == registry.STANDIN_ENV
     # A second push finds its blobs there and only puts the manifest again.
     assert registry.push_standin_as(["nvidia/cuda:12.6.3-base-ubuntu24.04"], registry=hub) == [pushed[0]]
 
