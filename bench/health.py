@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import random
 import re
 import statistics
@@ -129,6 +131,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--raw", type=Path, help="also write every round's figures here as JSON")
+    parser.add_argument("--results", type=Path, help="also write the summary here (bench/results/health-*.md)")
     parser.add_argument("--seed", type=int, default=1, help="for the random pauses (default 1)")
     parser.add_argument("--smoke", action="store_true", help="one round, no pauses, 3 nodes x 1 GPU: that the "
                         "bench runs")
@@ -156,12 +159,41 @@ def main() -> int:
         localswarm("down")
     if args.raw:
         args.raw.write_text(json.dumps(rounds, indent=2) + "\n")
-    print(f"\n{len(rounds)} rounds on a rehearsal of {nodes} nodes x {gpus} GPUs, {REPLICAS} one-GPU replicas; "
-          f"watcher every 1 s, reconciler every 1 s, recovery 5 s; seed {args.seed}. Seconds, median (min-max):")
+    lines = [f"{len(rounds)} rounds on a rehearsal of {nodes} nodes x {gpus} GPUs, {REPLICAS} one-GPU replicas; "
+             f"watcher every 1 s, reconciler every 1 s, recovery 5 s; seed {args.seed}.", f"Machine: {machine()}.",
+             "", side_by_side(rounds), "", "Every figure, seconds, median (min-max):"]
     for key in rounds[0]:
         values = [r[key] for r in rounds]
-        print(f"  {key:<28}{statistics.median(values):6.2f}  ({min(values):.2f}-{max(values):.2f})")
+        lines.append(f"  {key:<28}{statistics.median(values):6.2f}  ({min(values):.2f}-{max(values):.2f})")
+    print("\n" + "\n".join(lines))
+    if args.results:
+        args.results.write_text("```\n" + "\n".join(lines) + "\n```\n")
     return 0
+
+
+# What the issue asks of the drains (issue 26), seconds from the event to the node drained.
+TARGETS = {"drained_s": ("XID fault", 10), "spot_drained_s": ("spot notice", 15)}
+
+
+def side_by_side(rounds: list[dict]) -> str:
+    """The two drains' medians side by side, each against its target."""
+    cells = []
+    for key, (what, target) in TARGETS.items():
+        median = statistics.median(r[key] for r in rounds)
+        cells.append(f"{what} -> drained: median {median:.2f} s of {len(rounds)} (target <= {target} s: "
+                     f"{'met' if median <= target else 'NOT met'})")
+    return " | ".join(cells)
+
+
+def machine() -> str:
+    """Where the figures come from: the rehearsal shares this machine's cores with whatever else runs."""
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("model name"))
+    except (OSError, StopIteration):
+        model = platform.processor() or "unknown CPU"
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return f"{platform.node()}, {os.cpu_count()} cores ({model}), load average {load} at the end"
 
 
 if __name__ == "__main__":
