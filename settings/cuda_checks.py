@@ -21,7 +21,8 @@ from settings import image_registry
 from settings.cuda_drivers import max_cuda, parse_requirement, version_text
 from settings.model import GpuPool, StackFile
 from settings.reader import Reader, key
-from swarm.compose_gpus import _constrained, _constraints
+from swarm.compose_gpus import _constrained, _constraints  # the pools a service's constraints leave: one copy
+from swarm.labels import POOL_LABEL
 
 CREDENTIALS_EXAMPLE = ("pulumi config set --secret --path 'registryCredentials[\"nvcr.io\"].username' '$oauthtoken' "
                        "and --secret --path 'registryCredentials[\"nvcr.io\"].password' nvapi-...")
@@ -71,9 +72,9 @@ def check_cuda(r: Reader, stacks: list[StackFile], indexes: dict[str, int], pool
                         "is the AMI's, which preview cannot read")
         return
     registry = registry or image_registry.Registry(credentials)
+    specs = {s.name: yaml.safe_load(s.info.shown).get("services") or {} for s in stacks if s.info.gpu_services}
     for stack, service in wanted:
-        doc = yaml.safe_load(stack.info.shown)
-        spec = (doc.get("services") or {}).get(service.name) or {}
+        spec = specs[stack.name].get(service.name) or {}
         where = f"{stack.file}: services.{service.name}"
         landing = _landing_pools(pools, service, spec)
         known = {p: branches[p] for p in landing if branches[p] is not None}
@@ -108,7 +109,7 @@ def check_cuda(r: Reader, stacks: list[StackFile], indexes: dict[str, int], pool
         if runs:
             pulumi.log.warn(f"{said}; its tasks fail on the pools {others}, where the toolkit refuses the image "
                             f"(\"unsatisfied condition\"); pin it to {', '.join(runs)}: deploy.placement."
-                            f"constraints: [node.labels.gpu-swarm.pool == {runs[0]}]")
+                            f"constraints: [node.labels.{POOL_LABEL} == {runs[0]}]")
             continue
         newest = min(max_cuda(b) for b in known.values())
         r.error(f"stacks[{indexes[stack.name]}].file",
