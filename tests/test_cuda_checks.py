@@ -104,7 +104,7 @@ class AuthFront:
     USER, PASSWORD = "puller", "s3cret-pass"
 
     def __init__(self, upstream: str, mode: str):
-        self.mode, self.upstream, self.token_requests = mode, upstream, []
+        self.mode, self.upstream, self.token_requests, self.paths = mode, upstream, [], []
         front = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -120,6 +120,7 @@ class AuthFront:
                         return self._answer(401, b'{"errors": [{"code": "UNAUTHORIZED"}]}', {})
                     return self._answer(200, json.dumps({"token": "t0ken-for-puller"}).encode(), {})
                 wanted = "Bearer t0ken-for-puller" if front.mode == "bearer" else basic
+                front.paths.append((self.path, given == wanted))
                 if given != wanted:
                     challenge = (f'Bearer realm="http://{front.addr}/token",service="front.test",'
                                  f'scope="repository:{self.path.split("/")[2]}:pull"'
@@ -211,6 +212,22 @@ def test_a_registry_that_wants_credentials_is_read_with_them(registry, endpoints
         assert f"NVIDIA_REQUIRE_CUDA={REQUIRE_13_1}" in found.env
         if mode == "bearer":
             assert front.token_requests[-1] == {"scope": "repository:private/train:pull", "service": "front.test"}
+    finally:
+        front.close()
+
+
+def test_one_run_reads_each_config_once_and_asks_for_one_token(registry, endpoints):
+    digest = push(registry, "private/serve", "1", ["NVIDIA_REQUIRE_CUDA=cuda>=12.2"])
+    front = AuthFront(registry, "bearer")
+    try:
+        direct(endpoints, front.addr)
+        reg = image_registry.Registry({front.addr: (front.USER, front.PASSWORD)})
+        for image in (f"{front.addr}/private/serve:1", f"{front.addr}/private/serve@{digest}",
+                      f"{front.addr}/private/serve:1"):
+            assert reg.image_config(image).digest == digest
+        blobs = [path for path, _ in front.paths if "/blobs/" in path]
+        assert len(blobs) == 1 and len(front.token_requests) == 1
+        assert [path for path, authorized in front.paths if not authorized] == ["/v2/private/serve/manifests/1"]
     finally:
         front.close()
 
