@@ -32,8 +32,9 @@ about a GPU's index: the same checks hold on 1, 2 or 4 GPUs.
    MPS; each fails while the others keep running and keep their memory. A task's two CUDA
    processes get a ceiling each (what MPS limits is a process: README). A task gets almost its
    whole share; a task with no reservation sees no GPU and no MPS pipe; one that names a held
-   slot, or mounts the MPS directory, does not start. Evidence, not checks: a client through a
-   read-only pipe folder, and a task that asks its daemon for a higher ceiling itself (logs).
+   slot, or mounts the MPS directory, does not start. Last, a task that brings nvidia-cuda-mps-control
+   and sends set_device_pinned_mem_limit <server> 0 200G through its socket (the relay's,
+   node/mps_relay.py) is refused: every server keeps its ceiling, and the task gets no more.
    node/gpu-swarm-mps stop puts every GPU back in compute mode Default.
 It prints a table of every check, writes results.json, logs and nvidia-smi evidence to --out,
 and exits 1 when a check fails.
@@ -62,7 +63,7 @@ from swarm import formation  # noqa: E402  (pure Python)
 
 sys.path.insert(0, str(REPO / "node"))
 import guard_files  # noqa: E402  (the guard's own test of an MPS daemon)
-from swarm.node_contract import GPU_SHARING_LABEL, MPS_DIR, RUNTIME_ENV_PATH  # noqa: E402
+from swarm.node_contract import GPU_SHARING_LABEL, MPS_DIR, MPS_RELAY_LOG, RUNTIME_ENV_PATH  # noqa: E402
 
 KIND, SHARED_KIND = "NVIDIA-GPU", "NVIDIA-GPU-SHARED"
 ROOT, RUN = Path("/var/lib/gpu-swarm-mps"), Path("/run/gpu-swarm-mps-bench")
@@ -386,16 +387,19 @@ def mps(out: Path, gpus: list[str], slots: int, mib: int, engine: Engine) -> Non
         env = task_env(container)  # as the task runs it (docker inspect shows the environment before the guard)
         pipe = f"{MPS_DIR}/{gpu}/pipe"
         listed = docker("exec", container, "ls", pipe, check_rc=False).stdout.split()
+        # the relay's folder: its socket, never the daemon's own (control_privileged, its pid file)
         if not (env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") == f"0={share}M" and
-                env.get("CUDA_MPS_PIPE_DIRECTORY") == pipe and "control" in listed):
+                env.get("CUDA_MPS_PIPE_DIRECTORY") == pipe and "control" in listed and
+                not {"control_privileged", "nvidia-cuda-mps-control.pid"} & set(listed)):
             wrong_env.append(f"{container[:12]} on {gpu}: " + ", ".join(
                 f"{k}={v}" for k, v in env.items() if k.startswith("CUDA_MPS_")) + f"; {pipe} holds {listed}")
     check(f"{every} MPS slot tasks ({slots} per GPU) allocate {mib} to {4 * mib} MiB each at once, each on its "
           "slot's GPU",
           not wrong and set(on_gpu.values()) == {slots}, "; ".join(wrong)[:300] or
           f"tasks per GPU {sorted(on_gpu.values())}; GPU memory used {[used(g) for g in gpus]} MiB")
-    check("each gets its own GPU's MPS pipe (mounted by the guard) and its share as a limit", not wrong_env,
-          "; ".join(wrong_env)[:300] or f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={share}M, the pipe of its slot's GPU")
+    check("each gets its own GPU's MPS socket (the relay's folder, mounted by the guard) and its share as a limit",
+          not wrong_env, "; ".join(wrong_env)[:300] or
+          f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={share}M; where its pipe goes, the relay's socket of its slot's GPU")
 
     exporter = Exporter(out)
     try:
@@ -463,33 +467,7 @@ def hostile(out: Path, share: int, slot: list[str], gpus: list[str], exporter: "
     log = job("mounts-mps", "ls /mps", "--mount", f"type=bind,source={MPS_DIR},target=/mps")
     check("a service that mounts the MPS pipes itself does not start", log.startswith(("Failed", "Rejected")) and
           "where the node's MPS daemons listen" in log, log.splitlines()[0][:200])
-    read_only_pipe(out, gpus, slot)
-    control_daemon_probe(out, over, slot, gpus)
-
-
-def free_pipe(gpus: list[str]) -> str | None:
-    """The pipe folder of the GPU whose slot is free (every slot is held but the one freed for these tasks)."""
-    held = {given(c, SHARED_KIND) for c in containers("steady")}
-    per_gpu = (len(held) + 1) // len(gpus)
-    free = [gpu_of_slot(s) for s in (f"{g}-s{k}" for k in range(per_gpu) for g in gpus) if s not in held]
-    return f"{MPS_DIR}/{free[0]}/pipe" if free else None
-
-
-def read_only_pipe(out: Path, gpus: list[str], slot: list[str]) -> None:
-    """Evidence, not a check: whether an MPS client works through its pipe folder mounted read-only
-    (it would keep a task from removing the sockets its neighbours' next clients need). The service
-    mounts the free slot's pipe itself, read-only, where the guard would; the guard then adds none."""
-    pipe = free_pipe(gpus)
-    if not pipe:
-        return
-    try:
-        log = job("ro-pipe", "ls -la $CUDA_MPS_PIPE_DIRECTORY; touch $CUDA_MPS_PIPE_DIRECTORY/x 2>&1; "
-                  "cuda-probe 64 & p=$!; sleep 5; kill $p; echo done", *slot, "--mount",
-                  f"type=bind,source={pipe},target={pipe},readonly", timeout=60)
-    except RuntimeError as e:
-        log = f"no answer: {e}"
-    (out / "read-only-pipe.log").write_text(log)
-    print(f"evidence: an MPS client through a read-only pipe folder: {' | '.join(log.splitlines()[:5])}", flush=True)
+    control_commands(out, share, over, slot, gpus)
 
 
 def two_processes(out: Path, share: int, slot: list[str], exporter: "Exporter") -> None:
@@ -516,40 +494,51 @@ def two_processes(out: Path, share: int, slot: list[str], exporter: "Exporter") 
     gone("twice")
 
 
-def control_daemon_probe(out: Path, over: int, slot: list[str], gpus: list[str]) -> None:
-    """Evidence, not checks: a slot task that brings nvidia-cuda-mps-control and asks its GPU's daemon
-    (through the pipe folder) for a higher ceiling, then allocates more than its share with no limit
-    of its own. First with the daemon's root-only socket, control_privileged, masked by /dev/null (a
-    client of any user never needs it: the fix the guard would make), then as the guard mounts the
-    folder today. Run last: if MPS obeys, the server's limit changes for every later client. The logs
-    say what MPS did (README "What MPS limits, and what it does not")."""
+def mps_control(gpu: str, command: str) -> str:
+    """One command to a GPU's control daemon on the host, through its own pipe (as gpu-swarm-mps does)."""
+    done = subprocess.run(["nvidia-cuda-mps-control"], input=command + "\n", capture_output=True, text=True,
+                          timeout=20, env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": f"{MPS_DIR}/{gpu}/pipe"})
+    return done.stdout.strip()
+
+
+def control_commands(out: Path, share: int, over: int, slot: list[str], gpus: list[str]) -> None:
+    """A slot task that brings nvidia-cuda-mps-control and tells its GPU's daemon a higher ceiling, the hole
+    found on 2xH100 (bench/results/gpu-session-2xH100-sharing/): now through the socket the guard gives it, the
+    relay's (node/mps_relay.py). Given every server's pid, as a task that guessed them; then it allocates past
+    its share with no limit of its own. Run last: had the daemon obeyed, every later client would have the
+    raised ceiling. What the daemons hold is read on the host, before and after."""
     control = shutil.which("nvidia-cuda-mps-control")
-    if not control:
-        return
+    servers = {g: mps_control(g, "get_server_list").split() for g in gpus}
+
+    def limits() -> dict[str, list[str]]:
+        return {g: [mps_control(g, f"get_device_pinned_mem_limit {s} 0") for s in servers[g]] for g in gpus}
+    before = limits()
     own = "/usr/local/bin/own-mps-control"  # the task's own copy; the toolkit may mount one too (utility)
-    attack = (f"echo \"the toolkit's: $(command -v nvidia-cuda-mps-control)\"; ls -la $CUDA_MPS_PIPE_DIRECTORY; "
-              f"S=$(echo get_server_list | {own}); echo \"servers: $S\"; "
-              f"echo set_default_device_pinned_mem_limit 0 200G | {own}; echo \"default: rc $?\"; "
-              f"for s in $S; do echo set_device_pinned_mem_limit $s 0 200G | {own}; echo \"server $s: rc $?\"; "
+    pids = " ".join(p for g in gpus for p in servers[g])
+    own_cmd = f"timeout 10 {own}"  # refused mid-way, it might wait for an answer: it has 10 s
+    attack = (f"ls -la $CUDA_MPS_PIPE_DIRECTORY; touch $CUDA_MPS_PIPE_DIRECTORY/x 2>&1; "
+              f"echo get_server_list | {own_cmd}; echo \"list: rc $?\"; "
+              f"echo set_default_device_pinned_mem_limit 0 200G | {own_cmd}; echo \"default: rc $?\"; "
+              f"for s in {pids}; do echo set_device_pinned_mem_limit $s 0 200G | {own_cmd}; "
+              "echo \"server $s: rc $?\"; "
               # a probe that got the memory holds it until stopped: it has 5 s to say which
               f"done; unset CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; cuda-probe {over} & p=$!; sleep 5; kill $p; wait $p; "
               "echo \"cuda-probe: exit $?\"")
-    pipe = free_pipe(gpus)
-    tries = [("open", "through the pipe folder as the guard mounts it", [], "")]
-    if pipe:  # the free slot's pipe, mounted by the service where the guard would (it then adds none)
-        tries.insert(0, ("masked", "with control_privileged masked", [
-            "--mount", f"type=bind,source={pipe},target={pipe}",
-            "--mount", f"type=bind,source=/dev/null,target={pipe}/control_privileged"],
-            "echo 'a client first:'; cuda-probe 64 & p=$!; sleep 3; kill $p; wait $p; echo \"client: exit $?\"; "))
-    for name, what, mounts, first in tries:
-        try:
-            log = job(f"control-{name}", first + attack, *slot, "--mount",
-                      f"type=bind,source={control},target={own},readonly", *mounts, timeout=90)
-        except RuntimeError as e:  # evidence: what happened is the finding, never the run's failure
-            log = f"no answer: {e}"
-        (out / f"control-daemon-probe-{name}.log").write_text(log)
-        print(f"evidence: a slot task that tells its MPS daemon a higher ceiling, {what}: "
-              f"{' | '.join(log.splitlines()[:12])}", flush=True)
+    try:
+        log = job("control", attack, *slot, "--mount", f"type=bind,source={control},target={own},readonly",
+                  timeout=90)
+    except RuntimeError as e:
+        log = f"no answer: {e}"
+    (out / "control-commands.log").write_text(log)
+    after = limits()
+    relay_log = Path(MPS_DIR, MPS_RELAY_LOG)
+    refused = relay_log.read_text().count("a control command") if relay_log.exists() else 0
+    probe = next((line for line in log.splitlines() if "allocated" in line or "CUDA error" in line), "no probe line")
+    check(f"a slot task that sends set_device_pinned_mem_limit <server> 0 200G through its MPS socket is refused, "
+          f"every server keeps its ceiling, and the task gets no more than its {share} MiB",
+          before == after and all(before.values()) and "allocated" not in log and "CUDA error 2" in log and
+          "Read-only file system" in log,
+          f"servers' limits {before} -> {after}; the relay refused {refused} control connection(s); {probe}")
 
 
 def main() -> int:
@@ -614,6 +603,8 @@ def main() -> int:
         stopped = run(["bash", str(REPO / "node" / "gpu-swarm-mps"), "stop"], check_rc=False, timeout=90)
         for log in Path(MPS_DIR).glob("*/log/*.log"):
             shutil.copy(log, out / f"mps-{log.parent.parent.name[:12]}-{log.name}")
+        if Path(MPS_DIR, MPS_RELAY_LOG).exists():
+            shutil.copy(Path(MPS_DIR, MPS_RELAY_LOG), out / "mps-relay.log")
         mode = modes(gpus)
         check("gpu-swarm-mps stop: every GPU back in compute mode Default",
               stopped.returncode == 0 and set(mode.values()) == {"Default"},

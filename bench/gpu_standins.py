@@ -62,7 +62,10 @@ sys.exit(smi_main(sys.argv[1:]))
 
 MPS_CONTROL = r'''#!/bin/sh
 # nvidia-cuda-mps-control stand-in (bench/gpu_standins.py): a daemon under this name, its pid file
-# where the real one writes it, and the ceiling it was told, where its clients' probe reads it.
+# where the real one writes it, and the ceiling it was told, where its clients' probe reads it:
+# beside the daemon and in the folder a slot task sees (the relay's, which the real daemon's
+# clients reach it through). Run in a task, its per-server command writes where the task's pipe
+# goes, which the guard mounts read-only: as through the relay, the daemon never hears it.
 # POSIX sh: a bench also runs it inside a task (the stand-in image has busybox sh only).
 pipe=${CUDA_MPS_PIPE_DIRECTORY:?}
 if [ "${1:-}" = -d ]; then
@@ -77,7 +80,14 @@ if [ "${1:-}" = --run ]; then while :; do sleep 0.2; done; fi
 while read -r command args; do
   case $command in
   quit) kill "$(cat "$pipe/nvidia-cuda-mps-control.pid")" ;;
-  set_default_device_pinned_mem_limit) echo "${args#* }" >"$pipe/pinned_mem_limit" ;;
+  set_default_device_pinned_mem_limit)
+    mkdir -p "$pipe/../@TASKS@"
+    echo "${args#* }" >"$pipe/pinned_mem_limit"
+    echo "${args#* }" >"$pipe/../@TASKS@/pinned_mem_limit"
+    ;;
+  set_device_pinned_mem_limit) echo "${args##* }" >"$pipe/pinned_mem_limit" ;;
+  get_server_list) cat "$pipe/nvidia-cuda-mps-control.pid" ;;
+  get_device_pinned_mem_limit) cat "$pipe/pinned_mem_limit" 2>/dev/null ;;
   set_default_active_thread_percentage) echo "$args" >"$pipe/active_thread_percentage" ;;
   get_default_device_pinned_mem_limit) cat "$pipe/pinned_mem_limit" 2>/dev/null ;;
   esac
@@ -204,10 +214,11 @@ def write_tools(root: Path, gpus: int) -> dict[str, str]:
     """The stand-in machine's files under root; the environment that puts them in front of the real tools."""
     sys.path.insert(0, str(REPO))
     from localswarm.host import find_engine  # the rehearsal's engine: dockerd >= 25.0.3 and its CLI
+    from node.contract import MPS_TASK_DIR  # the relay's folder, which a slot task sees as its pipe
     bin_dir = root / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     tools = {"nvidia-smi": SMI.replace("@PYTHON@", sys.executable).replace("@BENCH@", str(REPO / "bench")),
-             "nvidia-cuda-mps-control": MPS_CONTROL}
+             "nvidia-cuda-mps-control": MPS_CONTROL.replace("@TASKS@", MPS_TASK_DIR)}
     for name, text in tools.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)

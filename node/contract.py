@@ -160,6 +160,7 @@ MPS_TASK_DIR = "tasks"  # <MPS_DIR>/<uuid>/tasks/control: mps_relay.py's socket,
 MPS_RELAY_PID = "relay.pid"  # <MPS_DIR>/relay.pid: mps_relay.py names itself there; gpu-swarm-mps stops it, the
 # guard refuses a slot task while it is not running
 MPS_RELAY_PATH = f"{SOFTWARE_DIR}/mps_relay.py"  # gpu-swarm-mps starts it after the daemons
+MPS_RELAY_LOG = "relay.log"  # <MPS_DIR>/relay.log: gpu-swarm-mps sends mps_relay.py's output there (each refusal)
 MPS_SCRIPT_PATH = f"{SOFTWARE_DIR}/gpu-swarm-mps"  # gpu-swarm-mps.service runs it (start, stop)
 GUARD_SERVER_DIR = "/run/gpu-swarm/guard"  # the guard's server (guard_server.py) listens on <dir>/requests and
 # names itself in <dir>/server.pid; the agent writes it to runtime.env as GUARD_SERVER; gpu-swarm-runtime reads both

@@ -458,3 +458,17 @@ def test_top_reads_the_exporters_text_and_shows_each_gpu_and_its_task(node):
     text = top.render({"gpus": rows, "errors": [{"node": "node-9", "error": "10.0.0.9:9835: refused"}]})
     assert "77%" in text and "300 / 81559" in text and "node-9: no metrics (10.0.0.9:9835: refused)" in text
     assert rows[1]["task_utilization_percent"] == 64 and text.splitlines()[2].endswith("300       64%")
+
+
+def test_the_exporter_caps_glibcs_arenas_and_gives_back_a_scrapes_garbage_before_the_next():
+    """RSS on a many-core GPU node (README "Metrics"): two malloc arenas, and malloc_trim before each scrape."""
+    trim = metrics.lean_malloc()
+    assert trim is not None and trim(0) in (0, 1)  # glibc (Debian, the DLAMI's Ubuntu)
+    calls = []
+    collector = metrics.GpuCollector("node-1", "NVIDIA-GPU", "NVIDIA-GPU-SHARED", "/nonexistent/daemon.json",
+                                         "/nonexistent/docker.sock", log=lambda message: None)
+    collector.trim = calls.append
+    list(collector.collect())
+    list(collector.collect())
+    assert calls == [0, 0]
+    assert "collector.trim = trim" in (NODE / "gpu_metrics.py").read_text()  # main() gives it the real one
