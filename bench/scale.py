@@ -69,6 +69,8 @@ def measure(gpu_nodes: int, trace: bool, types_out: str | None = None, profile_o
     sys.path.insert(0, str(REPO))
     from tests.conftest import run_program  # the test suite's mocks
 
+    from components import collector
+    collector.FREEZE = True  # one run in this process, as in `pulumi up` (the test suite turns it off)
     from localswarm import fake_aws
     # An account that runs thousands of GPU nodes has the EC2 vCPU quota for them (g6.xlarge: 4 vCPUs).
     fake_aws.DEFAULT_QUOTA = max(fake_aws.DEFAULT_QUOTA, 8.0 * gpu_nodes)
@@ -165,10 +167,11 @@ def floor(types_file: str, profile_out: str | None = None) -> dict:
     from tests.conftest import use_mocks
 
     from components import collector
-    collector.for_a_large_graph()  # as __main__.py does: the ratio is the program's logic, not the collector's
     replayed = [r for r in json.loads(Path(types_file).read_text()) if r[1]]  # components are program logic
     classes = {typ: sdk_class(typ) for typ in {r[0] for r in replayed}}  # before the clock: each type once
     monitor = use_mocks(_config(0), stack="bench")
+    collector.FREEZE = True  # as in measure()
+    collector.for_a_large_graph()  # as __main__.py does: the ratio is the program's logic, not the collector's
 
     @pulumi.runtime.test
     def program():

@@ -27,6 +27,7 @@ from pulumi.runtime import rpc
 REPO = Path(__file__).resolve().parent.parent
 # The node programs import their siblings (gpu_agent imports gpu_detect), as they do on a node.
 sys.path.insert(0, str(REPO / "node"))
+from components import collector
 from localswarm import engine as engine_model, fake_aws
 from settings import image_registry
 from localswarm.fake_aws import (  # noqa: F401  (the tests import these from here)
@@ -43,6 +44,11 @@ def fake_node_id(name: str) -> str:
 def fake_gpu_uuid(name: str, index: int) -> str:
     h = hashlib.sha1(f"{name}/{index}".encode()).hexdigest()
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+# The suite runs the program hundreds of times in this process: each run's graph must be freed
+# (components/collector.py).
+collector.FREEZE = False
 
 
 class AwsMocks(pulumi_mocks.Mocks):
