@@ -36,6 +36,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from swarm.node_contract import MPS_RELAY_PID  # noqa: E402  (where the guard looks for the relay)
+
 GPU = "GPU-e282fbe7-2973-2b00-45d8-019e7e863f55"
 SLOT = f"{GPU}-s1"
 # The parts of a swarm task's config.json the guard reads, as dockerd 26 writes them.
@@ -110,15 +113,18 @@ def baseline(work: Path, rev: str) -> Path:
     return node
 
 
-def fake_mps_daemon(work: Path) -> subprocess.Popen:
-    """A process named as MPS's control daemon, with its pid file where the guard looks."""
-    binary = work / "nvidia-cuda-mps-control"
-    shutil.copy(shutil.which("sleep"), binary)
-    daemon = subprocess.Popen([str(binary), "3600"])
-    pipe = work / "mps" / GPU / "pipe"
-    pipe.mkdir(parents=True)
-    (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{daemon.pid}\n")
-    return daemon
+def fake_mps_daemon(work: Path) -> list[subprocess.Popen]:
+    """Processes named as MPS's control daemon and as the relay (node/mps_relay.py), with their pid
+    files where the guard looks: it checks both before a slot task starts."""
+    started = []
+    for name, pid_file in (("nvidia-cuda-mps-control", f"{GPU}/pipe/nvidia-cuda-mps-control.pid"),
+                           ("mps_relay", MPS_RELAY_PID)):
+        binary = work / name
+        shutil.copy(shutil.which("sleep"), binary)
+        started.append(subprocess.Popen([str(binary), "3600"]))
+        (work / "mps" / pid_file).parent.mkdir(parents=True, exist_ok=True)
+        (work / "mps" / pid_file).write_text(f"{started[-1].pid}\n")
+    return started
 
 
 def main() -> int:
@@ -130,7 +136,7 @@ def main() -> int:
     if args.smoke:
         args.runs = 3
     work = Path(tempfile.mkdtemp(prefix="guard-cost-"))
-    daemon = fake_mps_daemon(work)
+    daemons = fake_mps_daemon(work)
     try:
         guards = [Guard(work, "guard", REPO / "node", wrapped=False, server=True),
                   Guard(work, "guard, no server", REPO / "node", wrapped=False)]
@@ -188,7 +194,7 @@ def main() -> int:
             print(f"{case:42} {row} | {' ' * 16}{adds}")
         return 0
     finally:
-        for process in [daemon] + [g.server for g in locals().get("guards", []) if g.server]:
+        for process in daemons + [g.server for g in locals().get("guards", []) if g.server]:
             process.kill()
             process.wait()
         shutil.rmtree(work)
