@@ -86,11 +86,14 @@ def _parser() -> argparse.ArgumentParser:
     stacks.add_argument("files", nargs="*", metavar="[NAME=]FILE")
     program = command("program", "run the Pulumi program itself (`pulumi up` under mocks) against local machines "
                                  "that boot its user data with cloud-init; again: a second `pulumi up`")
-    program.add_argument("action", choices=("up", "status"))
+    program.add_argument("action", choices=("up", "status", "destroy"),
+                         help="destroy: `pulumi destroy`, every resource of the state deleted as the engine deletes it")
     program.add_argument("--stack", default="dev", help="Pulumi.<stack>.yaml to use (default %(default)s)")
     program.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                          help="override a config key, as `pulumi config set` would; VALUE is JSON for lists and "
                               "objects (repeatable)")
+    program.add_argument("--secret", action="append", default=[], metavar="KEY=VALUE",
+                         help="like --set, as `pulumi config set --secret` (repeatable)")
     program.add_argument("--parallel", type=int, default=6, metavar="N",
                          help="resource operations at once, as `pulumi up --parallel` (default %(default)s)")
     program.add_argument("--bump-node-software", action="store_true",
@@ -186,7 +189,11 @@ def _run(args, say):
         from localswarm import program
         if args.action == "status":
             return program.status(progress=say)
-        return program.up(stack=args.stack, overrides=_overrides(args.set), parallel=args.parallel,
+        if args.action == "destroy":
+            return program.destroy(progress=say)
+        secrets = _overrides(args.secret)
+        return program.up(stack=args.stack, overrides={**_overrides(args.set), **secrets},
+                          secret_keys=tuple(secrets), parallel=args.parallel,
                           bump_software=args.bump_node_software, replace=tuple(args.replace),
                           refresh=args.refresh, progress=say)
     raise AssertionError(args.command)

@@ -40,6 +40,7 @@ from localswarm.network import BRIDGE_ADDR, SUBNET
 INSTANCE = "aws:ec2/instance:Instance"
 SPOT_REQUEST = "aws:ec2/spotInstanceRequest:SpotInstanceRequest"  # a node of a persistent spot pool
 COMMAND = "command:remote:Command"
+EC2_SUBNET = "aws:ec2/subnet:Subnet"
 # aws.ec2.Instance inputs that the provider changes with a stop, a modify and a start.
 STOPPED_TO_CHANGE = ("instanceType", "cpuOptions", "userData", "userDataBase64")
 
@@ -77,7 +78,19 @@ class LocalCloud(pulumi_mocks.Mocks):
     def call(self, args: pulumi_mocks.MockCallArgs):
         if args.token == "aws:ec2/getInstances:getInstances":
             return self._instances_running(args.args)
+        if args.token in ("aws:ec2/getSubnets:getSubnets", "aws:ec2/getSubnet:getSubnet"):
+            self._subnets_made()
         return fake_aws.answer(args.token, args.args)
+
+    def _subnets_made(self) -> None:
+        """AWS answers subnet lookups from what exists: the subnets the last run made are there (a zone
+        dropped from availabilityZones keeps its subnet, which running nodes still use)."""
+        with self.lock:
+            for r in self.previous.values():
+                if r["type"] == EC2_SUBNET:
+                    made = r["inputs"]
+                    fake_aws.ACCOUNT.subnets[r["id"]] = {"vpcId": made.get("vpcId"), "tags": made.get("tags") or {},
+                                                         "availabilityZone": made.get("availabilityZone")}
 
     def _instances_running(self, args: dict) -> dict:
         """aws.ec2.get_instances as AWS answers it here: the instances of the last run whose machine runs now."""

@@ -29,7 +29,7 @@ import yaml
 from pulumi.runtime import mocks as pulumi_mocks
 
 import node_software
-from localswarm import api, engine, machines, network, node_image, nspawn, object_store, placement, registry
+from localswarm import api, engine, machines, network, node_image, nspawn, object_store, placement, registry, ssh
 from localswarm.host import CLI, REPO, RehearsalError, check_host, find_engine, run
 from localswarm.local_cloud import COMMAND, LocalCloud
 from localswarm.nodes import REGISTRY, STATE_ROOT
@@ -88,7 +88,8 @@ def _save_state(state: dict) -> None:
 
 
 def up(*, stack: str = "dev", overrides: dict | None = None, parallel: int = 6, bump_software: bool = False,
-       replace: tuple[str, ...] = (), refresh: bool | None = None, progress: Progress = print) -> dict:
+       replace: tuple[str, ...] = (), refresh: bool | None = None, secret_keys: tuple[str, ...] = (),
+       progress: Progress = print) -> dict:
     """Run the program as `pulumi up` would; returns the report (as `up --json` prints it, and more)."""
     started = time.monotonic()
     say = lambda msg: progress(f"[{time.monotonic() - started:6.1f}s] {msg}")  # noqa: E731
@@ -126,7 +127,8 @@ def up(*, stack: str = "dev", overrides: dict | None = None, parallel: int = 6, 
     watcher = _DrainWatcher(cloud)
     watcher.start()
     try:
-        exports = _run_program(cloud, config, stack, parallel, source)
+        secrets = [k if ":" in k else f"gpu-swarm:{k}" for k in secret_keys]
+        exports = _run_program(cloud, config, stack, parallel, source, secrets)
     except Exception as e:  # the program's own error, or a command's, as `pulumi up` prints it
         error, exports = str(e), {}
     except BaseException:  # Ctrl-C: the engine saves what finished and what was in flight
@@ -265,7 +267,8 @@ def _bumped_software(n: int) -> Path:
     return folder
 
 
-def _run_program(cloud: LocalCloud, config: dict, stack: str, parallel: int, source: Path | None) -> dict:
+def _run_program(cloud: LocalCloud, config: dict, stack: str, parallel: int, source: Path | None,
+                 secret_keys: list[str]) -> dict:
     exports: dict = {}
     loop = asyncio.new_event_loop()
     # The SDK registers resources from the loop's default executor: its size is the engine's --parallel.
@@ -276,7 +279,7 @@ def _run_program(cloud: LocalCloud, config: dict, stack: str, parallel: int, sou
     # Preview reads the stacks' images (their CUDA requirement) where the machines pull them: this registry,
     # their Docker Hub mirror, which holds the stand-in under each image's name (registry.push_standin_as).
     image_registry.ENDPOINTS["docker.io"] = f"http://{REGISTRY}"
-    pulumi.runtime.set_all_config(config, [])
+    pulumi.runtime.set_all_config(config, secret_keys)
 
     async def collect(outputs: dict) -> None:
         for name, value in outputs.items():
@@ -341,6 +344,35 @@ def status(*, progress: Progress = print) -> dict:
         raise RehearsalError(f"no program rehearsal is up; start one with `{CLI} program up`")
     kind = state.get("kind", "NVIDIA-GPU")
     return placement.collect(view_nodes(state), find_engine(), kind, state.get("shared_kind") or f"{kind}-SHARED")
+
+
+def destroy(*, progress: Progress = print) -> dict:
+    """`pulumi destroy`: every resource of the state deleted, commands first as they depend on the rest. A
+    command.remote.Command is deleted by running its `delete` script, and only when it has one; the
+    program's have none, so nothing connects to a node and a cluster whose managers are gone goes too."""
+    state = load_state()
+    if not state:
+        raise RehearsalError(f"no program rehearsal is up; start one with `{CLI} program up`")
+    resources, known = state.get("resources", {}), dict(state.get("machines", {}))
+    ran, deleted = [], []
+    for key, r in sorted(resources.items(), key=lambda kv: kv[1]["type"] != COMMAND):
+        if r["type"] == COMMAND and r["inputs"].get("delete"):
+            ssh.run(r["inputs"]["connection"], r["inputs"]["delete"])
+            ran.append(engine.name_of(key))
+        elif r["type"] in (engine.INSTANCE, engine.SPOT_REQUEST):
+            record = known.pop(r["outputs"].get("spotInstanceId") or r["id"], None)
+            if record:
+                machines.terminate(machines.Machine(record["machine"], record["index"]))
+        elif r["type"] == "aws:s3/bucketObjectv2:BucketObjectv2":
+            object_store.object_path(r["outputs"]["bucket"], r["inputs"]["key"]).unlink(missing_ok=True)
+        deleted.append(engine.name_of(key))
+    for record in [*state.get("doomed", [])]:  # replaced by a failed update: still in the state, deleted too
+        machine = known.pop(record["outputs"].get("spotInstanceId") or record["id"], None)
+        if machine:
+            machines.terminate(machines.Machine(machine["machine"], machine["index"]))
+    _save_state({**state, "resources": {}, "machines": known, "doomed": []})
+    progress(f"destroyed {len(deleted)} resource(s); ran {len(ran)} delete command(s)")
+    return {"deleted": deleted, "commands_run": ran, "machines_left": sorted(r["hostname"] for r in known.values())}
 
 
 def down(*, progress: Progress = print) -> dict:

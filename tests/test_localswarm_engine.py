@@ -16,7 +16,7 @@ import pulumi_command as command
 import pytest
 from pulumi.runtime import mocks as pulumi_mocks
 
-from localswarm import engine, local_cloud, machines, program, ssh
+from localswarm import engine, fake_aws, local_cloud, machines, program, ssh
 
 
 class Recorder:
@@ -235,3 +235,45 @@ def test_pending_operations_are_named_in_the_next_ups_warning():
     urn = "urn:pulumi:dev::gpu-swarm::gpu-swarm:aws:NodePool$aws:ec2/instance:Instance::gpu-swarm-t4-0"
     text = engine.pending_warning({urn: {"type": engine.INSTANCE, "operation": "creating"}})
     assert "1 operation(s) pending: gpu-swarm-t4-0 (creating)" in text and "check those resources in AWS" in text
+
+
+def test_subnet_lookups_answer_from_the_subnets_the_last_run_made(monkeypatch):
+    """AWS lists the subnets that exist: a zone dropped from availabilityZones keeps its subnet, which
+    the program finds through get_subnets. With no answer the rehearsal deleted it under running nodes."""
+    monkeypatch.setattr(fake_aws, "ACCOUNT", fake_aws.Account())
+    tags = {"gpu-swarm:cluster": "gpu-swarm-dev", "Name": "gpu-swarm-network-us-east-1a"}
+    made = {"type": local_cloud.EC2_SUBNET, "id": "subnet-made-in-1a", "outputs": {},
+            "inputs": {"vpcId": "vpc-made", "availabilityZone": "us-east-1a", "tags": tags}}
+    cloud = cloud_after()
+    cloud.previous = {engine.urn("dev", "gpu-swarm", "", local_cloud.EC2_SUBNET, tags["Name"]): made}
+    found = cloud.call(pulumi_mocks.MockCallArgs("aws:ec2/getSubnets:getSubnets",
+                                                 {"tags": {"gpu-swarm:cluster": "gpu-swarm-dev"}}, ""))
+    assert found["ids"] == ["subnet-made-in-1a"]
+    subnet = cloud.call(pulumi_mocks.MockCallArgs("aws:ec2/getSubnet:getSubnet", {"id": "subnet-made-in-1a"}, ""))
+    assert subnet["availabilityZone"] == "us-east-1a" and subnet["vpcId"] == "vpc-made"
+
+
+def test_destroy_runs_only_the_delete_scripts_commands_have_then_terminates_every_machine(monkeypatch, tmp_path):
+    """`pulumi destroy`: a command is deleted by its `delete` script when it has one (the program's have
+    none, so nothing reaches a node); instances go, and so does one a failed update had replaced."""
+    recorder = Recorder(monkeypatch)
+    monkeypatch.setattr(program, "STATE_FILE", tmp_path / "program.json")
+    monkeypatch.setattr(program, "STATE_ROOT", tmp_path)
+
+    def urn(typ, name):
+        return engine.urn("dev", "gpu-swarm", "", typ, name)
+
+    node = {"type": engine.INSTANCE, "id": "i-new", "inputs": {}, "outputs": {}}
+    program._save_state({"stack": "dev", "resources": {
+        urn(engine.INSTANCE, "node"): node,
+        urn(local_cloud.COMMAND, "join"): {"type": local_cloud.COMMAND, "id": "c1", "outputs": {},
+                                           "inputs": {"create": "join", "connection": {"host": "10.0.0.1"}}},
+        urn(local_cloud.COMMAND, "leave"): {"type": local_cloud.COMMAND, "id": "c2", "outputs": {},
+                                            "inputs": {"create": "x", "delete": "leave", "connection": {"host": "h"}}},
+    }, "doomed": [{**node, "id": "i-old"}], "machines": {
+        "i-new": {"machine": "lsw-2", "index": 2, "hostname": "node", "role": "worker"},
+        "i-old": {"machine": "lsw-1", "index": 1, "hostname": "node", "role": "worker"}}})
+    result = program.destroy(progress=lambda _: None)
+    assert recorder.events == [("ssh", "leave"), ("terminate", "lsw-2"), ("terminate", "lsw-1")]
+    assert result["commands_run"] == ["leave"] and result["machines_left"] == []
+    assert program.load_state()["resources"] == {} and program.load_state()["machines"] == {}
