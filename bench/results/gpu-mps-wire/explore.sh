@@ -27,7 +27,7 @@ python3 "$here/wire_log_relay.py" $P $R2 "$OUT/wire2.jsonl" & r2=$!
 sleep 1
 for f in control_lock nvidia-cuda-mps-control.pid log control_privileged; do ln -s $P/$f $R2/$f; done
 mark() { echo "===== $*"; echo "{\"step\": \"$*\"}" >>"$OUT/wire.jsonl"; echo "{\"step\": \"$*\"}" >>"$OUT/wire2.jsonl"; }
-client() { local pipe=$1 mib=$2; shift 2; env CUDA_MPS_PIPE_DIRECTORY=$pipe "$@" $probe $mib & local p=$!; sleep 4; kill $p 2>/dev/null; wait $p; echo "[probe rc $?]"; }
+client() { local pipe=$1 mib=$2; shift 2; env CUDA_MPS_PIPE_DIRECTORY="$pipe" "$@" "$probe" "$mib" & local p=$!; sleep 4; kill $p 2>/dev/null; wait $p; echo "[probe rc $?]"; }
 server=$(echo get_server_list | CUDA_MPS_PIPE_DIRECTORY=$P nvidia-cuda-mps-control)
 echo "server: $server"
 mark "client 64 via relay (control only)"; client $R 64
@@ -36,10 +36,10 @@ mark "client 64 via relay2 (control + symlinks)"; client $R2 64
 mark "client env 0=1G asks 2000 via relay"; client $R 2000 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1G
 mark "ui get_server_list via relay"; ctl $R get_server_list
 mark "ui get_default_device_pinned_mem_limit via relay"; ctl $R get_default_device_pinned_mem_limit 0
-mark "ui get_device_pinned_mem_limit via relay"; ctl $R get_device_pinned_mem_limit $server 0
-mark "ui set_device_pinned_mem_limit 200G via relay"; ctl $R set_device_pinned_mem_limit $server 0 200G
+mark "ui get_device_pinned_mem_limit via relay"; ctl $R get_device_pinned_mem_limit "$server" 0
+mark "ui set_device_pinned_mem_limit 200G via relay"; ctl $R set_device_pinned_mem_limit "$server" 0 200G
 mark "client 5000 via relay after the raise"; client $R 5000
-mark "ui set_device_pinned_mem_limit back 4096M via relay"; ctl $R set_device_pinned_mem_limit $server 0 4096M
+mark "ui set_device_pinned_mem_limit back 4096M via relay"; ctl $R set_device_pinned_mem_limit "$server" 0 4096M
 mark "ui set_default 200G via relay"; ctl $R set_default_device_pinned_mem_limit 0 200G
 mark "ui get_server_list via relay2"; ctl $R2 get_server_list
 mark "two clients at once via relay"; client $R 64 & client $R 64; wait
