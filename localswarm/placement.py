@@ -38,7 +38,7 @@ def _container_env(node: Node, container: str) -> list[str] | None:
 
 def _assigned(task: dict, kind: str) -> list[str]:
     """The scheduler's assignment, as the manager records it on the task."""
-    return sorted(r["NamedResourceSpec"]["Value"] for r in task.get("AssignedGenericResources") or []
+    return sorted(r["NamedResourceSpec"]["Value"] for r in task.get("GenericResources") or []  # the Engine API's name
                   if r.get("NamedResourceSpec", {}).get("Kind") == kind)
 
 

@@ -95,7 +95,8 @@ def hardware_fault(run: dict, faults: dict[str, dict]) -> dict | None:
     ended = _epoch(run["Status"].get("Timestamp", ""))
     if fault is None or ended is None or ended < fault["since"] - FAULT_SLACK_S:
         return None
-    values = [r.get("NamedResourceSpec", {}).get("Value", "") for r in run.get("AssignedGenericResources") or []]
+    # What the scheduler gave the run: swarmkit's AssignedGenericResources, named GenericResources by the Engine API.
+    values = [r.get("NamedResourceSpec", {}).get("Value", "") for r in run.get("GenericResources") or []]
     held = {slot["gpu"] if (slot := _SLOT.fullmatch(v)) else v for v in values}  # a slot counts as its GPU
     return fault if fault["gpu"] in held else None
 

@@ -3,7 +3,8 @@ node's health watcher marked faulty at that time is reported with the XID and th
 (`up`), by `localswarm status` and in the program's stackTasks output.
 
 The task documents are the rehearsal's own (tests/data/swarm-tasks-that-end.json, Docker 26.1.5), given the
-GPU assignment swarm records on each task (AssignedGenericResources)."""
+GPU assignment swarm records on each task (GenericResources, as the Engine API names swarmkit's
+AssignedGenericResources; a run in the rehearsal showed the name)."""
 from __future__ import annotations
 
 import copy
@@ -39,7 +40,7 @@ def tasks_on(gpu: str) -> list[dict]:
     smi = next(s["ID"] for s in DATA["services"] if s["Spec"]["Name"] == "smi")
     for t in tasks:
         value = f"{gpu}-s2" if t["ServiceID"] == smi else gpu
-        t["AssignedGenericResources"] = [{"NamedResourceSpec": {"Kind": "NVIDIA-GPU", "Value": value}}]
+        t["GenericResources"] = [{"NamedResourceSpec": {"Kind": "NVIDIA-GPU", "Value": value}}]
     return tasks
 
 
