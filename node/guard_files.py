@@ -142,8 +142,8 @@ def mps_relay_alive(mps_dir: str) -> bool:
     try:
         with open(f"{mps_dir}/{MPS_RELAY_PID}", encoding="utf-8") as f:
             pid = int(f.read().strip())
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"mps_relay" in f.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:  # python3 /opt/.../mps_relay.py: an argument named so
+            return any(arg.rpartition(b"/")[2].startswith(b"mps_relay") for arg in f.read().split(b"\0"))
     except (OSError, ValueError):
         return False
 

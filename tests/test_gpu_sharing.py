@@ -335,6 +335,11 @@ def test_a_dead_mps_daemon_makes_its_gpu_unhealthy(tmp_path):
         (mps_dir / uuid(n) / "pipe").mkdir(parents=True)
         daemons.append(subprocess.Popen([str(binary), "600"]))
         (mps_dir / uuid(n) / "pipe" / "nvidia-cuda-mps-control.pid").write_text(f"{daemons[-1].pid}\n")
+    relay = tmp_path / "mps_relay"  # named as node/mps_relay.py runs, its pid file where it writes it
+    relay.write_bytes(Path("/bin/sleep").read_bytes())
+    relay.chmod(0o755)
+    daemons.append(subprocess.Popen([str(relay), "600"]))
+    (mps_dir / "relay.pid").write_text(f"{daemons[-1].pid}\n")
     try:
         args = ("--sharing-mode", "mps", "--mps-dir", str(mps_dir))
         report, _ = watcher.once(*args)
@@ -352,6 +357,26 @@ def test_a_dead_mps_daemon_makes_its_gpu_unhealthy(tmp_path):
         for daemon in daemons:
             daemon.kill()
             daemon.wait()
+
+
+def test_without_the_mps_relay_every_gpu_is_unhealthy(tmp_path):
+    """No slot task reaches its daemon, and the guard starts none: the reconciler drains the node."""
+    watcher = WatcherNode(tmp_path)
+    watcher.write_daemon({"node-generic-resources": [f"NVIDIA-GPU-SHARED={uuid(0)}-s0"]})
+    mps_dir = tmp_path / "mps"
+    binary = tmp_path / "nvidia-cuda-mps-control"
+    binary.write_bytes(Path("/bin/sleep").read_bytes())
+    binary.chmod(0o755)
+    (mps_dir / uuid(0) / "pipe").mkdir(parents=True)
+    daemon = subprocess.Popen([str(binary), "600"])
+    (mps_dir / uuid(0) / "pipe" / "nvidia-cuda-mps-control.pid").write_text(f"{daemon.pid}\n")
+    (mps_dir / "relay.pid").write_text(f"{daemon.pid}\n")  # a pid file naming a process that is not the relay
+    try:
+        report, _ = watcher.once("--sharing-mode", "mps", "--mps-dir", str(mps_dir))
+        assert (report["condition"], report["reason"], report["gpu"]) == ("unhealthy", "mps_relay_down", uuid(0))
+    finally:
+        daemon.kill()
+        daemon.wait()
 
 
 def test_the_mps_script_passes_shellcheck_and_is_strict():
