@@ -7,7 +7,8 @@ gets exactly the GPUs swarm assigned to it, then hands the same call to the dele
 - a task that reserved whole GPUs gets NVIDIA_VISIBLE_DEVICES = those UUIDs;
 - a task that reserved a slot of a shared GPU gets that GPU: the slot's variable becomes
   the whole-GPU variable the toolkit reads, plus GPU_SWARM_GPU, GPU_SWARM_SLOT, GPU_SWARM_SHARE;
-  on an MPS pool also the GPU's MPS pipe directory (mounted) and its memory and thread limits;
+  on an MPS pool also its memory and thread limits and, where its MPS pipe directory goes, the
+  GPU's MPS relay folder (mps_relay.py's socket, read-only), never the daemon's own pipe;
 - a task that reserved nothing gets NVIDIA_VISIBLE_DEVICES=void, whatever its image says
   (every nvidia/cuda image sets NVIDIA_VISIBLE_DEVICES=all), and loses cdi.k8s.io
   annotations, which the toolkit honours before the environment;
@@ -264,7 +265,7 @@ def mib(text: str) -> int | None:
 
 
 def _mps(spec: dict, env: list[str], gpu: str, settings: dict[str, str]) -> list[str]:
-    """A slot task on an MPS pool: its GPU's pipe directory, mounted, and its limits.
+    """A slot task on an MPS pool: its GPU's relay folder, mounted where its pipe directory goes, and its limits.
 
     The memory limit is the slot's share unless the service asks for less with its own
     CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (never more: the other slots' shares are theirs). The
