@@ -62,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--monitoring", action="store_true",
                     help="also deploy the monitoring stack (stacks/monitoring.yml) as `monitoring: true` does, with "
                          "Debian's Prometheus (downloaded once) and a stand-in for Grafana")
-    tp = command("top", "each GPU's node, model, utilization, memory and the task on it (node/gpu_top.py)")
+    command("top", "each GPU's node, model, utilization, memory and the task on it (node/gpu_top.py), and with "
+                   "--monitoring the dashboard's top panel as Prometheus answers it")
     st = command("status", "show nodes, GPUs and task placement")
     st.add_argument("--watch", action="store_true", help="refresh every --interval seconds until Ctrl-C")
     st.add_argument("--interval", type=float, default=1.0)
@@ -120,6 +121,11 @@ def main(argv: list[str] | None = None) -> int:
             from localswarm import monitoring_stack, state as state_mod
             manager = next(n for n in state_mod.nodes_of(state_mod.require_state()) if n.role == "manager")
             result["monitoring"] = monitoring_stack.deploy(manager, find_engine(), progress=say)
+        if args.command == "program" and args.action == "up":
+            from localswarm import monitoring_stack, program
+            access = monitoring_stack.program_access(result["outputs"], program.view_nodes(program.load_state()))
+            if access:
+                result["monitoring"] = access
     except RehearsalError as e:
         print(f"localswarm: {e}", file=sys.stderr)
         return 1
@@ -140,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         for node, steps in (result["outputs"].get("bootstrapTimings") or {}).items():
             print(f"  {node}: " + ", ".join(f"{step} {t.get('seconds')} s ({t.get('status')})"
                                            for step, t in steps.items()))
+        if "monitoring" in result:
+            from localswarm import monitoring_stack
+            print(monitoring_stack.render_access(result["monitoring"]))
     elif args.command == "top":
         from localswarm import top
         print(top.render(result))

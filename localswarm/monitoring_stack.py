@@ -184,8 +184,10 @@ def prometheus_task(manager: Node) -> dict | None:
     return None
 
 
-def _wget(where: dict, path: str, check: bool = True) -> str | None:
-    node = next((n for n in nodes_of(require_state()) if n.name == where["node"]), None)
+def _wget(where: dict, path: str, check: bool = True, nodes: list | None = None) -> str | None:
+    """Ask Prometheus inside its task; nodes: the rehearsal's (`localswarm up`'s, unless given)."""
+    nodes = nodes_of(require_state()) if nodes is None else nodes
+    node = next((n for n in nodes if n.name == where["node"]), None)
     if node is None:
         raise RehearsalError(f"Prometheus runs on {where['node']}, which the rehearsal does not have")
     proc = docker(node, find_engine(), "exec", where["container"], "wget", "-qO-", f"http://127.0.0.1:9090{path}",
@@ -197,35 +199,38 @@ def _wget(where: dict, path: str, check: bool = True) -> str | None:
     return proc.stdout
 
 
-def query(prometheus: dict, expr: str) -> list[dict]:
+def query(prometheus: dict, expr: str, nodes: list | None = None) -> list[dict]:
     """An instant query, the result vector ([{metric, value}]); a query Prometheus refuses raises
     (busybox's wget fails on its HTTP 400)."""
-    data = json.loads(_wget(prometheus, f"/api/v1/query?{urllib.parse.urlencode({'query': expr})}"))
+    data = json.loads(_wget(prometheus, f"/api/v1/query?{urllib.parse.urlencode({'query': expr})}", nodes=nodes))
     if data.get("status") != "success":
         raise RehearsalError(f"Prometheus refused {expr!r}: {data}")
     return data["data"]["result"]
 
 
-def program_access(outputs: dict, managers: list, timeout: float = 90) -> dict | None:
+def program_access(outputs: dict, nodes: list, timeout: float = 90) -> dict | None:
     """Where to look after `program up` with monitoring on, or None when it is off: the program's own
-    `monitoring` output (the SSH tunnel and the addresses it opens on the operator's machine) and,
-    in this rehearsal, each published port on the managers, which the host reaches over the bridge
-    without a tunnel. Each is asked, so the report says what answers, not what should; the stack's
-    deploy does not wait (--detach=true), so Prometheus gets up to timeout seconds to start."""
+    `monitoring` output (the SSH tunnel and the addresses it opens on the operator's machine) and
+    where each answers in this rehearsal. Each is asked, so the report says what answers, not what
+    should. The stack deploys with --detach=true, so Prometheus gets up to timeout seconds to start;
+    it is asked inside its task, as for `localswarm up --monitoring`, and each published port once
+    from this host, over the bridge."""
     access = outputs.get("monitoring") or {}
     if not access.get("tunnel"):
         return None
-    here = {service: [f"http://{m.address}:{port}" for m in managers] for service, port in monitoring.PORTS.items()}
+    manager = next(n for n in nodes if n.role == "manager")
     deadline = time.monotonic() + timeout
-    while not (ready := [url for url in here["prometheus"] if _answers(f"{url}/-/ready")]):
+    while not ((where := prometheus_task(manager)) and _wget(where, "/-/ready", check=False, nodes=nodes) is not None):
         if time.monotonic() > deadline:
+            where = None
             break
         time.sleep(2)
-    grafana = [url for url in here["grafana"] if _answers(f"{url}/")]
+    published = {service: f"http://{manager.address}:{port}" for service, port in monitoring.PORTS.items()}
     return {"tunnel": access["tunnel"], "grafana": access.get("grafana"), "prometheus": access.get("prometheus"),
             "rehearsal": {
-                "prometheus": {"url": (ready or here["prometheus"])[0], "answers": bool(ready)},
-                "grafana": {"url": (grafana or here["grafana"])[0], "answers": bool(grafana),
+                "prometheus": {"task": where, "published": published["prometheus"],
+                               "published_answers": _answers(f"{published['prometheus']}/-/ready")},
+                "grafana": {"published": published["grafana"], "published_answers": _answers(published["grafana"]),
                             "note": "a stand-in that serves nothing: the rehearsal cannot pull grafana/grafana "
                                     "(Docker Hub is out of reach) and Debian does not package Grafana"}}}
 
@@ -240,19 +245,19 @@ def _answers(url: str) -> bool:
 
 def render_access(access: dict) -> str:
     """program_access() as `program up` prints it."""
-    here = access["rehearsal"]
-
-    def seen(service: str) -> str:
-        answer = "answers" if here[service]["answers"] else "does not answer"
-        return f"{here[service]['url']} ({answer}{'; ' + here[service]['note'] if 'note' in here[service] else ''})"
+    prometheus, grafana = access["rehearsal"]["prometheus"], access["rehearsal"]["grafana"]
+    answers = {True: "answers", False: "does not answer"}
+    task = (f"runs on {prometheus['task']['node']} and answers /-/ready in its task" if prometheus["task"]
+            else "did not answer /-/ready in its task")
     return "\n".join([
         "\nmonitoring (the stack output `monitoring`): open the tunnel, then browse",
         f"  {access['tunnel']}",
         f"  Grafana:    {access['grafana']}",
         f"  Prometheus: {access['prometheus']}",
-        "in this rehearsal, from this host without a tunnel:",
-        f"  Prometheus: {seen('prometheus')}",
-        f"  Grafana:    {seen('grafana')}"])
+        "in this rehearsal:",
+        f"  Prometheus: {task}; its published port {prometheus['published']} "
+        f"{answers[prometheus['published_answers']]} from this host",
+        f"  Grafana:    {grafana['published']} {answers[grafana['published_answers']]}: {grafana['note']}"])
 
 
 def main(argv=None) -> int:

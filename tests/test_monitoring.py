@@ -237,4 +237,4 @@ def test_top_names_each_series_as_grafanas_legend_format_does(fmt, labels, shown
 def test_program_up_reports_no_monitoring_addresses_when_monitoring_is_off():
     from localswarm import monitoring_stack
     off = {"monitoring": {"enabled": False, "how": "pulumi config set gpu-swarm:monitoring true && pulumi up"}}
-    assert monitoring_stack.program_access(off, managers=[]) is None
+    assert monitoring_stack.program_access(off, nodes=[]) is None
