@@ -341,7 +341,7 @@ def whole_gpu(out: Path, gpus: list[str], start_runs: int, cost_runs: int) -> No
     (out / "start-times.json").write_text(json.dumps(samples, indent=2))
     guard, alone = samples["guard, one GPU"], samples["nvidia alone, one GPU"]
     cost, low, high = paired_cost(guard, alone)
-    check(f"guard's cost per one-GPU container start: no more than 15 ms, unless the {start_runs} interleaved "
+    check(f"guard's cost per container start, one GPU: no more than 15 ms, unless the {start_runs} interleaved "
           "pairs' 95 % interval lies above it", low <= 15,
           f"median of the pairs' differences {cost:+.1f} ms, 95 % interval [{low:+.1f}, {high:+.1f}] ms "
           f"({statistics.median(guard) * 1000:.0f} vs {statistics.median(alone) * 1000:.0f} ms); per OCI call: "

@@ -33,7 +33,9 @@ def test_the_mps_bench_passes_every_check_on_two_stand_in_gpus_and_puts_the_mach
         # The start-time figures are for a real GPU machine: on a stand-in runtime on a busy
         # 2-core machine only that they were measured counts (gpu_standins.judged).
         timed = [r for r in results if "cost per container start" in r["check"]]
-        assert done.returncode == 0 and len(timed) == 2 and len(results) >= 19, done.stdout[-4000:]
+        # one: a no-GPU start is evidence, not a check (the toolkit alone sets up every GPU for the image's
+        # NVIDIA_VISIBLE_DEVICES=all, which the guard makes void)
+        assert done.returncode == 0 and len(timed) == 1 and len(results) >= 19, done.stdout[-4000:]
         assert all(r["ok"] for r in results if r not in timed), done.stdout[-4000:]
         # put back; and every GPU in compute mode Default again, or the smoke fails (gpu_standins.smoke)
         assert (runtime_env.read_bytes() if runtime_env.exists() else None) == before
