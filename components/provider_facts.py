@@ -9,6 +9,8 @@ pulumi-aws is not the version these facts were checked against.
 """
 from __future__ import annotations
 
+import copy
+
 # The pulumi-aws release whose aws.ec2.Instance these facts describe (requirements.txt pins it).
 # It bridges a terraform-provider-aws 6.x recent enough that its SDK has cpuOptions.nestedVirtualization,
 # placementGroupId and secondaryNetworkInterfaces (6.3x, early 2026): after #46568 below.
@@ -60,8 +62,11 @@ INSTANCE_USER_DATA = frozenset({"userData", "userDataBase64"})
 # associatePublicIpAddress: a worker that was stopped and started has lost its automatic public
 # address, and the provider's read then reports false (terraform-provider-aws#33775, open), which
 # against the program's true would replace the node and its disk on the next `pulumi up`.
+# launchTemplate.version, not launchTemplate: a new version of a pool's EFA template reaches new nodes
+# only, but a node launched without the template (efa turned on) or with another one is replaced, as its
+# EFA interfaces exist only from launch; kept whole, the roll installed EFA on nodes that have none.
 INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES = (
-    "ami", "keyName", "subnetId", "userData", "userDataBase64", "launchTemplate", "placementGroup",
+    "ami", "keyName", "subnetId", "userData", "userDataBase64", "launchTemplate.version", "placementGroup",
     "capacityReservationSpecification", "instanceMarketOptions", "associatePublicIpAddress",
 )
 
@@ -115,6 +120,26 @@ def replaced_by(typ: str, old: dict, new: dict) -> set[str]:
     else:
         raise ValueError(f"no replacement facts recorded for {typ}")
     return {path for path in forcing if _at(old, path) != _at(new, path)}
+
+
+def as_diffed(old: dict, new: dict, ignored) -> dict:
+    """`new` as the engine diffs it against `old` under ignore_changes: each ignored path (a top-level
+    input or a dotted one such as launchTemplate.version) takes its old value, or is left out where the
+    old inputs have none."""
+    out = copy.deepcopy(new)
+    for path in ignored:
+        *parents, leaf = path.split(".")
+        src, dst = old, out
+        for part in parents:
+            src = src.get(part) if isinstance(src, dict) else None
+            dst = dst.get(part) if isinstance(dst, dict) else None
+        if not isinstance(dst, dict):
+            continue
+        if isinstance(src, dict) and leaf in src:
+            dst[leaf] = copy.deepcopy(src[leaf])
+        else:
+            dst.pop(leaf, None)
+    return out
 
 
 def _at(inputs: dict, path: str):

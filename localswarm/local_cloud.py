@@ -33,7 +33,7 @@ from typing import Callable
 
 from pulumi.runtime import mocks as pulumi_mocks, rpc
 
-from components.provider_facts import replaced_by
+from components.provider_facts import as_diffed, replaced_by
 from localswarm import fake_aws, machines, object_store, ssh
 from localswarm.network import BRIDGE_ADDR, SUBNET
 
@@ -116,11 +116,7 @@ class LocalCloud(pulumi_mocks.Mocks):
             before = None
         if before:
             # ignore_changes: the engine keeps the old value of those inputs, as if unchanged.
-            for key in getattr(self.options, "ignore_changes", ()):
-                if key in before["inputs"]:
-                    inputs[key] = before["inputs"][key]
-                else:
-                    inputs.pop(key, None)
+            inputs = as_diffed(before["inputs"], inputs, getattr(self.options, "ignore_changes", ()))
         handler = {INSTANCE: self._instance, SPOT_REQUEST: self._spot_request, COMMAND: self._command,
                    "aws:s3/bucketObjectv2:BucketObjectv2": self._object, "aws:s3/bucket:Bucket": self._bucket,
                    "aws:ec2/keyPair:KeyPair": self._key_pair, "aws:ec2/eip:Eip": self._eip,

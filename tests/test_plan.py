@@ -77,9 +77,7 @@ def plan(config_a: dict, config_b: dict, *, between=None, secret_keys=(), stack:
     for urn in set(a) & set(b):
         typ, old, _, name = a[urn]
         _, new, request, _ = b[urn]  # the same URN: the same type (another type is another resource)
-        ignored = set(request.ignoreChanges)  # top-level inputs a running resource keeps
-        old = {k: v for k, v in old.items() if k not in ignored}
-        new = {k: v for k, v in new.items() if k not in ignored}
+        new = provider_facts.as_diffed(old, new, request.ignoreChanges)  # what a running resource keeps
         if old == new:
             continue
         forcing = provider_facts.replaced_by(typ, old, new) if typ in provider_facts.KNOWN_TYPES else set()
@@ -238,6 +236,18 @@ def test_a_new_zone_list_moves_no_running_node():
         assert not result.updated.keys() & result.instances  # running nodes keep their subnet
     assert "gpu-swarm-network-us-east-1b" in plan(a, stack_config("dev", gpuPools=pools, availabilityZones=[
         "us-east-1a", "us-east-1c", "us-east-1b"]), stack="dev").created
+
+
+def test_turning_efa_on_or_off_replaces_the_pools_running_nodes():
+    """EFA interfaces exist only from launch. Kept whole, launchTemplate left a running node as it was
+    launched while the roll installed EFA on it, which fails on a node without EFA interfaces."""
+    plain = [{"name": "a100", "instanceType": "p4d.24xlarge", "count": 1}]
+    efa = [{**plain[0], "efa": True}]
+    for before, after in ((plain, efa), (efa, plain)):
+        result = plan(stack_config("dev", gpuPools=before, stacks=[]), stack_config("dev", gpuPools=after, stacks=[]),
+                      stack="dev")
+        assert set(result.instances_replaced()) == {"gpu-swarm-a100-0"}
+        assert "launchTemplate" in result.instances_replaced()["gpu-swarm-a100-0"]
 
 
 def test_changed_node_software_rolls_through_the_nodes_and_replaces_none(tmp_path, monkeypatch):
