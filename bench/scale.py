@@ -250,6 +250,7 @@ def run_sizes(sizes: list[int], runs: int) -> list[dict]:
             traced = child("--child", str(size), "--trace")
             row.update(resources=timed["resources"], program_s=statistics.median(program_s),
                        floor_s=statistics.median(floor_s), wall_s=statistics.median(wall_s), maxrss_mib=timed["maxrss_mib"],
+                       floor_maxrss_mib=floored["maxrss_mib"],
                        traced_peak_mib=traced.get("traced_peak_mib", float("nan")))
         rows.append(row)
     return rows
@@ -257,17 +258,19 @@ def run_sizes(sizes: list[int], runs: int) -> list[dict]:
 
 def print_table(rows: list[dict]) -> None:
     print("| GPU nodes (+3 managers; pools of at most 1000) | resources | program CPU s | SDK floor CPU s "
-          "| program / floor | program wall s | maxrss MiB | traced peak MiB | ms per added node | t / t(first) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| program / floor | program wall s | maxrss MiB | floor maxrss MiB | traced peak MiB | ms per added node "
+          "| t / t(first) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     base = next((r for r in rows if "error" not in r), None)
     for row in rows:
         if "error" in row:
-            print(f"| {row['gpu_nodes']} | crash: {row['error']} | | | | | | | | |")
+            print(f"| {row['gpu_nodes']} | crash: {row['error']} | | | | | | | | | |")
             continue
         added = row["gpu_nodes"] - base["gpu_nodes"]
         per_ms = f"{(row['program_s'] - base['program_s']) * 1000 / added:.1f}" if added else "-"
         print(f"| {row['gpu_nodes']} | {row['resources']} | {row['program_s']:.2f} | {row['floor_s']:.2f} "
               f"| {row['program_s'] / row['floor_s']:.2f} | {row['wall_s']:.2f} | {row['maxrss_mib']:.0f} "
+              f"| {row['floor_maxrss_mib']:.0f} "
               f"| {row['traced_peak_mib']:.1f} | {per_ms} | {row['program_s'] / base['program_s']:.2f} "
               f"(nodes {row['gpu_nodes'] / base['gpu_nodes']:.0f}x) |")
     if base:
