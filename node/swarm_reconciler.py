@@ -31,6 +31,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 
@@ -189,6 +190,21 @@ def reconcile(engine: Engine, now: int, log, max_drained_percent: int = 50) -> d
     return report
 
 
+def watch_node_events(docker: str, wake: threading.Event) -> None:
+    """Wake the loop when the managers record a change to a node: a watcher's label arrives with the node's
+    description, on the swarm agent's 20 s tick, and the drain then waits for no round of --interval. When
+    the engine gives no events (restarting, too old), the rounds still run every --interval."""
+    while True:
+        try:
+            with subprocess.Popen([docker, "events", "--filter", "type=node", "--format", "{{.Action}}"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as events:
+                for _ in events.stdout:
+                    wake.set()
+        except OSError:
+            return  # no docker CLI: the rounds say so
+        time.sleep(5)  # the engine went away: ask again
+
+
 def _interval(text: str) -> float:
     try:
         value = float(text)
@@ -224,6 +240,10 @@ def parse_args(argv, env=os.environ) -> argparse.Namespace:
 def main(argv=None, clock=time.time, sleep=time.sleep) -> int:
     args = parse_args(argv)
     engine, was_leader, last_errors = Engine(args.docker), None, None
+    wake = threading.Event()
+    if not args.once and sleep is time.sleep:
+        threading.Thread(target=watch_node_events, args=(args.docker, wake), daemon=True).start()
+        sleep = wake.wait  # a round every --interval, or at once when a node changed
 
     def log(message: str) -> None:
         print(message, file=sys.stderr if args.json else sys.stdout, flush=True)
@@ -246,6 +266,7 @@ def main(argv=None, clock=time.time, sleep=time.sleep) -> int:
         if args.once:
             return 1 if report["errors"] else 0
         sleep(args.interval)
+        wake.clear()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import select
+import signal
 import shutil
 import subprocess
 import sys
@@ -177,7 +178,8 @@ FAKE_DOCKER = r"""#!/usr/bin/env bash
 # one per line, its arguments separated by tabs.
 set -euo pipefail
 dir=${FAKE_DOCKER_DIR:?}
-{ printf '%s\t' "$@"; printf '\n'; } >>"$dir/calls"
+line=$(printf '%s\t' "$@")
+printf '%s\t\n' "${line%$'\t'}" >>"$dir/calls"  # one write: the event stream runs beside the rounds
 if [ -e "$dir/down" ]; then
   echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?" >&2
   exit 1
@@ -186,6 +188,11 @@ case "$*" in
   "node inspect self --format {{.ManagerStatus.Leader}}") cat "$dir/leader" ;;
   "node ls -q") cat "$dir/ids" ;;
   "node inspect "*) cat "$dir/nodes.json" ;;
+  "events --filter type=node --format {{.Action}}")
+    # A node event once $dir/event appears (a label reaching the managers), then a stream that stays open.
+    while [ ! -e "$dir/event" ]; do sleep 0.05; done
+    echo update
+    exec sleep 60 ;;
   "node update "*)
     if [ -e "$dir/update-fails" ]; then echo "Error response from daemon: update out of sequence" >&2; exit 1; fi
     echo "${*: -1}" ;;
@@ -318,6 +325,33 @@ def test_engine_errors_never_end_the_loop(docker):
         out += process.communicate(timeout=10)[0]
     assert out.count("Cannot connect to the Docker daemon") == 1  # said once, not every round
     assert "this manager is the swarm leader" in out and "drained: unhealthy:ok" in out
+
+
+def test_a_node_event_starts_a_round_at_once(docker):
+    """The label arrives with the node's description: the drain waits for no round of --interval."""
+    docker.set(True, [node(1)])
+    process = subprocess.Popen([sys.executable, str(RECONCILER), "--interval", "30"], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=docker.env(), start_new_session=True)
+    try:
+        deadline = time.time() + 20
+        def first_round_done() -> bool:  # the events stream is asked for, and the first round has read the nodes
+            calls = docker.calls()
+            read = any(c[:2] == ["node", "inspect"] and "self" not in c for c in calls)
+            return read and any(c[:1] == ["events"] for c in calls)
+        while not first_round_done() and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # the round's end: it found nothing to do
+        docker.set(True, [node(1, condition="unhealthy")])
+        (docker.dir / "event").touch()
+        woke = time.time()
+        while not any(c[:2] == ["node", "update"] for c in docker.calls()) and time.time() < deadline:
+            time.sleep(0.05)
+        assert any(c[:2] == ["node", "update"] for c in docker.calls()), "no drain before the next round"
+        assert time.time() - woke < 10  # long before the round 30 s on
+        assert sum(c[:2] == ["node", "ls"] for c in docker.calls()) == 2  # the first round, and the one woken
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.communicate(timeout=10)
 
 
 def test_once_with_the_engine_down_exits_1(docker):
