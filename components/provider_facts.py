@@ -57,7 +57,7 @@ INSTANCE_USER_DATA = frozenset({"userData", "userDataBase64"})
 # Inputs that only matter when an instance is created, which the node pools tell Pulumi to
 # ignore on running nodes (ResourceOptions.ignore_changes): a new "latest" AMI, a rotated SSH
 # key pair, a new zone list, new user data, another market (spot, interruption), reservation,
-# placement group or EFA template reach new and replaced nodes only, and never replace,
+# placement group or EFA template version reach new and replaced nodes only, and never replace,
 # stop or reboot a running one. To move a running node, replace it (pulumi up --replace).
 # associatePublicIpAddress: a worker that was stopped and started has lost its automatic public
 # address, and the provider's read then reports false (terraform-provider-aws#33775, open), which
