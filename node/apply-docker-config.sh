@@ -23,7 +23,19 @@ print(hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest())
 PY
 )
 systemctl enable -q docker
-if [ "$sum" = "$(cat "$stamp" 2>/dev/null)" ] && systemctl is-active -q docker; then skip "dockerd has $conf"; fi
+# dockerd has read the file if it started after the file last changed: on a node's first boot it
+# started after cloud-init wrote it, and on a GPU node the agent restarted it moments ago. A
+# restart then only cost time (1-2 s of every first boot). Unknown (systemd < 248): restart.
+started_after_change() {
+  local started
+  started=$(systemctl show docker -p ExecMainStartTimestamp --value --timestamp=us+utc 2>/dev/null) &&
+    [ -n "$started" ] && started=$(date -d "$started" +%s.%6N 2>/dev/null) &&
+    awk -v changed="$(stat -c %.6Y "$conf")" -v started="$started" 'BEGIN { exit !(changed < started) }'
+}
+if systemctl is-active -q docker && { [ "$sum" = "$(cat "$stamp" 2>/dev/null)" ] || started_after_change; }; then
+  echo "$sum" >"$stamp"
+  skip "dockerd has $conf"
+fi
 # A deliberate restart: the agent's unit may have restarted docker moments ago, and systemd's
 # start limit (3 in 60 s for docker.service) must not turn this one into a failure.
 systemctl reset-failed docker 2>/dev/null || :

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -362,12 +363,33 @@ def test_gpu_agent_step_installs_the_pinned_nvml_bindings(node):
     """Another version (an AMI's, or last release's pin) is replaced by the pinned one."""
     node.real_step("install-gpu-agent")
     venv = node.root / "venv"
-    node.write(venv / "bin" / "python", f"#!/bin/sh\necho nvidia-ml-py==12.535.77 prometheus-client=={PINNED_PROMETHEUS}\n")
-    node.fake("python3", f'[ "$1 $2" = "-m venv" ] && mkdir -p {venv}/bin && '
-                         f'printf \'#!/bin/sh\\necho "pip $*" >>"$FAKE_CALLS"\\n\' >{venv}/bin/pip && chmod +x {venv}/bin/pip')
+    # The venv's Python: the old pins when asked, and what pip runs with, from which wheel.
+    node.write(venv / "bin" / "python", '#!/bin/sh\nif [ "$1" = -m ]; then echo "venv $PYTHONPATH $*" >>"$FAKE_CALLS"; '
+               f'else echo nvidia-ml-py==12.535.77 prometheus-client=={PINNED_PROMETHEUS}; fi\n')
+    wheels = node.root / "wheels"
+    for version in ("9.0.1", "25.1.1"):  # the newest is taken
+        node.write(wheels / f"pip-{version}-py3-none-any.whl", "")
+    node.fake("python3", "exit 0")
     node.fake("systemctl", "exit 0")
-    assert node.bootstrap("install-gpu-agent").returncode == 0, node.log.read_text()
-    assert f"pip install -q --disable-pip-version-check {PINNED}" in node.called()
+    result = node.bootstrap("install-gpu-agent", GPU_SWARM_PIP_WHEELS=str(wheels))
+    assert result.returncode == 0, node.log.read_text()
+    assert f"python3 -m venv --without-pip {venv}" in node.called()
+    assert (f"venv {wheels}/pip-25.1.1-py3-none-any.whl -m pip install -q --disable-pip-version-check {PINNED}"
+            in node.called())
+
+
+def test_gpu_agent_step_installs_python3_venv_for_its_pip_wheel(node):
+    """An AMI without python3-venv has no pip wheel: the step installs the package, then uses its wheel."""
+    node.real_step("install-gpu-agent")
+    wheels = node.root / "wheels"
+    node.fake("apt-get", f'if [ "$*" != update ]; then mkdir -p {wheels} && : >{wheels}/pip-24.0-py3-none-any.whl; fi')
+    node.fake("python3", "exit 0")
+    node.fake("systemctl", "exit 0")
+    node.write(node.root / "venv" / "bin" / "python", '#!/bin/sh\n[ "$1" = -m ] && echo "venv $PYTHONPATH $*" >>"$FAKE_CALLS"\n')
+    assert node.bootstrap("install-gpu-agent", GPU_SWARM_PIP_WHEELS=str(wheels)).returncode == 0, node.log.read_text()
+    calls = node.called()
+    assert any(c.startswith("apt-get") and "python3-venv" in c for c in calls), calls
+    assert f"venv {wheels}/pip-24.0-py3-none-any.whl -m pip install -q --disable-pip-version-check {PINNED}" in calls
 
 
 def test_gpu_agent_step_fails_loudly_with_the_agents_journal(node):
@@ -435,6 +457,23 @@ def test_apply_docker_config_leaves_docker_running_when_only_labels_changed(node
     assert node.bootstrap("apply-docker-config").returncode == 0
     assert node.statuses() == {"apply-docker-config": "skipped"}
     assert node.called().count("systemctl restart docker") == 1
+
+
+@pytest.mark.parametrize("file_age_s,systemd_says,restarts", [(120, True, 0), (0, True, 1), (120, False, 1)])
+def test_apply_docker_config_restarts_only_a_dockerd_older_than_the_file(node, file_age_s, systemd_says, restarts):
+    """A dockerd that started after daemon.json last changed has read it (a first boot; the GPU
+    agent's restart): no second restart. One started before, or when systemd cannot say: restart."""
+    node.real_step("apply-docker-config")
+    started = subprocess.run(["date", "-u", "-d", "1 minute ago", "+%a %Y-%m-%d %H:%M:%S.%6N UTC"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    node.fake("systemctl", f'if [ "$1" = show ]; then echo "{started if systemd_says else ""}"; fi')
+    node.write(node.daemon_json, '{"default-runtime": "nvidia"}\n')
+    os.utime(node.daemon_json, (time.time() - file_age_s,) * 2)
+    assert node.bootstrap("apply-docker-config").returncode == 0, node.log.read_text()
+    assert node.called().count("systemctl restart docker") == restarts
+    assert node.statuses() == {"apply-docker-config": "done" if restarts else "skipped"}
+    assert node.bootstrap("apply-docker-config").returncode == 0  # and the next time knows it by its stamp
+    assert node.called().count("systemctl restart docker") == restarts
 
 
 def test_apply_docker_config_creates_a_missing_daemon_json(node):
