@@ -10,10 +10,12 @@ task still holds) and on a first `up`.
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
 
+from localswarm import monitoring_stack, program
 from tests.rehearsal_tools import cli, cli_json, require_engine, tasks_of
 
 pytestmark = pytest.mark.integration
@@ -41,6 +43,31 @@ def test_the_dev_stack_settles_with_its_extra_replica_waiting_for_the_gpu(dev):
     assert reported["services"] == {"gpu-smoke_gpu": "1 running, 1 waiting for resources"}
     (waiting,) = reported["waitingForGpus"]
     assert waiting["service"] == "gpu-smoke_gpu" and "insufficient resources" in waiting["reason"]
+
+
+def test_with_monitoring_on_up_says_where_to_look_and_prometheus_answers_there(dev):
+    """A second up that turns monitoring on prints the stack output's tunnel and addresses, and where
+    each answers in the rehearsal; Prometheus, where it says, returns the GPU node's series."""
+    out = cli("program", "up", "--stack", "dev", "--set", "monitoring=true", timeout=1500).stdout
+    manager_ip = dev["outputs"]["managerPublicIps"][0]
+    assert re.search(rf"^  ssh -N -L 3000:localhost:3000 -L 9090:localhost:9090 \S+@{re.escape(manager_ip)}$", out,
+                     re.M), out
+    assert "  Grafana:    http://localhost:3000" in out and "  Prometheus: http://localhost:9090" in out
+    (manager,) = [n for n in program.view_nodes(program.load_state()) if n.role == "manager"]
+    where = monitoring_stack.prometheus_task(manager)
+    assert where and f"  Prometheus: runs on {where['node']} and answers /-/ready in its task; its published port " \
+        f"http://{manager.address}:9090 " in out, out
+    assert re.search(rf"^  Grafana:    http://{re.escape(manager.address)}:3000 (does not )?answer.*a stand-in", out,
+                     re.M), out
+    (gpu_node,) = [n["name"] for n in dev["nodes"] if n["role"] == "worker"]
+    nodes = program.view_nodes(program.load_state())
+    deadline = time.monotonic() + 90
+    while True:
+        series = monitoring_stack.query(where, "gpu_swarm_gpu_up", nodes=nodes)
+        if any(s["metric"].get("node") == gpu_node and s["value"][1] == "1" for s in series):
+            break
+        assert time.monotonic() < deadline, f"Prometheus has no gpu_swarm_gpu_up for {gpu_node}: {series}"
+        time.sleep(3)
 
 
 def test_a_second_up_that_swaps_in_a_stack_swarm_rejects_fails_with_swarms_reason(dev):
