@@ -1,0 +1,203 @@
+"""The README's Day-2 rows that tests/test_program.py does not reach, through `localswarm program up`.
+
+One cluster through four `pulumi up`s and a `pulumi destroy`, each checked on the real swarm:
+1. the first up: two zones, one GPU pool, two stacks, monitoring, and a second authorized key
+   (step 1 of a key rotation);
+2. one up of several changes: the zone list moved on, a new pool whose type only one zone
+   offers, step 2 of the rotation, a new gpuKind and time-slicing on the running pool;
+3. the only manager replaced (`pulumi up --replace`): a new swarm, which gets every stack and
+   the monitoring stack again;
+4. EFA turned on for a running pool: its node is replaced new-first with the current inputs;
+   the rehearsal has no EFA devices, so the new node fails its boot, the up fails, and the old
+   node is still serving;
+5. `pulumi destroy` with the manager already gone.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from localswarm import api, engine, machines, network, nspawn, object_store, program, ssh
+from localswarm.local_cloud import EC2_SUBNET
+from node.contract import MONITORING_STACK
+from tests.rehearsal_tools import cli, cli_json, require_engine, tasks_of
+
+pytestmark = pytest.mark.integration
+
+STACKS = [{"name": "infer", "file": "tests/data/day2/gpu.yml"}, {"name": "web", "file": "tests/data/day2/web.yml"}]
+T4 = {"name": "t4", "instanceType": "g4dn.xlarge", "count": 1}
+A100 = {"name": "a100", "instanceType": "p4d.24xlarge", "count": 1}  # offered in us-east-1b only (fake_aws)
+FIRST = {"availabilityZones": ["us-east-1a", "us-east-1b"], "gpuPools": [T4], "stacks": STACKS,
+         "monitoring": True}
+CHANGED = {"availabilityZones": ["us-east-1b", "us-east-1c"], "stacks": STACKS, "monitoring": True,
+           "gpuPools": [{**T4, "sharing": {"slotsPerGpu": 2}}, A100], "gpuKind": "GPU", "sshAuthorizedKeys": []}
+
+
+def up(settings: dict, *extra: str, secrets: dict | None = None, check: bool = True):
+    args = [a for k, v in settings.items()
+            for a in ("--set", f"{k}={v if isinstance(v, str) else json.dumps(v)}")]
+    args += [a for k, v in (secrets or {}).items() for a in ("--secret", f"{k}={v}")]
+    proc = cli("program", "up", "--stack", "dev", "--json", *args, *extra, check=check, timeout=1500)
+    return json.loads(proc.stdout) if check else proc
+
+
+def records() -> dict[str, dict]:
+    return {r["hostname"]: r for r in program.load_state()["machines"].values()}
+
+
+def machine(record: dict) -> machines.Machine:
+    return machines.Machine(record["machine"], record["index"])
+
+
+def manager_sock() -> str:
+    return program.docker_socket(machine(records()["gpu-swarm-dev-manager-0"]))
+
+
+def resources(typ: str) -> dict[str, dict]:
+    return {engine.name_of(k): r for k, r in program.load_state()["resources"].items() if r["type"] == typ}
+
+
+def logs_in(address: str, private_key: str) -> bool:
+    try:
+        ssh.run({"host": address, "user": "ubuntu", "privateKey": private_key, "dialErrorLimit": 1,
+                 "perDialTimeout": 10}, "true")
+    except ssh.CommandFailed:
+        return False
+    return True
+
+
+def kinds_advertised() -> dict[str, dict[str, int]]:
+    """Each swarm node's generic resources, by kind: what the scheduler places on."""
+    out = {}
+    for info in api.get(manager_sock(), "/nodes", timeout=10):
+        counts: dict[str, int] = {}
+        for res in info["Description"].get("Resources", {}).get("GenericResources") or []:
+            spec = res.get("NamedResourceSpec") or res.get("DiscreteResourceSpec")
+            counts[spec["Kind"]] = counts.get(spec["Kind"], 0) + (spec["Value"] if "DiscreteResourceSpec" in res else 1)
+        out[info["Description"]["Hostname"]] = counts
+    return out
+
+
+def running_on(report: dict, service: str) -> list[str]:
+    return sorted(t["node"] for t in tasks_of(report, service) if t["state"] == "running")
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("keys")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "next@ops", "-f", str(folder / "next")],
+                   check=True)
+    return {"public": (folder / "next.pub").read_text().strip(), "private": (folder / "next").read_text()}
+
+
+@pytest.fixture(scope="module")
+def first(keys):
+    require_engine()
+    cli("down")
+    report = up({**FIRST, "sshAuthorizedKeys": [keys["public"]]})  # rotation, step 1
+    yield report
+    cli("down")
+
+
+def test_zones_a_pool_in_fewer_zones_the_keys_second_step_and_a_new_gpu_kind_with_sharing_in_one_up(first, keys):
+    assert sorted(running_on(first, "infer_infer")) == ["gpu-swarm-dev-t4-0"]  # one GPU, the other replica waits
+    before = records()
+    pids = {name: nspawn.init_pid(machine(r)) for name, r in before.items()}
+    subnets = {r["inputs"]["availabilityZone"]: r["id"] for r in resources(EC2_SUBNET).values()}
+    assert set(subnets) == {"us-east-1a", "us-east-1b"}
+    (old_key,) = [r["outputs"]["privateKeyOpenssh"] for n, r in resources("tls:index/privateKey:PrivateKey").items()
+                  if not n.endswith("-host-key")]
+
+    report = up(CHANGED, secrets={"sshPublicKey": keys["public"], "sshPrivateKey": keys["private"]})
+
+    after = records()
+    # Running nodes stay where and what they are: the same machines, never stopped (the same init).
+    for name in ("gpu-swarm-dev-manager-0", "gpu-swarm-dev-t4-0"):
+        assert after[name]["machine"] == before[name]["machine"] and nspawn.init_pid(machine(after[name])) == pids[name]
+    # The zone list moved on: us-east-1a's subnet stays (the running nodes are in it), us-east-1c's is new;
+    # the new pool takes the one cluster zone that offers its type, with no subnet of its own.
+    now = {r["inputs"]["availabilityZone"]: r["id"] for r in resources(EC2_SUBNET).values()}
+    assert set(now) == {"us-east-1a", "us-east-1b", "us-east-1c"} and all(now[z] == subnets[z] for z in subnets)
+    instances = resources(engine.INSTANCE)
+    assert instances["gpu-swarm-a100-0"]["inputs"]["subnetId"] == now["us-east-1b"]
+    assert instances["gpu-swarm-t4-0"]["inputs"]["subnetId"] == subnets["us-east-1a"]
+    # The new kind and the sharing rolled through the running nodes in place, one roll for both and
+    # for the new key; the swarm advertises only the new kinds.
+    ran = {c["name"]: c["action"] for c in report["commands"]}
+    assert {"gpu-swarm-rollout-t4-0-upgrade", "gpu-swarm-rollout-managers-0-upgrade"} <= set(ran)
+    # The new key is a new connection: the boot wait and the join run again and find their work done.
+    assert ran["gpu-swarm-boot-t4-0-wait"] == ran.get("gpu-swarm-member-t4-0-join", "update") == "update"
+    assert report["peak_drained_per_pool"].get("t4", 0) <= 1
+    assert kinds_advertised() == {"gpu-swarm-dev-manager-0": {}, "gpu-swarm-dev-t4-0": {"GPU-SHARED": 2},
+                                  "gpu-swarm-dev-a100-0": {"GPU": 8}}
+    nodes = {n["name"]: n for n in report["nodes"]}
+    assert all(n["state"] == "ready" and n["availability"] == "active" for n in nodes.values())
+    assert nodes["gpu-swarm-dev-a100-0"]["gpus_verified"] is True and len(nodes["gpu-swarm-dev-t4-0"]["slots"]) == 2
+    # The stack's device requests follow the kind: both replicas run on the pool of whole GPUs.
+    assert running_on(report, "infer_infer") == ["gpu-swarm-dev-a100-0"] * 2
+    # Step 2 of the rotation: the program's key is the new one, and the old one left every node.
+    for name, r in after.items():
+        address = network.node_addr(r["index"])
+        assert logs_in(address, keys["private"]) and not logs_in(address, old_key), name
+
+
+def test_the_only_manager_replaced_makes_a_new_swarm_that_gets_every_stack_and_monitoring_again(first, keys):
+    swarm_before = api.get(manager_sock(), "/swarm", timeout=10)["ID"]
+    old = records()["gpu-swarm-dev-manager-0"]
+    report = up(CHANGED, "--replace", "gpu-swarm-managers-0",
+                secrets={"sshPublicKey": keys["public"], "sshPrivateKey": keys["private"]})
+    new = records()["gpu-swarm-dev-manager-0"]
+    assert new["machine"] != old["machine"] and not machine(old).dir.exists()  # new first, the old one deleted
+    assert api.get(manager_sock(), "/swarm", timeout=10)["ID"] != swarm_before  # a new swarm
+    # Every node moved to it, and nothing of the old swarm is listed.
+    assert sorted(n["name"] for n in report["nodes"]) == [
+        "gpu-swarm-dev-a100-0", "gpu-swarm-dev-manager-0", "gpu-swarm-dev-t4-0"]
+    assert all(n["state"] == "ready" and n["availability"] == "active" for n in report["nodes"])
+    # Every stack and the monitoring stack were deployed into it, and their tasks run.
+    assert running_on(report, "infer_infer") == ["gpu-swarm-dev-a100-0"] * 2
+    assert len(running_on(report, "web_web")) == 1
+    monitoring = [s for s in report["services"] if s["name"].startswith(f"{MONITORING_STACK}_")]
+    assert monitoring and all(running_on(report, s["name"]) for s in monitoring), monitoring
+    assert kinds_advertised()["gpu-swarm-dev-a100-0"] == {"GPU": 8}
+
+
+def test_efa_turned_on_replaces_the_node_new_first_and_a_new_node_that_fails_its_boot_leaves_the_old_one_serving(
+        first, keys):
+    """EFA turned on for a running pool: its node is replaced, the new instance first, with the program's
+    current inputs (the EFA launch template, and user data whose boot runs install-efa). The rehearsal
+    has no EFA devices, so the new node's boot fails: the up fails, and the old node serves on."""
+    old = records()["gpu-swarm-dev-a100-0"]
+    efa = {**CHANGED, "gpuPools": [CHANGED["gpuPools"][0], {**A100, "efa": True}]}
+    failed = up(efa, secrets={"sshPublicKey": keys["public"], "sshPrivateKey": keys["private"]}, check=False)
+    print(failed.stderr[-3000:])
+    assert failed.returncode != 0
+    # The new node booted the program's current user data (with the EFA step), not the old node's.
+    assert "gpu-swarm-boot-a100-0-wait" in failed.stderr and "install-efa" in failed.stderr, failed.stderr[-3000:]
+    # The N+1 moment: both instances exist, the new one (EFA interfaces from its launch template) beside the old.
+    both = [r for r in program.load_state()["machines"].values() if r["hostname"] == "gpu-swarm-dev-a100-0"]
+    assert len(both) == 2 and old in both and all(machines.running(machine(r)) for r in both)
+    state = program.load_state()
+    assert [d["id"] for d in state["doomed"]] == [next(i for i, r in state["machines"].items() if r == old)]
+    new = resources(engine.INSTANCE)["gpu-swarm-a100-0"]
+    assert new["inputs"].get("launchTemplate") and not new["inputs"].get("subnetId")
+    # Nothing lost: the old node is still the swarm's, active, with its GPUs and both replicas.
+    view = cli_json("program", "status")
+    node = next(n for n in view["nodes"] if n["name"] == "gpu-swarm-dev-a100-0")
+    assert node["state"] == "ready" and node["availability"] == "active" and len(node["gpus"]) == 8
+    assert [n["name"] for n in view["nodes"]].count("gpu-swarm-dev-a100-0") == 1
+    assert running_on(view, "infer_infer") == ["gpu-swarm-dev-a100-0"] * 2
+
+
+def test_pulumi_destroy_with_the_manager_gone_deletes_everything_and_connects_to_no_node(first):
+    state = program.load_state()
+    bundles = [object_store.object_path(r["outputs"]["bucket"], r["inputs"]["key"])
+               for r in resources("aws:s3/bucketObjectv2:BucketObjectv2").values()]
+    assert bundles and all(p.exists() for p in bundles)
+    machines.terminate(machine(records()["gpu-swarm-dev-manager-0"]))  # the manager is already gone
+    result = cli_json("program", "destroy")
+    assert result["commands_run"] == [] and result["machines_left"] == []
+    assert not any(machine(r).dir.exists() for r in state["machines"].values())
+    assert not any(p.exists() for p in bundles)
+    assert program.load_state()["resources"] == {}
