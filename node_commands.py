@@ -64,9 +64,7 @@ def _run_installer(at: dict[str, str], timeout_s: int) -> list[str]:
         f"  lines=$(wc -l <{at['log']})",
         f'  [ "$(date +%s)" -lt "$end" ] || fail "the install is still running after {minutes} min; it goes on'
         f' (journalctl -u $unit): run pulumi up again to wait for it"',
-        # Each second: on a node with its driver an install of new node software ends in seconds, and
-        # every node of a roll waited out the rest of a 5 s poll (in the rehearsal, in series).
-        "  sleep 1",
+        "  sleep 5",
         "done",
         f"tail -n +$((lines + 1)) {at['log']} | sed 's/^/  | /' >&2",
     ]
