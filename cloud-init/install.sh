@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu-swarm-install: make this node run the release that release.env names.
 # cloud-init runs it at first boot (runcmd); `pulumi up` runs it again, as the transient
-# unit gpu-swarm-install, when the release changes (node_commands.upgrade). One path for
+# unit gpu-swarm-install, when the release changes (to_node/commands.py upgrade()). One path for
 # both: download the node software bundle, check it against the sha256 the program pinned,
 # install it under /opt/gpu-swarm/software, run its bootstrap steps (each skips what the
 # image already has), and record the release. Exit 0: applied; 1: failed, with the failed

@@ -1,6 +1,6 @@
 """The EC2 user data of a node: a #cloud-config that writes the node's files and runs the installer at first boot.
 
-A pure function of one NodeRelease (node_software.py): the files come from cloud-init/ and
+A pure function of one NodeRelease (to_node/software.py): the files come from cloud-init/ and
 the node's settings, so every change to what a node boots with is a diff of this text
 (tests/test_cloud_config.py keeps a snapshot per example stack). The node software itself
 is not here (EC2 caps user data at 16 KiB): the installer downloads its bundle and checks
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from node_software import INSTALLER_PATH, NodeRelease
+from to_node.software import INSTALLER_PATH, NodeRelease
 
 # EC2's limit on user data, before base64.
 USER_DATA_LIMIT = 16 * 1024

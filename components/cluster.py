@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-import node_software
+from to_node import software as node_software
 from components.access import Access
 from components.capacity import pool_capacity_args
 from components.gpu_stack import GpuStack, GpuStackArgs
@@ -30,8 +30,8 @@ from components.swarm_health import SwarmHealth, SwarmHealthArgs
 from components.swarm_init import SwarmInit, SwarmInitArgs
 from components.swarm_membership import Membership, MembershipArgs
 from components.swarm_reconcile import SwarmReconcile, SwarmReconcileArgs
-from node_commands import authorize_keys
-from node_software import NodeRelease
+from to_node.commands import authorize_keys
+from to_node.software import NodeRelease
 from settings import GpuPool, Settings
 from settings.aws_lookups import CLUSTER_TAG, running_names
 from swarm.gpu_check import GpuCheck

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_command as command
 
-import node_commands
+from to_node import commands as node_commands
 from components.remote import as_root
 
 

@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 import pulumi
 import pulumi_aws as aws
 
-import node_software
+from to_node import software as node_software
 
 
 @dataclass

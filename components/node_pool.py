@@ -37,7 +37,7 @@ import pulumi_tls as tls
 from components.cloud_config import HostKey, render_cloud_config
 from components.efa import efa_launch_template
 from components.provider_facts import INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES, SPOT_REQUEST_INPUTS_KEPT_BY_RUNNING_NODES
-from node_software import NodeRelease
+from to_node.software import NodeRelease
 from settings.aws_lookups import ROLE_TAG
 
 

@@ -22,10 +22,10 @@ from typing import Mapping, Sequence
 import pulumi
 import pulumi_command as command
 
-import node_commands
+from to_node import commands as node_commands
 from components.node_boot import parse_timings
 from components.remote import as_root
-from node_software import NodeRelease
+from to_node.software import NodeRelease
 from swarm.gpu_check import GpuCheck
 from swarm.rollout import admit_node, admitted, advertised_gpus, cordon_node
 

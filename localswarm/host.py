@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from node_software import min_versions
+from to_node.software import min_versions
 
 REPO = Path(__file__).resolve().parent.parent
 ENGINE_PREFIX = Path(os.environ.get("GPU_SWARM_ENGINE_PREFIX", "/opt/gpu-swarm/docker"))

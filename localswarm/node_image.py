@@ -27,7 +27,7 @@ from pathlib import Path
 
 from localswarm import object_store, standins
 from localswarm.host import SETUP_HINT, RehearsalError, run
-from node_software import min_versions
+from to_node.software import min_versions
 from localswarm.network import BRIDGE_ADDR
 
 CACHE = Path(os.environ.get("GPU_SWARM_IMAGE_CACHE", "/var/cache/gpu-swarm/node-image"))

@@ -28,7 +28,7 @@ import pulumi
 import yaml
 from pulumi.runtime import mocks as pulumi_mocks
 
-import node_software
+from to_node import software as node_software
 from localswarm import api, engine, machines, network, node_image, nspawn, object_store, placement, registry, ssh
 from localswarm.host import CLI, REPO, RehearsalError, check_host, find_engine, run
 from localswarm.local_cloud import COMMAND, LocalCloud

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-import node_software
+from to_node import software as node_software
 from localswarm import registry
 from localswarm.converge import Desired
 from localswarm.host import CLI, RehearsalError

@@ -76,7 +76,7 @@ CHECK_IMAGE = "gpu-swarm.invalid/check:1"  # node/build-check-image.sh builds it
 # pulled: the registry does not exist); swarm/gpu_check.py runs it
 
 # ---------------------------------------------------------------- node.env: the node's settings
-# The program (node_software.node_env) writes them to NODE_ENV_PATH; every step sources it
+# The program (to_node/software.py node_env) writes them to NODE_ENV_PATH; every step sources it
 # (common.sh) and the units load it. A change rolls the node.
 IMAGE_ENV = "GPU_SWARM_IMAGE"  # ubuntu, deep-learning or custom: install-nvidia-driver.sh reads
 KIND_ENV = "GPU_SWARM_KIND"  # the GPU resource kind: the agent's and the watcher's units read

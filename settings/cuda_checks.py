@@ -16,7 +16,7 @@ import pulumi
 import pulumi.runtime.config as runtime_config
 import yaml
 
-import node_software
+from to_node import software as node_software
 from settings import image_registry
 from settings.cuda_drivers import max_cuda, parse_requirement, version_text
 from settings.model import GpuPool, StackFile

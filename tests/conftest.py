@@ -114,7 +114,7 @@ def fake_host_key(name: str) -> tuple[str, str]:
 
 
 def command_stdout(name: str, create: str) -> str:
-    """What a node would print for the builders in swarm/ and node_software.py."""
+    """What a node would print for the builders in swarm/ and to_node/software.py."""
     if "join-token -q worker" in create:
         return '{"worker": "SWMTKN-1-worker-secret", "manager": "SWMTKN-1-manager-secret"}\n'
     if '"manager": true, "cluster_id"' in create:  # a probe: fresh managers are in no swarm

@@ -154,7 +154,7 @@ def test_the_boot_waits_update_prints_the_recorded_timings_and_refuses_a_node_wi
     import json
     import subprocess
 
-    import node_commands
+    from to_node import commands as node_commands
     from swarm.node_contract import BOOTSTRAP_DONE, BOOTSTRAP_TIMINGS
     script = node_commands.boot_recorded(root=str(tmp_path))
     missing = subprocess.run(["bash", "-c", script], capture_output=True, text=True)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-import node_software
+from to_node import software as node_software
 from components.cloud_config import USER_DATA_LIMIT, render_cloud_config
-from node_software import NodeRelease
+from to_node.software import NodeRelease
 from tests.conftest import REPO, is_secret, request_inputs, run_program, stack_config, unwrap
 from tests.tools import require_tool
 
@@ -107,7 +107,7 @@ def test_it_keeps_unattended_upgrades_off_nvidia_packages_from_the_first_boot(re
 
 
 def test_same_bytes_in_any_process_and_hash_seed():
-    code = ("import sys, node_software as n; from components.cloud_config import render_cloud_config as r; "
+    code = ("import sys; from to_node import software as n; from components.cloud_config import render_cloud_config as r; "
             "sys.stdout.write(r(n.NodeRelease('https://b.s3.us-east-1.amazonaws.com/x.tar', n.bundle_sha256(), "
             "{'GPU_SWARM_KIND': 'NVIDIA-GPU'}, ('install-docker',))))")
     outputs = {subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,

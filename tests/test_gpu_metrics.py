@@ -378,7 +378,7 @@ def test_the_unit_runs_the_exporter_in_the_agents_venv_with_the_nodes_settings()
     assert f"EnvironmentFile=-{c.NODE_ENV_PATH}\n" in unit and f"Documentation=file://{c.METRICS_PATH}\n" in unit
     assert f"port {c.METRICS_PORT} " in unit  # its comment says where Prometheus finds it
     assert f"install_service {c.METRICS_UNIT}" in (NODE / "install-gpu-metrics.sh").read_text()
-    import node_software
+    from to_node import software as node_software
     assert node_software.bootstrap_steps(gpu=True, instance_type="g5.xlarge")[-1] == "install-gpu-metrics"
     assert "install-gpu-metrics" not in node_software.bootstrap_steps(gpu=False, instance_type="m7i.large")
 
@@ -416,7 +416,7 @@ def test_the_node_images_wheelhouse_gets_prometheus_client_at_the_pin_from_pypi(
     """`localswarm program up`'s machines install the node software offline: install-gpu-agent.sh's
     pip finds prometheus_client at versions.env's pin in the image's wheelhouse, or fails."""
     from localswarm import node_image, standins
-    import node_software
+    from to_node import software as node_software
     monkeypatch.setattr(node_image, "WHEELS", tmp_path / "wheels")
     assert node_image.pypi_wheels(download=False) is None  # not there: the image counts as not built
     wheels = node_image.pypi_wheels(download=True, progress=lambda _: None)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import node_software
+from to_node import software as node_software
 from settings import SettingsError, load_settings
 from swarm.node_contract import (GUARD_LEDGER_PATH, GUARD_PATH, MPS_DIR, MPS_UNIT, RUNTIME_ENV_PATH,
                                  SHARING_MODE_ENV)

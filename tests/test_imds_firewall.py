@@ -116,7 +116,7 @@ def test_the_step_installs_enables_and_starts_the_unit_that_runs_the_script_at_e
 
 
 def test_every_node_secures_imds_first():
-    import node_software
+    from to_node import software as node_software
     for gpu, instance_type in ((False, "m7i.large"), (True, "g6e.12xlarge"), (True, "p5.48xlarge")):
         assert node_software.bootstrap_steps(gpu=gpu, instance_type=instance_type)[0] == "secure-imds"
 

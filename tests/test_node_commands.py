@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-import node_commands
-import node_software
-from node_software import SOURCE_DIR, NodeRelease
+from to_node import commands as node_commands
+from to_node import software as node_software
+from to_node.software import SOURCE_DIR, NodeRelease
 from tests.tools import require_tool
 
 ENV = {"GPU_SWARM_IMAGE": "ubuntu", "GPU_SWARM_KIND": "NVIDIA-GPU"}

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-import node_software
-from node_software import SOURCE_DIR, NodeRelease, software_hash
+from to_node import software as node_software
+from to_node.software import SOURCE_DIR, NodeRelease, software_hash
 
 SOFTWARE = software_hash()
 ENV = node_software.node_env(gpu=True, gpu_kind="NVIDIA-GPU", instance_type="g5.xlarge", image="ubuntu")
@@ -50,7 +50,7 @@ def test_hash_follows_content_only(tmp_path):
 
 
 def test_hash_is_the_same_in_another_process_and_hash_seed():
-    code = "import node_software; print(node_software.software_hash())"
+    code = "from to_node import software as node_software; print(node_software.software_hash())"
     repo = SOURCE_DIR.parent
     seen = {subprocess.run([os.sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip() for seed in ("1", "2")}
@@ -123,7 +123,7 @@ def test_min_versions_refuses_lines_the_shell_would_misread(monkeypatch, tmp_pat
 
 def test_version_numbers_live_only_in_versions_env():
     pinned = set(node_software.min_versions().values())
-    for source in [SOURCE_DIR.parent / "node_software.py", *SOURCE_DIR.glob("*.sh")]:
+    for source in [SOURCE_DIR.parent / "to_node" / "software.py", *SOURCE_DIR.glob("*.sh")]:
         text = source.read_text()
         for value in pinned:
             assert not re.search(rf"(?<![\w.]){re.escape(value)}(?![\w.])", text), f"{value} in {source.name}"
@@ -168,7 +168,7 @@ def test_the_bundle_is_node_as_a_tar_with_fixed_owner_modes_and_times():
 
 
 def test_the_bundle_is_the_same_bytes_in_another_process_and_follows_content_only(tmp_path):
-    code = "import node_software; print(node_software.bundle_sha256())"
+    code = "from to_node import software as node_software; print(node_software.bundle_sha256())"
     seen = {subprocess.run([os.sys.executable, "-c", code], cwd=SOURCE_DIR.parent, capture_output=True, text=True,
                            check=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip() for seed in ("1", "2")}
     assert seen == {node_software.bundle_sha256()}

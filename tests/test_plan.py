@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pytest
 
-import node_software
+from to_node import software as node_software
 from components import provider_facts, swarm_health
 from localswarm import fake_aws
 from tests.conftest import CUSTOM_AMI, CUSTOM_AMI_NEXT, request_inputs, run_program, stack_config, unwrap

@@ -16,12 +16,12 @@ import uuid
 
 import pytest
 
-import node_commands
-import node_software
+from to_node import commands as node_commands
+from to_node import software as node_software
 from components.cloud_config import render_cloud_config
 from components.remote import as_root
 from localswarm import engine, local_cloud, machines, network, nspawn, object_store, program, ssh
-from node_software import NodeRelease
+from to_node.software import NodeRelease
 from tests.rehearsal_tools import cli, cli_json, require_engine, tasks_of
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,7 @@ import shlex
 import pytest
 import yaml
 
-import node_software
+from to_node import software as node_software
 from components import provider_facts, remote
 from components.cloud_config import USER_DATA_LIMIT
 from tests.conftest import (

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import node_software
+from to_node import software as node_software
 from tests.tools import files_git_lists, require_tool
 
 REPO = Path(__file__).resolve().parent.parent

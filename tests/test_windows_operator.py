@@ -19,7 +19,7 @@ from tests.conftest import REPO, request_inputs, run_program, stack_config, unwr
 
 # The program's own modules: what `pulumi up` runs on the operator's machine (swarm/ renders
 # the scripts and reads the stack files).
-PROGRAM = [REPO / "__main__.py", REPO / "node_software.py", REPO / "node_commands.py",
+PROGRAM = [REPO / "__main__.py", REPO / "to_node" / "software.py", REPO / "to_node" / "commands.py",
            *sorted((REPO / "components").glob("*.py")), *sorted((REPO / "settings").glob("*.py")),
            *sorted((REPO / "swarm").glob("*.py"))]
 DRIVE_PATH = re.compile(r"\b[A-Za-z]:\\\\[^\s\"']+")

@@ -5,7 +5,7 @@ node_bundle.py) and that the node's installer (cloud-init/install.sh) downloads,
 against the sha256 pinned here and installs under /opt/gpu-swarm/software. What a node
 runs is a *release*: the bundle, its settings (node.env) and its bootstrap steps. At first
 boot cloud-init writes node_files() and runs the installer; when the release changes,
-node_commands.upgrade() writes the same files over SSH and runs the same installer.
+to_node/commands.py upgrade() writes the same files over SSH and runs the same installer.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from swarm.gpu_kind import validate_kind
 from swarm.node_contract import EFA_ENV
 from swarm.script import sha256_hex
 
-REPO = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parent.parent
 SOURCE_DIR = REPO / "node"
 CLOUD_INIT_DIR = REPO / "cloud-init"
 VERSIONS_ENV = SOURCE_DIR / "versions.env"
@@ -236,7 +236,7 @@ class NodeRelease:
         return release(self.bundle_sha, self.env, list(self.steps))
 
     def files(self) -> list[NodeFile]:
-        """What cloud-init writes at first boot, and node_commands.upgrade() writes later: the same files."""
+        """What cloud-init writes at first boot, and to_node/commands.py upgrade() writes later: the same files."""
         for step in self.steps:
             if not re.fullmatch(r"[a-z0-9-]+", step) or not (SOURCE_DIR / f"{step}.sh").is_file():
                 raise ValueError(f"bootstrap step {step!r} is not a script in node/")

@@ -7,7 +7,7 @@ the tests run the very same text in a scratch folder.
 """
 from __future__ import annotations
 
-from node_software import (KIND_ENV, SHARED_KIND_ENV, SLOTS_PER_GPU_ENV, APPLIED, BOOTSTRAP_DONE, BOOTSTRAP_FAILED, BOOTSTRAP_LOG, BOOTSTRAP_TIMINGS, HEALTH_ENV_PATH,
+from to_node.software import (KIND_ENV, SHARED_KIND_ENV, SLOTS_PER_GPU_ENV, APPLIED, BOOTSTRAP_DONE, BOOTSTRAP_FAILED, BOOTSTRAP_LOG, BOOTSTRAP_TIMINGS, HEALTH_ENV_PATH,
                            HEALTH_UNITS, INSTALL_TIMINGS, INSTALLER_PATH, RELEASE_ENV_PATH, STATE_DIR, NodeRelease,
                            env_text)
 from settings.config_checks import LINUX_USER_RE, public_key_problem  # one copy of each rule
