@@ -5,8 +5,9 @@ Swarm cannot take one GPU away from a running node (node-generic-resources is re
 when dockerd starts; restarting dockerd stops the node's tasks), so the node is the unit.
 This watcher only reports, as gpu-swarm.condition* engine labels (daemon.json + SIGHUP:
 labels reload live); the reconciler on the managers drains. Inputs: NVML events (critical
-XIDs, ECC errors), a check of every advertised GPU each --interval, IMDSv2 spot notices
-(--spot); --inventory and --faults simulate GPUs and faults for a rehearsal.
+XIDs, ECC errors), a check of every advertised GPU each --interval, IMDSv2's scheduled
+maintenance events (every node) and spot notices (--spot); --inventory and --faults simulate
+GPUs and faults for a rehearsal.
 Stdlib plus pynvml (package nvidia-ml-py), imported only when NVML is used.
 
 Exit codes: 0 done (--once), or the advertised GPUs changed (systemd starts it again);
@@ -35,7 +36,7 @@ from gpu_resources import DEFAULT_KIND, default_shared_kind, validate_kind  # no
 from health_rules import (OK, Tracker, condition_labels, ignored_xids, merge_labels, node_condition,  # noqa: E402
                           watched_uuids)
 from health_mps import check_mps  # noqa: E402
-from health_sources import DEFAULT_IMDS, Nvml, Simulation, Spot  # noqa: E402
+from health_sources import DEFAULT_IMDS, MAINTENANCE_LEAD_S, Imds, Nvml, Simulation  # noqa: E402
 
 
 # --- output and the loop ------------------------------------------------------------------
@@ -65,14 +66,14 @@ def read_config(path: str) -> dict:
         raise BadInput(str(e).replace("run the agent again", "the watcher tries again"))
 
 
-def publish(args, tracker: Tracker, uuids: list[str], spot: tuple[str, str], now: float, log) -> dict | None:
+def publish(args, tracker: Tracker, uuids: list[str], imds: tuple[str, str], now: float, log) -> dict | None:
     """Write the labels (and tell dockerd) when they changed; returns the report."""
     with locked(args.daemon_json):  # the agent may be rewriting it too
         config = read_config(args.daemon_json)
         if watched_uuids(config, args.kind, args.shared_kind) != uuids:
             return None  # other GPUs: write nothing, run() decides
         states = tracker.states(uuids, now)
-        condition, reason, gpu = node_condition(states, spot)
+        condition, reason, gpu = node_condition(states, imds)
         old = dict(label.split("=", 1) for label in config.get("labels", [])
                    if label.startswith(CONDITION_LABEL) and "=" in label)
         since = old.get(CONDITION_SINCE_LABEL, "")
@@ -81,7 +82,8 @@ def publish(args, tracker: Tracker, uuids: list[str], spot: tuple[str, str], now
         report = {"condition": condition, "reason": labels[CONDITION_REASON_LABEL], "gpu": labels[CONDITION_GPU_LABEL],
                   "since": int(labels[CONDITION_SINCE_LABEL]), "changed": labels != old, "labels": labels,
                   "gpus": {uuid: {"condition": c, "reason": r} for uuid, (c, r) in states.items()},
-                  "spot": {"condition": spot[0], "reason": spot[1]} if args.spot else None, "dockerd": "not told"}
+                  "imds": {"condition": imds[0], "reason": imds[1]} if args.spot or args.maintenance else None,
+                  "dockerd": "not told"}
         if report["changed"]:  # compared as labels, so a restart in the same condition writes nothing
             write_atomic(args.daemon_json, (json.dumps(merge_labels(config, labels), indent=2) + "\n").encode())
     if report["changed"]:
@@ -106,9 +108,11 @@ def run(args, log, clock=time.time) -> int:
     tracker.load(args.state_file)
     tracker.events = {uuid: event for uuid, event in tracker.events.items() if uuid in uuids}  # GPUs since replaced
     source = Simulation(args.inventory, args.faults, log) if args.inventory else Nvml(uuids, log)
-    spot, spot_state, next_check, error, changes = Spot(args.imds, log) if args.spot else None, OK, 0.0, None, 0
+    imds = Imds(args.imds, log, args.spot, args.maintenance) if args.spot or args.maintenance else None
+    imds_state, next_check, error, changes = OK, 0.0, None, 0
     next_poll = 0.0  # IMDS: a notice gives two minutes, so it is asked more often than the GPUs are checked
-    log(f"watching {len(uuids)} GPU(s) of {args.kind} and {args.shared_kind}{', spot notices' if spot else ''}; "
+    asked = [what for what, on in (("scheduled maintenance", args.maintenance), ("spot notices", args.spot)) if on]
+    log(f"watching {len(uuids)} GPU(s) of {args.kind} and {args.shared_kind}{''.join(', ' + a for a in asked)}; "
         f"ignoring XIDs {','.join(map(str, sorted(ignored)))}")
     try:
         while True:
@@ -120,13 +124,13 @@ def run(args, log, clock=time.time) -> int:
                     if args.sharing_mode == "mps":
                         check_mps(uuids, tracker, now, args.mps_dir)
                     next_check = now + args.interval
-                if spot and now >= next_poll:
-                    spot_state = spot.poll(now)
+                if imds and now >= next_poll:
+                    imds_state = imds.poll(now)
                     next_poll = now + min(args.imds_interval, args.interval)
                 for _ in range(1000 if args.once else 0):  # --once: take the events already queued
                     if not source.wait(0, tracker, ignored, clock):
                         break
-                report, error = publish(args, tracker, uuids, spot_state, clock(), log), None
+                report, error = publish(args, tracker, uuids, imds_state, clock(), log), None
                 changes = 0 if report else changes + 1
             except (BadInput, OSError) as e:
                 if args.once:
@@ -142,7 +146,7 @@ def run(args, log, clock=time.time) -> int:
                       f"condition {report['condition']}: {report['reason']} gpu={report['gpu']}", flush=True)
             if args.once:
                 return 0
-            source.wait(min(next_check, next_poll if spot else next_check) - clock(), tracker, ignored, clock)
+            source.wait(min(next_check, next_poll if imds else next_check) - clock(), tracker, ignored, clock)
     finally:
         source.close()
 
@@ -183,7 +187,10 @@ def parse_args(argv, env=os.environ) -> argparse.Namespace:
         help=f"mps: also check each GPU's MPS control daemon (${SHARING_MODE_ENV})")
     add("--mps-dir", default=MPS_DIR, metavar="PATH", help=f"where the MPS daemons keep their pipes (default {MPS_DIR})")
     add("--spot", action=argparse.BooleanOptionalAction, default=spot_env in ("1", "true", "yes"),
-        help=f"watch IMDS for spot interruption and rebalance notices, and scheduled maintenance (${SPOT_ENV}=true)")
+        help=f"watch IMDS for spot interruption and rebalance notices (${SPOT_ENV}=true)")
+    add("--maintenance", action=argparse.BooleanOptionalAction, default=True,
+        help="watch IMDS for scheduled maintenance events, on every node: one that begins within "
+             f"{MAINTENANCE_LEAD_S // 60} minutes drains the node as a spot reclaim does (default on)")
     add("--imds", default=DEFAULT_IMDS, metavar="URL", help=f"instance metadata service (default {DEFAULT_IMDS})")
     add("--imds-interval", type=_seconds, default="2", metavar="S",
         help="seconds between asks of IMDS, at most --interval (default 2, as AWS's Node Termination Handler)")

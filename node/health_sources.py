@@ -21,8 +21,9 @@ from health_rules import OK, Tracker, record_event
 from nvml_reader import Nvml as Nvml_, NvmlFailed, NvmlMissing, PynvmlMissing
 
 DEFAULT_IMDS = "http://169.254.169.254"
-SPOT_PATHS = ("/latest/meta-data/spot/instance-action", "/latest/meta-data/events/recommendations/rebalance",
-              "/latest/meta-data/events/maintenance/scheduled")
+SPOT_PATHS = ("/latest/meta-data/spot/instance-action", "/latest/meta-data/events/recommendations/rebalance")
+# AWS schedules maintenance for on-demand and reserved instances too, so every node asks for it.
+MAINTENANCE_PATH = "/latest/meta-data/events/maintenance/scheduled"
 # A scheduled maintenance event (a reboot, a stop, a retirement) drains its node this long before it
 # begins; until then it is shown, as degraded. AWS schedules them days ahead.
 MAINTENANCE_LEAD_S = 300
@@ -159,12 +160,13 @@ class Nvml:
         self.nvml.close()
 
 
-class Spot:
-    """Spot interruption and rebalance notices, and scheduled maintenance events, from IMDSv2; an IMDS
-    that does not answer is logged and changes nothing."""
+class Imds:
+    """Scheduled maintenance events and, on a spot node, interruption and rebalance notices, from IMDSv2;
+    an IMDS that does not answer is logged and changes nothing."""
 
-    def __init__(self, imds: str, log, timeout: float = 2):
+    def __init__(self, imds: str, log, spot: bool = True, maintenance: bool = True, timeout: float = 2):
         self.base, self.log, self.timeout = imds.rstrip("/"), log, timeout
+        self.paths = (SPOT_PATHS if spot else ()) + ((MAINTENANCE_PATH,) if maintenance else ())
         self.state, self.token, self.token_until, self.error = OK, None, 0.0, None
         self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
 
@@ -184,12 +186,12 @@ class Spot:
                     raise OSError(f"the token request answered HTTP {status}")
                 self.token, self.token_until = body.strip(), now + 21600 - 600
             notices = []
-            for path in SPOT_PATHS:
+            for path in self.paths:
                 status, body = self._ask("GET", path, {"X-aws-ec2-metadata-token": self.token})
                 if status not in (200, 404):
                     self.token = None if status == 401 else self.token  # expired: a new one next time
                     raise OSError(f"{path} answered HTTP {status}")
-                if status == 200 and path == SPOT_PATHS[2]:
+                if status == 200 and path == MAINTENANCE_PATH:
                     notices += maintenance(body, time.time())
                 elif status == 200:
                     try:
@@ -201,7 +203,7 @@ class Spot:
                                    f"rebalance_recommended_at_{data.get('noticeTime', 'unknown')}")
         except (OSError, http.client.HTTPException) as e:
             if str(e) != self.error:
-                self.log(f"IMDS {self.base} did not answer ({e}); the spot state stays {self.state[0]}")
+                self.log(f"IMDS {self.base} did not answer ({e}); its state stays {self.state[0]}")
             self.error = str(e)
             return self.state
         if self.error:

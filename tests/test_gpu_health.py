@@ -3,7 +3,8 @@
 The decisions are pure functions, called directly. The command line runs in-process
 (main) or as a subprocess, always with every path (daemon.json, state file, dockerd
 pidfile) under tmp_path: a default path would touch this machine's docker. NVML is
-localswarm/standins/pynvml.py, IMDS a small http.server on 127.0.0.1.
+localswarm/standins/pynvml.py, IMDS a small http.server on 127.0.0.1 (or, where a test does
+not name one, a port nobody listens on: every node asks IMDS for scheduled maintenance).
 """
 import http.server
 import importlib.util
@@ -41,6 +42,15 @@ def uuid(n):
     return f"GPU-{n:08x}-1111-2222-3333-{n:012x}"
 
 
+def closed_port() -> int:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+NO_IMDS = f"http://127.0.0.1:{closed_port()}"
+
+
 def inventory_gpu(n):
     return {"index": n, "uuid": uuid(n), "name": "NVIDIA H200", "memory_mib": 143771, "mig": False}
 
@@ -73,7 +83,7 @@ class Node:
 
     def paths(self):
         return ["--daemon-json", str(self.daemon_json), "--state-file", str(self.state),
-                "--dockerd-pidfile", str(self.pidfile)]
+                "--dockerd-pidfile", str(self.pidfile), "--imds", NO_IMDS]  # a later --imds wins
 
     def sim_args(self):
         return ["--inventory", str(self.inventory), "--faults", str(self.faults)]
@@ -436,6 +446,7 @@ def test_environment_defaults():
     defaults = health.parse_args([], env={})
     assert (defaults.kind, defaults.shared_kind, defaults.interval, defaults.recovery_seconds, defaults.spot) == (
         "NVIDIA-GPU", None, 10, 300, False)
+    assert defaults.maintenance is True and args.maintenance is True  # on-demand and spot nodes alike
     assert health.parse_args(["--no-spot", "--interval", "1"], env={"GPU_SWARM_SPOT": "true"}).spot is False
 
 
@@ -532,22 +543,44 @@ def _event(code: str, starts_in: float, state: str = "active") -> dict:
             "NotBefore": _ec2_time(starts_in), "NotAfter": _ec2_time(starts_in + 3600), "State": state}
 
 
-def test_scheduled_maintenance_drains_when_it_is_near_and_is_shown_before(node, imds):
-    """AWS schedules a reboot, stop or retirement days ahead: shown as degraded until MAINTENANCE_LEAD_S
-    before it begins, then the node is drained as for a spot reclaim; completed or canceled ones say nothing."""
+@pytest.mark.parametrize("market", [[], ["--spot"]], ids=["on-demand", "spot"])
+def test_scheduled_maintenance_drains_when_it_is_near_and_is_shown_before(node, imds, market):
+    """AWS schedules a reboot, stop or retirement days ahead, for on-demand and spot instances alike:
+    shown as degraded until MAINTENANCE_LEAD_S before it begins, then the node is drained as for a spot
+    reclaim; completed or canceled ones say nothing."""
     url, fake = imds
     fake.answers[MAINTENANCE] = [_event("system-reboot", 3 * 86400)]
-    report, _ = node.once("--spot", "--imds", url)
+    report, _ = node.once(*market, "--imds", url)
     assert report["condition"] == "degraded" and report["reason"].startswith("maintenance_system-reboot_at_20")
     fake.answers[MAINTENANCE] = [_event("system-reboot", 3 * 86400), _event("instance-stop", 120)]
-    report, _ = node.once("--spot", "--imds", url)
+    report, _ = node.once(*market, "--imds", url)
     assert report["condition"] == "reclaim" and report["reason"].startswith("maintenance_now_instance-stop_at_20")
     assert node.labels()["gpu-swarm.condition"] == "reclaim"
     fake.answers[MAINTENANCE] = [_event("instance-stop", 120, "canceled"), _event("system-reboot", -60, "completed")]
-    report, _ = node.once("--spot", "--imds", url)
+    report, _ = node.once(*market, "--imds", url)
     assert report["condition"] == "healthy"
     fake.answers[MAINTENANCE] = []  # what IMDS answers when nothing is scheduled
-    assert node.once("--spot", "--imds", url)[0]["condition"] == "healthy"
+    assert node.once(*market, "--imds", url)[0]["condition"] == "healthy"
+
+
+def test_an_on_demand_node_asks_imds_for_scheduled_maintenance_only(node, imds):
+    """No spot notice can come to an on-demand node: its IMDS is asked for scheduled events alone."""
+    url, fake = imds
+    fake.answers[ACTION] = {"action": "terminate", "time": "2026-11-22T23:59:00Z"}  # unasked, so unseen
+    report, log = node.once("--imds", url, env={"GPU_SWARM_SPOT": "false"})
+    assert report["condition"] == "healthy" and report["imds"] == {"condition": "healthy", "reason": "ok"}
+    assert [(m, p) for m, p, _ in fake.requests] == [("PUT", "/latest/api/token"), ("GET", MAINTENANCE)]
+    assert "scheduled maintenance;" in log and "spot notices" not in log
+
+
+def test_no_maintenance_and_no_spot_ask_imds_nothing(node, imds):
+    url, fake = imds
+    fake.answers[MAINTENANCE] = [_event("instance-stop", 120)]
+    report, _ = node.once("--no-maintenance", "--imds", url)
+    assert report["condition"] == "healthy" and report["imds"] is None and fake.requests == []
+    report, _ = node.once("--no-maintenance", "--spot", "--imds", url)  # spot notices still asked, events not
+    assert report["condition"] == "healthy"
+    assert [p for _, p, _ in fake.requests] == ["/latest/api/token", ACTION, REBALANCE]
 
 
 def test_imds_is_asked_every_imds_interval_not_every_gpu_check(node, imds):
@@ -570,7 +603,7 @@ def test_imds_is_asked_every_imds_interval_not_every_gpu_check(node, imds):
 def test_a_maintenance_event_whose_start_cannot_be_read_is_shown_not_acted_on(imds):
     url, fake = imds
     fake.answers[MAINTENANCE] = [{"Code": "system-maintenance", "NotBefore": "soon", "State": "active"}]
-    assert health.Spot(url, print).poll(0) == ("degraded", "maintenance_system-maintenance_at_unknown")
+    assert health.Imds(url, print, spot=False).poll(0) == ("degraded", "maintenance_system-maintenance_at_unknown")
 
 
 def test_spot_instance_action_means_reclaim(node, imds):
@@ -611,7 +644,7 @@ def test_a_rebalance_recommendation_is_shown_as_degraded_and_drains_nothing(node
 def test_spot_nothing_announced_is_healthy(node, imds):
     url, fake = imds
     report, _ = node.once("--spot", "--imds", url)
-    assert report["condition"] == "healthy" and report["spot"] == {"condition": "healthy", "reason": "ok"}
+    assert report["condition"] == "healthy" and report["imds"] == {"condition": "healthy", "reason": "ok"}
     assert len(fake.requests) == 4  # the token, the two spot notices, the scheduled events
 
 
@@ -627,7 +660,7 @@ def test_spot_imds_down_is_logged_not_a_condition(node):
 def test_spot_token_refused_is_logged(imds):
     url, fake = imds
     log = []
-    spot = health.Spot(url, log.append)
+    spot = health.Imds(url, log.append)
     spot.state = ("reclaim", "spot_terminate_at_x")
     spot.token, spot.token_until = "expired", 1e12  # every GET gets 401
     assert spot.poll(0) == ("reclaim", "spot_terminate_at_x")  # kept: IMDS did not say otherwise
