@@ -7,10 +7,12 @@ One cluster through four `pulumi up`s and a `pulumi destroy`, each checked on th
    offers, step 2 of the rotation, a new gpuKind and time-slicing on the running pool;
 3. the only manager replaced (`pulumi up --replace`): a new swarm, which gets every stack and
    the monitoring stack again;
-4. EFA turned on for a running pool: its node is replaced new-first with the current inputs;
+4. two managers added (three in all), then the first one replaced (`pulumi up --replace`): it joins
+   the swarm the other two hold, which keeps its ID, its quorum and its stacks;
+5. EFA turned on for a running pool: its node is replaced new-first with the current inputs;
    the rehearsal has no EFA devices, so the new node fails its boot, the up fails, and the old
    node is still serving;
-5. `pulumi destroy` with the manager already gone.
+6. `pulumi destroy` with the first manager already gone.
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ FIRST = {"availabilityZones": ["us-east-1a", "us-east-1b"], "gpuPools": [T4], "s
          "monitoring": True}
 CHANGED = {"availabilityZones": ["us-east-1b", "us-east-1c"], "stacks": STACKS, "monitoring": True,
            "gpuPools": [{**T4, "sharing": {"slotsPerGpu": 2}}, A100], "gpuKind": "GPU", "sshAuthorizedKeys": []}
+THREE_MANAGERS = {**CHANGED, "managerCount": 3}  # from the fourth up on
+MANAGERS = ["gpu-swarm-dev-manager-0", "gpu-swarm-dev-manager-1", "gpu-swarm-dev-manager-2"]
 
 
 def up(settings: dict, *extra: str, secrets: dict | None = None, check: bool = True):
@@ -163,13 +167,42 @@ def test_the_only_manager_replaced_makes_a_new_swarm_that_gets_every_stack_and_m
     assert kinds_advertised()["gpu-swarm-dev-a100-0"] == {"GPU": 8}
 
 
+def test_three_managers_with_the_first_replaced_keep_the_swarm_its_quorum_and_its_stacks(first, keys):
+    secrets = {"sshPublicKey": keys["public"], "sshPrivateKey": keys["private"]}
+    grown = up(THREE_MANAGERS, secrets=secrets)
+    assert sorted(n["name"] for n in grown["nodes"] if n["role"] == "manager") == MANAGERS
+    swarm = api.get(manager_sock(), "/swarm", timeout=10)["ID"]
+    services = {s["ID"]: s["Spec"]["Name"] for s in api.get(manager_sock(), "/services", timeout=10)}
+    old = records()["gpu-swarm-dev-manager-0"]
+
+    report = up(THREE_MANAGERS, "--replace", "gpu-swarm-managers-0", secrets=secrets)
+
+    new = records()["gpu-swarm-dev-manager-0"]
+    assert new["machine"] != old["machine"] and not machine(old).dir.exists()  # new first, the old one deleted
+    # The new first manager joined the swarm the other two hold: the same swarm, the same services.
+    assert api.get(manager_sock(), "/swarm", timeout=10)["ID"] == swarm
+    assert {s["ID"]: s["Spec"]["Name"] for s in api.get(manager_sock(), "/services", timeout=10)} == services
+    # Quorum kept: three managers, each reachable, one leader; the old first manager's entry removed.
+    listed = api.get(manager_sock(), "/nodes", timeout=10)
+    managers = {n["Description"]["Hostname"]: n["ManagerStatus"] for n in listed if n["Spec"]["Role"] == "manager"}
+    assert sorted(managers) == MANAGERS and len(listed) == 5, [n["Description"]["Hostname"] for n in listed]
+    assert all(m["Reachability"] == "reachable" for m in managers.values()), managers
+    assert sum(bool(m.get("Leader")) for m in managers.values()) == 1
+    assert all(n["state"] == "ready" and n["availability"] == "active" for n in report["nodes"])
+    # The stacks kept running.
+    assert running_on(report, "infer_infer") == ["gpu-swarm-dev-a100-0"] * 2
+    assert len(running_on(report, "web_web")) == 1
+    monitoring = [s for s in report["services"] if s["name"].startswith(f"{MONITORING_STACK}_")]
+    assert monitoring and all(running_on(report, s["name"]) for s in monitoring), monitoring
+
+
 def test_efa_turned_on_replaces_the_node_new_first_and_a_new_node_that_fails_its_boot_leaves_the_old_one_serving(
         first, keys):
     """EFA turned on for a running pool: its node is replaced, the new instance first, with the program's
     current inputs (the EFA launch template, and user data whose boot runs install-efa). The rehearsal
     has no EFA devices, so the new node's boot fails: the up fails, and the old node serves on."""
     old = records()["gpu-swarm-dev-a100-0"]
-    efa = {**CHANGED, "gpuPools": [CHANGED["gpuPools"][0], {**A100, "efa": True}]}
+    efa = {**THREE_MANAGERS, "gpuPools": [CHANGED["gpuPools"][0], {**A100, "efa": True}]}
     failed = up(efa, secrets={"sshPublicKey": keys["public"], "sshPrivateKey": keys["private"]}, check=False)
     print(failed.stderr[-3000:])
     assert failed.returncode != 0
