@@ -278,6 +278,17 @@ def test_a_new_gpu_kind_rolls_the_nodes_without_replacing_them():
         assert {f"gpu-swarm-rollout-{n}-{step}" for n in NODES} <= set(result.updated)
 
 
+@pytest.mark.parametrize("turned", ["on", "off"])
+def test_mps_turned_on_or_off_for_a_running_pool_rolls_that_pools_nodes_in_place(turned):
+    mps = with_(gpuPools=[TRAINING, {**INFERENCE, "sharing": {"slotsPerGpu": 4, "mode": "mps"}}])
+    result = plan(PROD, mps) if turned == "on" else plan(mps, PROD)
+    assert result.instances_replaced() == {} and not result.replaced and not result.created
+    # The pool's node.env names the mode (install-mps reads it): its nodes are drained, upgraded
+    # (install-mps adds or removes gpu-swarm-mps.service) and admitted again; no other node is.
+    rolled = {n for n in NODES if f"gpu-swarm-rollout-{n}-upgrade" in result.updated}
+    assert rolled == {"inference-0", "inference-1"}
+
+
 def test_a_new_custom_ami_reaches_new_nodes_only():
     a = with_(image="custom", amiId=CUSTOM_AMI)
     result = plan(a, with_(image="custom", amiId=CUSTOM_AMI_NEXT))
