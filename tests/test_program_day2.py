@@ -1,6 +1,6 @@
 """The README's Day-2 rows that tests/test_program.py does not reach, through `localswarm program up`.
 
-One cluster through four `pulumi up`s and a `pulumi destroy`, each checked on the real swarm:
+One cluster through six `pulumi up`s and a `pulumi destroy`, each checked on the real swarm:
 1. the first up: two zones, one GPU pool, two stacks, monitoring, and a second authorized key
    (step 1 of a key rotation);
 2. one up of several changes: the zone list moved on, a new pool whose type only one zone
