@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -61,14 +62,16 @@ def test_every_standin_says_why_and_ships_files_that_exist():
         assert len(standin.reason) > 40, standin.name
         for name in standin.files + tuple(source for _, source in standin.etc):
             assert (HERE / name).is_file(), name
+        for name in standin.node_files:
+            assert (standins.REPO / "node" / name).is_file(), name
         assert set(standin.commands) <= set(standin.files)
     files = standins.image_files()
     assert "/etc/pip.conf" in files and any(p.endswith(".whl") for p in files)
-    assert set(standins.image_links()) == {"/usr/bin/nvidia-smi", "/usr/bin/nvidia-ctk",
-                                           "/usr/bin/nvidia-container-runtime", "/usr/bin/nv-fabricmanager"}
+    assert set(standins.image_links()) == {"/usr/bin/nvidia-smi", "/usr/bin/nvidia-ctk", "/usr/bin/nv-fabricmanager",
+                                           "/usr/bin/nvidia-container-runtime", "/usr/bin/nvidia-cuda-mps-control"}
 
 
-@pytest.mark.parametrize("script", ["nvidia-container-runtime", "nv-fabricmanager"])
+@pytest.mark.parametrize("script", ["nvidia-container-runtime", "nv-fabricmanager", "nvidia-cuda-mps-control"])
 def test_shell_standins_pass_shellcheck(script):
     shellcheck = require_tool("shellcheck")
     result = subprocess.run([shellcheck, str(HERE / script)], capture_output=True, text=True)
@@ -115,6 +118,55 @@ def test_machine_nvidia_smi_leaves_out_a_gpu_that_fell_off_the_bus(machine):
     fault(machine / "hardware.json", 0, {"missing": True})
     assert subprocess.run(smi, capture_output=True, text=True, env=env).stdout == \
         f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {UUIDS[1]})\n"
+
+
+def test_machine_nvidia_smi_sets_compute_modes_which_nvml_and_queries_then_report(machine):
+    smi = [sys.executable, str(HERE / "nvidia-smi")]
+    query = [*smi, "--query-gpu=uuid,compute_mode", "--format=csv,noheader"]
+    assert subprocess.run([*smi, "-i", UUIDS[1], "-c", "EXCLUSIVE_PROCESS"]).returncode == 0
+    assert subprocess.run(query, capture_output=True, text=True).stdout == \
+        f"{UUIDS[0]}, Default\n{UUIDS[1]}, Exclusive_Process\n"
+    assert [g.get("compute_mode", 0) for g in hardware.load()["gpus"]] == [0, 3]  # what pynvml.py reads
+    assert subprocess.run([*smi, "-c", "DEFAULT"]).returncode == 0  # gpu-swarm-mps stop: every GPU
+    assert [g["compute_mode"] for g in hardware.load()["gpus"]] == [0, 0]
+    wrong = subprocess.run([*smi, "-i", "GPU-nope", "-c", "3"], capture_output=True, text=True)
+    assert (wrong.returncode, wrong.stderr) == (6, "No devices were found matching GPU-nope\n")
+    wrong = subprocess.run([*smi, "-c", "PROHIBITED"], capture_output=True, text=True)
+    assert wrong.returncode == 2 and "compute mode PROHIBITED" in wrong.stderr
+
+
+def test_mps_control_daemonizes_under_its_name_and_keeps_its_ceiling(tmp_path):
+    pipe, log = tmp_path / "GPU-x" / "pipe", tmp_path / "GPU-x" / "log"
+    pipe.mkdir(parents=True)
+    log.mkdir()
+    script = tmp_path / "nvidia-cuda-mps-control"
+    script.write_bytes(standins.source("nvidia-cuda-mps-control"))
+    script.chmod(0o755)
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log),
+           "CUDA_VISIBLE_DEVICES": "GPU-x"}
+
+    def control(command: str) -> str:
+        return subprocess.run([str(script)], input=command + "\n", env=env, capture_output=True, text=True,
+                              check=True).stdout
+
+    subprocess.run([str(script), "-d"], env=env, check=True)
+    pid = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
+    try:
+        assert Path(f"/proc/{pid}/comm").read_text().startswith("nvidia-cuda-mps")  # as gpu-swarm-mps checks
+        assert control("get_server_list").strip() == str(pid)
+        control("set_default_device_pinned_mem_limit 0 7680M")
+        assert control("get_default_device_pinned_mem_limit").strip() == "7680M"
+        # the slot tasks' folder (node/contract.py's MPS_TASK_DIR) gets it too: the benches' probe reads it there
+        assert (tmp_path / "GPU-x" / "tasks" / "pinned_mem_limit").read_text().strip() == "7680M"
+        control("quit")
+        for _ in range(50):
+            if not Path(f"/proc/{pid}").exists() or " Z" in Path(f"/proc/{pid}/stat").read_text():
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the stand-in daemon did not quit")
+    finally:
+        subprocess.run(["kill", str(pid)], capture_output=True)
 
 
 # --- nvidia-container-runtime ----------------------------------------------------------------
@@ -187,12 +239,28 @@ def test_create_mounts_devices_and_nvidia_smi_then_runs_runc_with_the_same_call(
     assert (machine / "runc-args").read_text().splitlines() == ["--root", "/run/x", "start", "cid"]
 
 
-def test_create_refusal_is_written_where_containerd_reads_it(machine):
+def _image_lib(folder: Path) -> Path:
+    """The stand-ins' folder as the image has it: only what image_files() puts under LIB."""
+    lib = folder / "lib"
+    for path, (data, mode) in standins.image_files().items():
+        if path.startswith(standins.LIB + "/"):
+            target = lib / path[len(standins.LIB) + 1:]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            target.chmod(mode)
+    return lib
+
+
+@pytest.mark.parametrize("where", ["checkout", "image"])
+def test_create_refusal_is_written_where_containerd_reads_it(machine, where):
+    """Read with the guard's helpers (node/gpu_guard.py): in the image they are installed beside the stand-in."""
     bundle = _bundle(machine, [f"NVIDIA_VISIBLE_DEVICES={UUIDS[2]}"])
     log = machine / "log.json"
-    done = subprocess.run([sys.executable, str(HERE / "nvidia_container_runtime.py"), "--log", str(log),
+    folder = HERE if where == "checkout" else _image_lib(machine)
+    done = subprocess.run([sys.executable, "-I", str(folder / "nvidia_container_runtime.py"), "--log", str(log),
                            "--log-format", "json", "create", "--bundle", str(bundle), "cid"],
                           capture_output=True, text=True)
+    assert done.stderr.strip() == f"nvidia-container-cli: device error: {UUIDS[2]}: unknown device"
     assert done.returncode == 1
     assert json.loads(log.read_text())["msg"] == f"nvidia-container-cli: device error: {UUIDS[2]}: unknown device"
 

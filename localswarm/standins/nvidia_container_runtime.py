@@ -8,17 +8,20 @@ comma-separated list of GPU UUIDs or indexes. For each GPU the container gets wh
 gives it, minus the driver's libraries: /dev/nvidia<minor> (a bind mount of /dev/null: there is
 no device to open) and, read-only at the driver's path /usr/bin/nvidia-smi, an nvidia-smi that
 lists exactly those GPUs. An unknown GPU stops the container, as the toolkit's does. Then runc
-runs the same call. Stdlib only.
+runs the same call. Stdlib, and the guard's (node/gpu_guard.py) reading of runc's arguments.
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+_HERE = os.path.dirname(os.path.realpath(__file__))
+# The guard and this stand-in read the same runc call: one copy, the guard's. In the image it is
+# installed beside this file (STANDINS' node_files); in a checkout it is in node/.
+sys.path[:0] = [_HERE, os.path.join(os.path.dirname(os.path.dirname(_HERE)), "node")]
 import hardware  # noqa: E402  (beside this file in /usr/lib/gpu-swarm-rehearsal)
+from gpu_guard import bundle_of, report_error as log_error  # noqa: E402
 
 TOOLKIT_CONFIG = os.environ.get("GPU_SWARM_REHEARSAL_TOOLKIT_CONFIG", "/etc/nvidia-container-runtime/config.toml")
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
@@ -89,44 +92,10 @@ def inject(spec: dict, bundle: str, gpus: list[dict], driver: str) -> dict:
     return spec
 
 
-def bundle_of(args: list[str]) -> str:
-    """The bundle of a runc-style `create`: --bundle/-b after the subcommand, else the current directory."""
-    after = args[args.index("create") + 1:] if "create" in args else args
-    for i, arg in enumerate(after):
-        if arg in ("--bundle", "-b") and i + 1 < len(after):
-            return after[i + 1]
-        if arg.startswith("--bundle="):
-            return arg.split("=", 1)[1]
-    return "."
-
-
-def _global_option(args: list[str], name: str) -> str | None:
-    for i, arg in enumerate(args):
-        if arg == "create":
-            return None
-        if arg == name and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
 def report_error(args: list[str], message: str) -> None:
     """Where containerd reads a runtime's error (runc's --log file), and on stderr."""
     print(message, file=sys.stderr)
-    log = _global_option(args, "--log")
-    if not log:
-        return
-    if _global_option(args, "--log-format") == "json":
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        line = json.dumps({"level": "error", "msg": message, "time": stamp})
-    else:
-        line = f'level=error msg="{message}"'
-    try:
-        with open(log, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-    except OSError:
-        pass
+    log_error(args, message)
 
 
 def main(args: list[str]) -> int:
