@@ -42,13 +42,7 @@ def uuid(n):
     return f"GPU-{n:08x}-1111-2222-3333-{n:012x}"
 
 
-def closed_port() -> int:
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-NO_IMDS = f"http://127.0.0.1:{closed_port()}"
+NO_IMDS = "http://127.0.0.1:9"  # the discard port, which nothing here listens on (nor takes as an ephemeral port)
 
 
 def inventory_gpu(n):
@@ -455,6 +449,9 @@ def test_the_loop_reacts_to_faults_and_recovers(node):
     process = subprocess.Popen([sys.executable, str(WATCHER), *node.sim(), "--interval", "0.1",
                                 "--recovery-seconds", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
+    lines = []  # read as it comes: the watcher writes the labels before it logs them
+    reader = threading.Thread(target=lambda: [lines.append(line) for line in process.stdout], daemon=True)
+    reader.start()
     try:
         assert wait_for(lambda: node.daemon_json.exists() and node.labels().get("gpu-swarm.condition") == "healthy")
         node.set_faults({uuid(0): {"xid": 48}})
@@ -467,9 +464,12 @@ def test_the_loop_reacts_to_faults_and_recovers(node):
         node.set_faults({})
         assert wait_for(lambda: node.labels()["gpu-swarm.condition"] == "healthy")
         assert node.daemon()["debug"] is True and process.poll() is None
+        assert wait_for(lambda: any("condition healthy (was unhealthy)" in line for line in lines))
     finally:
         process.terminate()
-        out = process.communicate(timeout=10)[0]
+        process.wait(timeout=10)
+        reader.join(timeout=10)
+    out = "".join(lines)
     assert f"condition unhealthy (was healthy): xid_48_on_{uuid(0)}" in out
     assert out.count("error: ") == 1 and "trying again" in out
     assert "condition healthy (was unhealthy): ok" in out
