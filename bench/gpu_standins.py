@@ -7,9 +7,10 @@ What the benches run stays real: dockerd, swarm, the agent, the guard and its le
 node/gpu-swarm-mps, the exporter. What the GPU does is played by:
 - the rehearsal's stand-ins (localswarm/standins): NVML (pynvml.py) and nvidia-container-runtime,
   which gives a container the device nodes and an nvidia-smi of exactly the GPUs it asked for;
-- written here: an nvidia-smi for the host that also answers -i, compute modes (-c) and
-  --query-compute-apps; an nvidia-cuda-mps-control that daemonizes under its own name and keeps
-  the ceiling `set_default_device_pinned_mem_limit` gave it; a cuda-probe (bench/cuda_probe.c's
+- the rehearsal's nvidia-cuda-mps-control, which daemonizes under its own name and keeps the
+  ceiling `set_default_device_pinned_mem_limit` gave it (the rehearsal's GPU nodes run it too);
+- written here: an nvidia-smi for the host that also answers -i, compute modes (-c, the
+  rehearsal's hardware.with_compute_mode) and --query-compute-apps; a cuda-probe (bench/cuda_probe.c's
   output) that allocates on the GPUs its container's nvidia-smi lists, within the lower of its
   MPS daemon's ceiling and its own CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, as MPS does (FACTS), and
   gets no context on an MPS GPU without its pipe (CUDA error 46 in Exclusive_Process, FACTS);
@@ -60,39 +61,6 @@ from gpu_standins import smi_main
 sys.exit(smi_main(sys.argv[1:]))
 '''
 
-MPS_CONTROL = r'''#!/bin/sh
-# nvidia-cuda-mps-control stand-in (bench/gpu_standins.py): a daemon under this name, its pid file
-# where the real one writes it, and the ceiling it was told, where its clients' probe reads it:
-# beside the daemon and in the folder a slot task sees (the relay's, which the real daemon's
-# clients reach it through). Run in a task, its per-server command writes where the task's pipe
-# goes, which the guard mounts read-only: as through the relay, the daemon never hears it.
-# POSIX sh: a bench also runs it inside a task (the stand-in image has busybox sh only).
-pipe=${CUDA_MPS_PIPE_DIRECTORY:?}
-if [ "${1:-}" = -d ]; then
-  "$0" --run </dev/null >/dev/null 2>&1 &
-  echo $! >"$pipe/nvidia-cuda-mps-control.pid"
-  : >"$pipe/control"
-  : >"$pipe/control_privileged"
-  echo "daemon for $CUDA_VISIBLE_DEVICES" >"${CUDA_MPS_LOG_DIRECTORY:-$pipe}/control.log"
-  exit 0
-fi
-if [ "${1:-}" = --run ]; then while :; do sleep 0.2; done; fi
-while read -r command args; do
-  case $command in
-  quit) kill "$(cat "$pipe/nvidia-cuda-mps-control.pid")" ;;
-  set_default_device_pinned_mem_limit)
-    mkdir -p "$pipe/../@TASKS@"
-    echo "${args#* }" >"$pipe/pinned_mem_limit"
-    echo "${args#* }" >"$pipe/../@TASKS@/pinned_mem_limit"
-    ;;
-  set_device_pinned_mem_limit) echo "${args##* }" >"$pipe/pinned_mem_limit" ;;
-  get_server_list) cat "$pipe/nvidia-cuda-mps-control.pid" ;;
-  get_device_pinned_mem_limit) cat "$pipe/pinned_mem_limit" 2>/dev/null ;;
-  set_default_active_thread_percentage) echo "$args" >"$pipe/active_thread_percentage" ;;
-  get_default_device_pinned_mem_limit) cat "$pipe/pinned_mem_limit" 2>/dev/null ;;
-  esac
-done
-'''
 
 # Runs in the task's container (the stand-in image: busybox sh). CUDA sees the GPUs the runtime
 # gave the container; the rehearsal's runtime mounts an nvidia-smi that lists exactly those.
@@ -148,10 +116,10 @@ def smi_main(args: list[str]) -> int:
         if not gpus:
             print(f"No devices were found matching {select}" if select else "No devices were found")
             return 6
-        if "-c" in args:  # the mode as nvidia-smi -c takes it
-            mode = {"EXCLUSIVE_PROCESS": 3, "3": 3, "DEFAULT": 0, "0": 0}[args[args.index("-c") + 1]]
-            for _, g in gpus:
-                g["compute_mode"] = mode
+        if "-c" in args:  # the rehearsal's nvidia-smi's rule, on this machine's file
+            sys.path.insert(0, str(REPO))
+            from localswarm.standins.hardware import with_compute_mode
+            description.update(with_compute_mode(description, select, args[args.index("-c") + 1]))
             return 0
     rows = []
     for arg in args:
@@ -214,11 +182,11 @@ def write_tools(root: Path, gpus: int) -> dict[str, str]:
     """The stand-in machine's files under root; the environment that puts them in front of the real tools."""
     sys.path.insert(0, str(REPO))
     from localswarm.host import find_engine  # the rehearsal's engine: dockerd >= 25.0.3 and its CLI
-    from node.contract import MPS_TASK_DIR  # the relay's folder, which a slot task sees as its pipe
     bin_dir = root / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
+    from localswarm import standins
     tools = {"nvidia-smi": SMI.replace("@PYTHON@", sys.executable).replace("@BENCH@", str(REPO / "bench")),
-             "nvidia-cuda-mps-control": MPS_CONTROL.replace("@TASKS@", MPS_TASK_DIR)}
+             "nvidia-cuda-mps-control": standins.source("nvidia-cuda-mps-control").decode()}
     for name, text in tools.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)

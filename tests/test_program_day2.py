@@ -1,18 +1,21 @@
 """The README's Day-2 rows that tests/test_program.py does not reach, through `localswarm program up`.
 
-One cluster through six `pulumi up`s and a `pulumi destroy`, each checked on the real swarm:
+One cluster through seven `pulumi up`s and a `pulumi destroy`, each checked on the real swarm:
 1. the first up: two zones, one GPU pool, two stacks, monitoring, and a second authorized key
    (step 1 of a key rotation);
 2. one up of several changes: the zone list moved on, a new pool whose type only one zone
    offers, step 2 of the rotation, a new gpuKind and time-slicing on the running pool;
-3. the only manager replaced (`pulumi up --replace`): a new swarm, which gets every stack and
+3. MPS turned on for the running pool (`sharing: {mode: mps}`), with a stack that reserves a
+   slot: the node rolls in place, runs its MPS daemon and relay (the stand-ins of
+   localswarm/standins), advertises MPS slots, and the slot task gets the relay's pipe;
+4. the only manager replaced (`pulumi up --replace`): a new swarm, which gets every stack and
    the monitoring stack again;
-4. two managers added (three in all), then the first one replaced (`pulumi up --replace`): it joins
+5. two managers added (three in all), then the first one replaced (`pulumi up --replace`): it joins
    the swarm the other two hold, which keeps its ID, its quorum and its stacks;
-5. EFA turned on for a running pool: its node is replaced new-first with the current inputs;
+6. EFA turned on for a running pool: its node is replaced new-first with the current inputs;
    the rehearsal has no EFA devices, so the new node fails its boot, the up fails, and the old
    node is still serving;
-6. `pulumi destroy` with the first manager already gone.
+7. `pulumi destroy` with the first manager already gone.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import pytest
 
 from localswarm import api, engine, machines, network, nspawn, object_store, program, ssh
 from localswarm.local_cloud import EC2_SUBNET
-from node.contract import MONITORING_STACK
+from node.contract import MONITORING_STACK, MPS_DIR
 from tests.rehearsal_tools import cli, cli_json, require_engine, tasks_of
 
 pytestmark = pytest.mark.integration
@@ -35,7 +38,10 @@ FIRST = {"availabilityZones": ["us-east-1a", "us-east-1b"], "gpuPools": [T4], "s
          "monitoring": True}
 CHANGED = {"availabilityZones": ["us-east-1b", "us-east-1c"], "stacks": STACKS, "monitoring": True,
            "gpuPools": [{**T4, "sharing": {"slotsPerGpu": 2}}, A100], "gpuKind": "GPU", "sshAuthorizedKeys": []}
-THREE_MANAGERS = {**CHANGED, "managerCount": 3}  # from the fourth up on
+SLOT = {"name": "slot", "file": "tests/data/day2/slot.yml"}  # reserves one GPU-SHARED slot
+MPS_ON = {**CHANGED, "stacks": [*STACKS, SLOT],
+          "gpuPools": [{**T4, "sharing": {"slotsPerGpu": 2, "mode": "mps"}}, A100]}  # from the third up on
+THREE_MANAGERS = {**MPS_ON, "managerCount": 3}  # from the fifth up on
 MANAGERS = ["gpu-swarm-dev-manager-0", "gpu-swarm-dev-manager-1", "gpu-swarm-dev-manager-2"]
 
 
@@ -147,10 +153,46 @@ def test_zones_a_pool_in_fewer_zones_the_keys_second_step_and_a_new_gpu_kind_wit
         assert logs_in(address, keys["private"]) and not logs_in(address, old_key), name
 
 
+def engine_labels(hostname: str) -> dict[str, str]:
+    node = next(n for n in api.get(manager_sock(), "/nodes", timeout=10) if n["Description"]["Hostname"] == hostname)
+    return node["Description"].get("Engine", {}).get("Labels") or {}
+
+
+def slot_task_output(hostname: str) -> str:
+    """What the slot stack's running task printed (tests/data/day2/slot.yml), from its node's engine."""
+    sock = program.docker_socket(machine(records()[hostname]))
+    running = {"label": ["com.docker.swarm.service.name=slot_slot"], "status": ["running"]}
+    (container,) = api.get(sock, "/containers/json", timeout=10, filters=running)
+    return api.request(sock, f"/containers/{container['Id']}/logs", timeout=10, stdout=1).decode(errors="replace")
+
+
+def test_mps_turned_on_for_a_running_pool_rolls_its_node_in_place_and_a_slot_task_gets_the_relays_pipe(first, keys):
+    before = records()["gpu-swarm-dev-t4-0"]
+    pid = nspawn.init_pid(machine(before))
+    report = up(MPS_ON, secrets={"sshPublicKey": keys["public"], "sshPrivateKey": keys["private"]})
+    # In place: the same machine, never stopped; only the pool's node rolled (install-mps started
+    # gpu-swarm-mps: the GPU's daemon, its relay, compute mode Exclusive_Process).
+    after = records()["gpu-swarm-dev-t4-0"]
+    assert after["machine"] == before["machine"] and nspawn.init_pid(machine(after)) == pid
+    ran = {c["name"]: c["action"] for c in report["commands"]}
+    assert "gpu-swarm-rollout-t4-0-upgrade" in ran and "gpu-swarm-rollout-a100-0-upgrade" not in ran, sorted(ran)
+    assert report["peak_drained_per_pool"].get("t4", 0) <= 1
+    # The agent advertises the GPU's slots as MPS slots: it saw the GPU in Exclusive_Process.
+    assert kinds_advertised()["gpu-swarm-dev-t4-0"] == {"GPU-SHARED": 2}
+    labels = engine_labels("gpu-swarm-dev-t4-0")
+    assert labels.get("gpu.sharing") == "mps" and labels.get("gpu.replicas") == "2", labels
+    # A stack that reserves a slot runs, and its task's pipe directory holds the relay's socket
+    # (the stand-in daemon's own control is a plain file): the guard mounted the relay's folder there.
+    assert running_on(report, "slot_slot") == ["gpu-swarm-dev-t4-0"]
+    (gpu,) = {t["gpus"][0] for t in tasks_of(report, "slot_slot") if t["state"] == "running"}
+    printed = slot_task_output("gpu-swarm-dev-t4-0")
+    assert f"pipe={MPS_DIR}/{gpu}/pipe" in printed and "control=socket" in printed, printed
+
+
 def test_the_only_manager_replaced_makes_a_new_swarm_that_gets_every_stack_and_monitoring_again(first, keys):
     swarm_before = api.get(manager_sock(), "/swarm", timeout=10)["ID"]
     old = records()["gpu-swarm-dev-manager-0"]
-    report = up(CHANGED, "--replace", "gpu-swarm-managers-0",
+    report = up(MPS_ON, "--replace", "gpu-swarm-managers-0",
                 secrets={"sshPublicKey": keys["public"], "sshPrivateKey": keys["private"]})
     new = records()["gpu-swarm-dev-manager-0"]
     assert new["machine"] != old["machine"] and not machine(old).dir.exists()  # new first, the old one deleted
@@ -202,7 +244,7 @@ def test_efa_turned_on_replaces_the_node_new_first_and_a_new_node_that_fails_its
     current inputs (the EFA launch template, and user data whose boot runs install-efa). The rehearsal
     has no EFA devices, so the new node's boot fails: the up fails, and the old node serves on."""
     old = records()["gpu-swarm-dev-a100-0"]
-    efa = {**THREE_MANAGERS, "gpuPools": [CHANGED["gpuPools"][0], {**A100, "efa": True}]}
+    efa = {**THREE_MANAGERS, "gpuPools": [MPS_ON["gpuPools"][0], {**A100, "efa": True}]}
     failed = up(efa, secrets={"sshPublicKey": keys["public"], "sshPrivateKey": keys["private"]}, check=False)
     print(failed.stderr[-3000:])
     assert failed.returncode != 0

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -66,11 +67,11 @@ def test_every_standin_says_why_and_ships_files_that_exist():
         assert set(standin.commands) <= set(standin.files)
     files = standins.image_files()
     assert "/etc/pip.conf" in files and any(p.endswith(".whl") for p in files)
-    assert set(standins.image_links()) == {"/usr/bin/nvidia-smi", "/usr/bin/nvidia-ctk",
-                                           "/usr/bin/nvidia-container-runtime", "/usr/bin/nv-fabricmanager"}
+    assert set(standins.image_links()) == {"/usr/bin/nvidia-smi", "/usr/bin/nvidia-ctk", "/usr/bin/nv-fabricmanager",
+                                           "/usr/bin/nvidia-container-runtime", "/usr/bin/nvidia-cuda-mps-control"}
 
 
-@pytest.mark.parametrize("script", ["nvidia-container-runtime", "nv-fabricmanager"])
+@pytest.mark.parametrize("script", ["nvidia-container-runtime", "nv-fabricmanager", "nvidia-cuda-mps-control"])
 def test_shell_standins_pass_shellcheck(script):
     shellcheck = require_tool("shellcheck")
     result = subprocess.run([shellcheck, str(HERE / script)], capture_output=True, text=True)
@@ -117,6 +118,55 @@ def test_machine_nvidia_smi_leaves_out_a_gpu_that_fell_off_the_bus(machine):
     fault(machine / "hardware.json", 0, {"missing": True})
     assert subprocess.run(smi, capture_output=True, text=True, env=env).stdout == \
         f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {UUIDS[1]})\n"
+
+
+def test_machine_nvidia_smi_sets_compute_modes_which_nvml_and_queries_then_report(machine):
+    smi = [sys.executable, str(HERE / "nvidia-smi")]
+    query = [*smi, "--query-gpu=uuid,compute_mode", "--format=csv,noheader"]
+    assert subprocess.run([*smi, "-i", UUIDS[1], "-c", "EXCLUSIVE_PROCESS"]).returncode == 0
+    assert subprocess.run(query, capture_output=True, text=True).stdout == \
+        f"{UUIDS[0]}, Default\n{UUIDS[1]}, Exclusive_Process\n"
+    assert [g.get("compute_mode", 0) for g in hardware.load()["gpus"]] == [0, 3]  # what pynvml.py reads
+    assert subprocess.run([*smi, "-c", "DEFAULT"]).returncode == 0  # gpu-swarm-mps stop: every GPU
+    assert [g["compute_mode"] for g in hardware.load()["gpus"]] == [0, 0]
+    wrong = subprocess.run([*smi, "-i", "GPU-nope", "-c", "3"], capture_output=True, text=True)
+    assert (wrong.returncode, wrong.stderr) == (6, "No devices were found matching GPU-nope\n")
+    wrong = subprocess.run([*smi, "-c", "PROHIBITED"], capture_output=True, text=True)
+    assert wrong.returncode == 2 and "compute mode PROHIBITED" in wrong.stderr
+
+
+def test_mps_control_daemonizes_under_its_name_and_keeps_its_ceiling(tmp_path):
+    pipe, log = tmp_path / "GPU-x" / "pipe", tmp_path / "GPU-x" / "log"
+    pipe.mkdir(parents=True)
+    log.mkdir()
+    script = tmp_path / "nvidia-cuda-mps-control"
+    script.write_bytes(standins.source("nvidia-cuda-mps-control"))
+    script.chmod(0o755)
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log),
+           "CUDA_VISIBLE_DEVICES": "GPU-x"}
+
+    def control(command: str) -> str:
+        return subprocess.run([str(script)], input=command + "\n", env=env, capture_output=True, text=True,
+                              check=True).stdout
+
+    subprocess.run([str(script), "-d"], env=env, check=True)
+    pid = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
+    try:
+        assert Path(f"/proc/{pid}/comm").read_text().startswith("nvidia-cuda-mps")  # as gpu-swarm-mps checks
+        assert control("get_server_list").strip() == str(pid)
+        control("set_default_device_pinned_mem_limit 0 7680M")
+        assert control("get_default_device_pinned_mem_limit").strip() == "7680M"
+        # the slot tasks' folder (node/contract.py's MPS_TASK_DIR) gets it too: the benches' probe reads it there
+        assert (tmp_path / "GPU-x" / "tasks" / "pinned_mem_limit").read_text().strip() == "7680M"
+        control("quit")
+        for _ in range(50):
+            if not Path(f"/proc/{pid}").exists() or " Z" in Path(f"/proc/{pid}/stat").read_text():
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the stand-in daemon did not quit")
+    finally:
+        subprocess.run(["kill", str(pid)], capture_output=True)
 
 
 # --- nvidia-container-runtime ----------------------------------------------------------------

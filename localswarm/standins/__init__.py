@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +40,14 @@ STANDINS = (
             "image's wheelhouse (/etc/pip.conf: no index)",
             files=("pynvml.py",)),
     Standin("nvidia-smi",
-            "the driver's tool, which the node scripts and the agent's fallback ask: lists the hardware file's GPUs",
+            "the driver's tool, which the node scripts and the agent's fallback ask: lists the hardware file's GPUs "
+            "and sets their compute modes there (-c, as node/gpu-swarm-mps does), which NVML then reports",
             files=("nvidia-smi", "hardware.py"), commands=("nvidia-smi",)),
+    Standin("nvidia-cuda-mps-control",
+            "the driver's MPS control daemon (its compute utilities): daemonizes under its own name with the pid "
+            "file and ceilings node/gpu-swarm-mps and the guard check, so install-mps.sh, gpu-swarm-mps, its relay "
+            "(node/mps_relay.py) and the agent's MPS slots run unchanged; the GPU benches' smoke modes run it too",
+            files=("nvidia-cuda-mps-control",), commands=("nvidia-cuda-mps-control",)),
     Standin("nvidia-ctk 1.20.0",
             "the toolkit's CLI (no NVIDIA apt repository here); the image ships with the nvidia runtime "
             "registered in daemon.json, so install-container-toolkit.sh takes its skip path",
@@ -59,6 +66,13 @@ STANDINS = (
             etc=(("/usr/lib/systemd/system/nvidia-fabricmanager.service", "nvidia-fabricmanager.service"),),
             units=("nvidia-fabricmanager.service",)),
 )
+
+
+def source(name: str) -> bytes:
+    """A stand-in file of this folder as installed: node/contract.py's names filled in, never copied."""
+    sys.path.insert(0, str(REPO))
+    from node.contract import MPS_TASK_DIR
+    return (HERE / name).read_bytes().replace(b"@MPS_TASK_DIR@", MPS_TASK_DIR.encode())
 
 
 def nvml_version() -> str:
@@ -98,8 +112,8 @@ def image_files() -> dict[str, tuple[bytes, int]]:
     files = {}
     for standin in STANDINS:
         for name in standin.files:
-            source = HERE / name
-            files[f"{LIB}/{name}"] = (source.read_bytes(), 0o755 if source.stat().st_mode & 0o111 else 0o644)
+            executable = (HERE / name).stat().st_mode & 0o111
+            files[f"{LIB}/{name}"] = (source(name), 0o755 if executable else 0o644)
         for name in standin.node_files:
             files[f"{LIB}/{name}"] = ((REPO / "node" / name).read_bytes(), 0o644)
         for path, name in standin.etc:

@@ -39,6 +39,31 @@ def with_fault(description: dict, uuid: str, fault: dict | None) -> dict:
     return new
 
 
+COMPUTE_MODES = {"DEFAULT": 0, "0": 0, "EXCLUSIVE_PROCESS": 3, "3": 3}  # as `nvidia-smi -c` takes them
+
+
+def with_compute_mode(description: dict, select: str | None, mode: str) -> dict:
+    """The description with the compute mode `nvidia-smi [-i UUID|INDEX] -c MODE` sets: of one GPU, or of all."""
+    if mode.upper() not in COMPUTE_MODES:
+        raise ValueError(f"compute mode {mode}: expected one of {', '.join(COMPUTE_MODES)}")
+    new = json.loads(json.dumps(description))
+    chosen = [g["minor"] for g in present(new) if select in (None, g["uuid"], str(g["index"]))]
+    if not chosen:
+        raise KeyError(f"No devices were found matching {select}" if select else "No devices were found")
+    for minor in chosen:
+        new["gpus"][minor]["compute_mode"] = COMPUTE_MODES[mode.upper()]
+    return new
+
+
+def save(description: dict, file: str | None = None) -> None:
+    """Replace the hardware file whole: a reader sees the old description or the new one."""
+    target = file or path()
+    tmp = f"{target}.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(description, f, indent=1)
+    os.replace(tmp, target)
+
+
 def load(file: str | None = None) -> dict:
     """The description; a machine without the file has no NVIDIA hardware at all."""
     try:
@@ -96,7 +121,7 @@ value() { # value FIELD: of the GPU in $index $uuid $name $memory
   memory.used) if $units; then v="0 MiB"; else v=0; fi ;;
   driver_version) v=$driver ;;
   count) v=$count ;;
-  compute_mode) v=Default ;;
+  compute_mode) if [ "$mode" = 3 ]; then v=Exclusive_Process; else v=Default; fi ;;
   *)
     echo "Field \"$1\" is not a valid field to query." >&2
     exit 2
@@ -115,7 +140,8 @@ fi
 for line in $gpus; do
   index=${line%%|*} rest=${line#*|}
   uuid=${rest%%|*} rest=${rest#*|}
-  name=${rest%%|*} memory=${rest#*|}
+  name=${rest%%|*} rest=${rest#*|}
+  memory=${rest%%|*} mode=${rest#*|}
   if [ -n "$query" ]; then
     row=""
     for f in $query; do
@@ -134,8 +160,9 @@ done
 
 def smi_script(gpus: list[dict], driver: str) -> str:
     """An nvidia-smi (POSIX sh) that answers -L and --query-gpu for exactly these GPUs, numbered
-    from 0 as a container sees the GPUs it was given."""
-    rows = ",".join(f"{n}|{g['uuid']}|{g['name']}|{int(g['memory_mib'])}" for n, g in enumerate(gpus))
+    from 0 as a container sees the GPUs it was given (`-c` is the machine's nvidia-smi's alone)."""
+    rows = ",".join(f"{n}|{g['uuid']}|{g['name']}|{int(g['memory_mib'])}|{int(g.get('compute_mode', 0))}"
+                    for n, g in enumerate(gpus))
     if any(c in g["name"] + g["uuid"] for g in gpus for c in "|,\n"):
         raise ValueError("a GPU name or UUID holds '|', ',' or a newline, which the stand-in nvidia-smi cannot list")
     return ("#!/bin/sh\n# nvidia-smi stand-in of the gpu-swarm rehearsal (no GPU here): its GPUs are listed below,\n"
