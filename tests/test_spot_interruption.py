@@ -22,7 +22,7 @@ from localswarm.fake_imds import make_handler, notice_file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "node"))
 import swarm_reconciler  # noqa: E402
 from contract import CONDITION_LABEL, CONDITION_REASON_LABEL, DRAINED_BY_LABEL, HEALTH_LABEL  # noqa: E402
-from health_sources import Spot  # noqa: E402
+from health_sources import Imds  # noqa: E402
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def announce(root: Path, action: str) -> None:
 @pytest.mark.parametrize("action", ["stop", "terminate"])
 def test_the_watcher_reports_a_reclaim_in_both_modes(imds, action):
     root, base = imds
-    spot = Spot(base, log=lambda m: None)
+    spot = Imds(base, log=lambda m: None, spot=True)
     assert spot.poll(0.0) == ("healthy", "ok")
     announce(root, action)
     assert spot.poll(1.0) == ("reclaim", f"spot_{action}_at_2026-11-25T03:00:00Z")
@@ -52,9 +52,9 @@ def test_a_resumed_stop_node_is_healthy_at_its_watchers_first_check(imds):
     """After the stop, AWS starts the same instance: IMDS no longer announces anything."""
     root, base = imds
     announce(root, "stop")
-    assert Spot(base, log=lambda m: None).poll(0.0)[0] == "reclaim"
+    assert Imds(base, log=lambda m: None, spot=True).poll(0.0)[0] == "reclaim"
     notice_file(root, "node-1").unlink()  # the instance came back
-    assert Spot(base, log=lambda m: None).poll(100.0) == ("healthy", "ok")  # a fresh watcher, as after a boot
+    assert Imds(base, log=lambda m: None, spot=True).poll(100.0) == ("healthy", "ok")  # a fresh watcher, as after a boot
 
 
 def node(condition: str, reason: str, availability: str = "active", labels: dict | None = None) -> dict:
