@@ -211,7 +211,9 @@ class LocalCloud(pulumi_mocks.Mocks):
         public_key = self._public_key(inputs["keyName"])
         machine = machines.launch(
             f"lsw-{index}", index, user_data=inputs["userData"],
-            meta_data={"instance-id": instance_id, "local-hostname": hostname, "public-keys": [public_key]},
+            # ami-id as IMDS has it: the image the instance was launched from, which it keeps.
+            meta_data={"instance-id": instance_id, "ami-id": inputs["ami"], "local-hostname": hostname,
+                       "public-keys": [public_key]},
             gpus=gpus, hosts={host: BRIDGE_ADDR for host in self._bucket_hosts()})
         with self.lock:
             record = {"machine": machine.name, "index": index, "hostname": hostname, "eni": eni,

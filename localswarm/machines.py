@@ -6,7 +6,7 @@ is node_addr(index)), an overlay root (the node image below, its own disk above)
 systemd-nspawn --boot in the background, its console in a log. API:
   launch(name, index, *, user_data, meta_data, gpus, hosts, image=None) -> Machine
       non-blocking, like RunInstances: returns once nspawn runs. meta_data: {"instance-id",
-      "local-hostname", "public-keys": [...]}; gpus: [{"uuid", "name", "memory_mib"}] become
+      "ami-id", "local-hostname", "public-keys": [...]}; gpus: [{"uuid", "name", "memory_mib"}] become
       the hardware file (localswarm/standins); hosts: {"name": "address"} added to /etc/hosts
   wait_booted(machine, timeout) -> "running" | "degraded"   (systemctl is-system-running --wait)
   wait_cloud_init(machine, timeout) -> dict                  (cloud-init status --wait --format json)

@@ -1,13 +1,16 @@
 """The README's Day-2 rows that tests/test_program.py does not reach, through `localswarm program up`.
 
 One cluster through seven `pulumi up`s and a `pulumi destroy`, each checked on the real swarm:
-1. the first up: two zones, one GPU pool, two stacks, monitoring, and a second authorized key
+1. the first up: two zones, one GPU pool on a custom AMI (`image: custom`, from the start: a
+   change of `image` rolls every GPU node), two stacks, monitoring, and a second authorized key
    (step 1 of a key rotation);
-2. one up of several changes: the zone list moved on, a new pool whose type only one zone
-   offers, step 2 of the rotation, a new gpuKind and time-slicing on the running pool;
+2. one up of several changes: the zone list moved on, a new custom `amiId`, a new pool whose
+   type only one zone offers, step 2 of the rotation, a new gpuKind and time-slicing on the
+   running pool;
 3. MPS turned on for the running pool (`sharing: {mode: mps}`), with a stack that reserves a
-   slot: the node rolls in place, runs its MPS daemon and relay (the stand-ins of
-   localswarm/standins), advertises MPS slots, and the slot task gets the relay's pipe;
+   slot, and `amiId` back to the first AMI: the node rolls in place, runs its MPS daemon and relay
+   (the stand-ins of localswarm/standins), advertises MPS slots, and the slot task gets the relay's
+   pipe; the other pool's node neither rolls nor changes its AMI;
 4. the only manager replaced (`pulumi up --replace`): a new swarm, which gets every stack and
    the monitoring stack again;
 5. two managers added (three in all), then the first one replaced (`pulumi up --replace`): it joins
@@ -25,6 +28,7 @@ import subprocess
 import pytest
 
 from localswarm import api, engine, machines, network, nspawn, object_store, program, ssh
+from localswarm.fake_aws import CUSTOM_AMI, CUSTOM_AMI_NEXT
 from localswarm.local_cloud import EC2_SUBNET
 from node.contract import MONITORING_STACK, MPS_DIR
 from tests.rehearsal_tools import cli, cli_json, require_engine, tasks_of
@@ -35,11 +39,12 @@ STACKS = [{"name": "infer", "file": "tests/data/day2/gpu.yml"}, {"name": "web", 
 T4 = {"name": "t4", "instanceType": "g4dn.xlarge", "count": 1}
 A100 = {"name": "a100", "instanceType": "p4d.24xlarge", "count": 1}  # offered in us-east-1b only (fake_aws)
 FIRST = {"availabilityZones": ["us-east-1a", "us-east-1b"], "gpuPools": [T4], "stacks": STACKS,
-         "monitoring": True}
+         "monitoring": True, "image": "custom", "amiId": CUSTOM_AMI}
 CHANGED = {"availabilityZones": ["us-east-1b", "us-east-1c"], "stacks": STACKS, "monitoring": True,
-           "gpuPools": [{**T4, "sharing": {"slotsPerGpu": 2}}, A100], "gpuKind": "GPU", "sshAuthorizedKeys": []}
+           "gpuPools": [{**T4, "sharing": {"slotsPerGpu": 2}}, A100], "gpuKind": "GPU", "sshAuthorizedKeys": [],
+           "image": "custom", "amiId": CUSTOM_AMI_NEXT}
 SLOT = {"name": "slot", "file": "tests/data/day2/slot.yml"}  # reserves one GPU-SHARED slot
-MPS_ON = {**CHANGED, "stacks": [*STACKS, SLOT],
+MPS_ON = {**CHANGED, "stacks": [*STACKS, SLOT], "amiId": CUSTOM_AMI,  # back to the first AMI
           "gpuPools": [{**T4, "sharing": {"slotsPerGpu": 2, "mode": "mps"}}, A100]}  # from the third up on
 THREE_MANAGERS = {**MPS_ON, "managerCount": 3}  # from the fifth up on
 MANAGERS = ["gpu-swarm-dev-manager-0", "gpu-swarm-dev-manager-1", "gpu-swarm-dev-manager-2"]
@@ -63,6 +68,13 @@ def machine(record: dict) -> machines.Machine:
 
 def manager_sock() -> str:
     return program.docker_socket(machine(records()["gpu-swarm-dev-manager-0"]))
+
+
+def ami_of(hostname: str) -> str:
+    """The AMI the node's instance was launched from, as the instance itself reports it (IMDS's ami-id,
+    read by cloud-init at boot)."""
+    out = machines.run(machine(records()[hostname]), ["cloud-init", "query", "ds.meta_data"], check=True).stdout
+    return json.loads(out)["ami-id"]
 
 
 def resources(typ: str) -> dict[str, dict]:
@@ -126,6 +138,9 @@ def test_zones_a_pool_in_fewer_zones_the_keys_second_step_and_a_new_gpu_kind_wit
     # Running nodes stay where and what they are: the same machines, never stopped (the same init).
     for name in ("gpu-swarm-dev-manager-0", "gpu-swarm-dev-t4-0"):
         assert after[name]["machine"] == before[name]["machine"] and nspawn.init_pid(machine(after[name])) == pids[name]
+    # A new custom amiId reaches new nodes only: the running GPU node keeps the AMI it was launched
+    # from, the new pool's node is launched from the new one.
+    assert (ami_of("gpu-swarm-dev-t4-0"), ami_of("gpu-swarm-dev-a100-0")) == (CUSTOM_AMI, CUSTOM_AMI_NEXT)
     # The zone list moved on: us-east-1a's subnet stays (the running nodes are in it), us-east-1c's is new;
     # the new pool takes the one cluster zone that offers its type, with no subnet of its own.
     now = {r["inputs"]["availabilityZone"]: r["id"] for r in resources(EC2_SUBNET).values()}
@@ -167,15 +182,18 @@ def slot_task_output(hostname: str) -> str:
 
 
 def test_mps_turned_on_for_a_running_pool_rolls_its_node_in_place_and_a_slot_task_gets_the_relays_pipe(first, keys):
-    before = records()["gpu-swarm-dev-t4-0"]
-    pid = nspawn.init_pid(machine(before))
+    before = records()
+    pids = {name: nspawn.init_pid(machine(r)) for name, r in before.items()}
     report = up(MPS_ON, secrets={"sshPublicKey": keys["public"], "sshPrivateKey": keys["private"]})
-    # In place: the same machine, never stopped; only the pool's node rolled (install-mps started
-    # gpu-swarm-mps: the GPU's daemon, its relay, compute mode Exclusive_Process).
-    after = records()["gpu-swarm-dev-t4-0"]
-    assert after["machine"] == before["machine"] and nspawn.init_pid(machine(after)) == pid
+    # In place: the same machines, never stopped; only the pool's node rolled (install-mps started
+    # gpu-swarm-mps: the GPU's daemon, its relay, compute mode Exclusive_Process). amiId went back to
+    # the first AMI in the same up: that rolls nothing, and the a100 node keeps the AMI it was launched from.
+    after = records()
+    for name in ("gpu-swarm-dev-t4-0", "gpu-swarm-dev-a100-0"):
+        assert after[name]["machine"] == before[name]["machine"] and nspawn.init_pid(machine(after[name])) == pids[name]
     ran = {c["name"]: c["action"] for c in report["commands"]}
     assert "gpu-swarm-rollout-t4-0-upgrade" in ran and "gpu-swarm-rollout-a100-0-upgrade" not in ran, sorted(ran)
+    assert ami_of("gpu-swarm-dev-a100-0") == CUSTOM_AMI_NEXT
     assert report["peak_drained_per_pool"].get("t4", 0) <= 1
     # The agent advertises the GPU's slots as MPS slots: it saw the GPU in Exclusive_Process.
     assert kinds_advertised()["gpu-swarm-dev-t4-0"] == {"GPU-SHARED": 2}
@@ -257,6 +275,7 @@ def test_efa_turned_on_replaces_the_node_new_first_and_a_new_node_that_fails_its
     assert [d["id"] for d in state["doomed"]] == [next(i for i, r in state["machines"].items() if r == old)]
     new = resources(engine.INSTANCE)["gpu-swarm-a100-0"]
     assert new["inputs"].get("launchTemplate") and not new["inputs"].get("subnetId")
+    assert new["inputs"]["ami"] == CUSTOM_AMI  # the current amiId; the old node's is CUSTOM_AMI_NEXT
     # Nothing lost: the old node is still the swarm's, active, with its GPUs and both replicas.
     view = cli_json("program", "status")
     node = next(n for n in view["nodes"] if n["name"] == "gpu-swarm-dev-a100-0")
