@@ -10,9 +10,7 @@ import base64
 import http.server
 import io
 import json
-import shutil
 import socket
-import subprocess
 import tarfile
 import threading
 import time
@@ -30,6 +28,7 @@ from localswarm.monitoring_stack import push_image
 from settings import SettingsError, cuda_checks, image_registry, load_settings
 from settings.cuda_drivers import max_cuda, parse_requirement
 from tests.conftest import run_program, stack_config, use_mocks
+from tests.tools import docker_registry
 
 # As nvidia/cuda's images publish it: the version, then the forward-compatibility alternatives.
 REQUIRE_13_1 = ("cuda>=13.1 brand=unknown,driver>=535,driver<536 brand=tesla,driver>=535,driver<536 "
@@ -46,24 +45,8 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     """docker-registry on loopback: its host:port."""
-    root = tmp_path_factory.mktemp("registry")
-    addr = f"127.0.0.1:{_free_port()}"
-    (root / "config.yml").write_text(f"version: 0.1\nlog: {{level: warn}}\n"
-                                     f"storage: {{filesystem: {{rootdirectory: {root / 'data'}}}}}\n"
-                                     f"http: {{addr: '{addr}'}}\n")
-    proc = subprocess.Popen([shutil.which("docker-registry"), "serve", str(root / "config.yml")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            urllib.request.urlopen(f"http://{addr}/v2/", timeout=1).close()
-            break
-        except OSError:
-            assert time.monotonic() < deadline and proc.poll() is None, "docker-registry did not start"
-            time.sleep(0.1)
-    yield addr
-    proc.terminate()
-    proc.wait(timeout=10)
+    with docker_registry(tmp_path_factory.mktemp("registry")) as address:
+        yield address
 
 
 def _rootfs(text: str) -> bytes:

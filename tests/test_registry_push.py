@@ -7,42 +7,21 @@ import hashlib
 import io
 import json
 import socket
-import subprocess
 import tarfile
-import time
 import urllib.request
 
 import pytest
 
 from localswarm import registry
 from localswarm.host import RehearsalError
-from tests.tools import require_tool
+from tests.tools import docker_registry
 
 
 @pytest.fixture
 def hub(tmp_path):
     """A docker-registry on 127.0.0.1, storing under tmp_path."""
-    binary = require_tool("docker-registry")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    config = tmp_path / "config.yml"
-    config.write_text(f"version: 0.1\nlog: {{level: warn}}\n"
-                      f"storage: {{filesystem: {{rootdirectory: {tmp_path / 'data'}}}}}\n"
-                      f"http: {{addr: '127.0.0.1:{port}'}}\n")
-    proc = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    address = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            urllib.request.urlopen(f"http://{address}/v2/", timeout=1).close()
-            break
-        except OSError:
-            assert time.monotonic() < deadline and proc.poll() is None, "docker-registry did not start"
-            time.sleep(0.05)
-    yield address
-    proc.terminate()
-    proc.wait(timeout=10)
+    with docker_registry(tmp_path) as address:
+        yield address
 
 
 def fetch(address: str, path: str, accept: str = "*/*") -> bytes:
