@@ -15,8 +15,9 @@ from swarm.stacks import STACK_MARKER_PREFIX
 
 
 def reconcile(*, nodes: list[str], stacks: list[str], drain_timeout_s: int = 300,
-              stack_timeout_s: int = 120) -> str:
-    """Drain and remove labelled nodes not in `nodes`; remove marked stacks not in `stacks`."""
+              stack_timeout_s: int = 120, settle_timeout_s: int = 120) -> str:
+    """Drain and remove labelled nodes not in `nodes`; remove marked stacks not in `stacks`; then
+    wait until every node in `nodes` is ready, and fail naming those that are not."""
     keep_nodes = " ".join(node_id(n) for n in sorted(set(nodes)))
     keep_stacks = " ".join(swarm_name(s, "stack name") for s in sorted(set(stacks)))
     namespace = '"label=com.docker.stack.namespace=$name"'
@@ -43,8 +44,25 @@ def reconcile(*, nodes: list[str], stacks: list[str], drain_timeout_s: int = 300
                             stack_timeout_s, "stack $name still has services or networks", interval_s=1)),
         '  docker config rm "$marker" >/dev/null',
         "done",
+        *_kept_nodes_ready(settle_timeout_s),
         "echo reconciled",
     )
+
+
+def _kept_nodes_ready(timeout_s: int) -> list[str]:
+    """Lines that wait until every kept node the swarm lists is ready. A manager that was just
+    stopped and started (a resize) lists its workers as down or unknown until each reconnects, and
+    `up` should neither end on that view nor deploy stacks into it. A node that stays down is the
+    truth `up` must tell: it fails, naming it. One `docker node ls` a round keeps a big pool cheap."""
+    return [
+        "not_ready() {",
+        "  docker node ls --format '{{.ID}} {{.Status}} {{.Hostname}}' |",
+        '    awk -v keep="$keep_nodes" \'BEGIN { n = split(keep, k, " "); for (i = 1; i <= n; i++) want[k[i]] = 1 }',
+        '      ($1 in want) && $2 != "Ready" { printf "%s%s (%s, %s)", sep, $3, $1, tolower($2); sep = ", " }\'',
+        "}",
+        *wait_until('[ -z "$(not_ready)" ]', timeout_s,
+                    "kept node(s) not ready: $(not_ready); see docker node ls, and the node's own dockerd"),
+    ]
 
 
 def _indent(lines: list[str]) -> list[str]:

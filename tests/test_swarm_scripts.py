@@ -144,6 +144,7 @@ case "$1 $2" in
   "swarm join") echo "a token on the command line: use the Engine API" >&2; exit 1 ;;
   "swarm leave") echo inactive >"$FAKE/state"; echo false >"$FAKE/control"; rm -f "$FAKE/cluster" ;;
   "swarm join-token") echo "SWMTKN-1-$4-token" ;;
+  "node ls") case "$*" in *--format*) get nodes ;; esac ;;  # nodes: "ID Status Hostname" lines
 esac
 """
 # The worker's certificate says which swarm issued it; openssl reads it from the data root.
@@ -153,7 +154,9 @@ echo "subject=O = $(cat "$FAKE/cluster" 2>/dev/null), OU = swarm-worker, CN = x"
 # Every other program the scripts (and the fakes) run: the real one, behind a wrapper that
 # records its command line. PATH holds only these and the fakes, so nothing runs unrecorded.
 REAL_TOOLS = {"bash": shutil.which("bash"), "cat": shutil.which("cat"), "rm": shutil.which("rm"),
-              "sed": shutil.which("sed"), "timeout": shutil.which("timeout"), "python3": sys.executable}
+              "sed": shutil.which("sed"), "timeout": shutil.which("timeout"), "python3": sys.executable,
+              "awk": shutil.which("awk"), "date": shutil.which("date"), "sleep": shutil.which("sleep"),
+              "mktemp": shutil.which("mktemp"), "grep": shutil.which("grep")}
 RECORD_ARGV = """#!/bin/sh
 printf '%s\\n' "$0 $*" >>"$FAKE/argv"
 exec {real} "$@"
@@ -529,3 +532,27 @@ def test_admit_with_the_check_passes_shellcheck():
                               check=GpuCheck())
     proc = subprocess.run(["shellcheck", "-s", "bash", "-"], input=text, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
+
+
+# ---------------------------------------------------------------- the reconcile's last word
+
+WORKER_ID = "workeraaaaaaaaaaaaaaaaaaa"
+
+
+def test_the_reconcile_waits_for_a_kept_node_that_reconnects_after_its_manager_restarted(fake):
+    """A resized manager lists its workers as down until each reconnects: the reconcile waits it out."""
+    fake.set(nodes=f"{NODE_ID} Ready manager-0\n{WORKER_ID} Down t4-0")
+    threading.Timer(2, lambda: fake.set(nodes=f"{NODE_ID} Ready manager-0\n{WORKER_ID} Ready t4-0")).start()
+    result = fake.run(reconcile.reconcile(nodes=[NODE_ID, WORKER_ID], stacks=[], settle_timeout_s=20))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("reconciled")
+    assert sum("docker node ls --format" in c for c in fake.calls()) >= 2  # it looked again, one list a round
+
+
+def test_a_kept_node_that_stays_down_fails_the_reconcile_naming_it(fake):
+    fake.set(nodes=f"{NODE_ID} Ready manager-0\n{WORKER_ID} Down t4-0\nzzzzzzzzzzzzzzzzzzzzzzzzz Down gone-0")
+    result = fake.run(reconcile.reconcile(nodes=[NODE_ID, WORKER_ID], stacks=[], settle_timeout_s=3))
+    assert result.returncode == 1
+    # Only the kept node is named: a node the program no longer has is not its business here.
+    assert f"kept node(s) not ready: t4-0 ({WORKER_ID}, down)" in result.stderr, result.stderr
+    assert "gone-0" not in result.stderr and "reconciled" not in result.stdout
