@@ -26,6 +26,8 @@ before it starts the replacement.
 Why the manager sees a label late: dockerd reloads its labels on the watcher's SIGHUP at
 once, but the swarm agent sends its node description to the managers only when it checks
 for changes, every 20 s (swarmkit's nodeUpdatePeriod), so the wait is up to 20 s, 10 on average.
+The drain does not wait for it: the watcher also stops its node's sentinel task, whose exit
+reaches the managers at once (node/sentinel.py), so drained_s is usually below manager_sees_s.
 """
 from __future__ import annotations
 
@@ -82,22 +84,39 @@ def wait(what: str, predicate, start: float, timeout: float = 90) -> float:
     sys.exit(f"timed out after {timeout} s waiting for: {what}")
 
 
+def first_seen(events: dict, start: float, timeout: float = 90) -> dict:
+    """When each predicate first held, polled side by side: the drain (on the sentinel) may come
+    before the manager sees the label (on the agent's tick)."""
+    seen = {}
+    while len(seen) < len(events):
+        if time.monotonic() - start > timeout:
+            sys.exit(f"timed out after {timeout} s waiting for: {', '.join(k for k in events if k not in seen)}")
+        for key, (_, predicate) in events.items():
+            if key not in seen and predicate():
+                seen[key] = round(time.monotonic() - start, 2)
+        time.sleep(POLL_S)
+    return {key: seen[key] for key in events}
+
+
 def fault_round(victim: str, pause: float) -> dict:
     node_id = swarm_node(victim)["ID"]
     time.sleep(pause)
     start = time.monotonic()
     localswarm("node", "gpu-fault", victim, "--json")
     out = {"command_s": round(time.monotonic() - start, 2)}
-    out["engine_label_s"] = wait("the engine label", lambda: any(
-        label.startswith(CONDITION + "=unhealthy") for label in api.get(sock(victim), "/info")["Labels"]), start)
-    out["manager_sees_s"] = wait("the manager to see the label", lambda: (
-        swarm_node(victim)["Description"]["Engine"].get("Labels") or {}).get(CONDITION) == "unhealthy", start)
-    out["drained_s"] = wait("the drain", lambda: swarm_node(victim)["Spec"]["Availability"] == "drain", start)
 
-    def moved() -> bool:
+    def moved() -> bool:  # drained, and every replica running on another node
         tasks = [t for t in running_tasks() if t["Status"]["State"] == "running"]
-        return len(tasks) >= REPLICAS and all(t.get("NodeID") != node_id for t in tasks)
-    out["tasks_running_elsewhere_s"] = wait("the tasks to run elsewhere", moved, start)
+        return (swarm_node(victim)["Spec"]["Availability"] == "drain" and len(tasks) >= REPLICAS
+                and all(t.get("NodeID") != node_id for t in tasks))
+    out.update(first_seen({
+        "engine_label_s": ("the engine label", lambda: any(
+            label.startswith(CONDITION + "=unhealthy") for label in api.get(sock(victim), "/info")["Labels"])),
+        "manager_sees_s": ("the manager to see the label", lambda: (
+            swarm_node(victim)["Description"]["Engine"].get("Labels") or {}).get(CONDITION) == "unhealthy"),
+        "drained_s": ("the drain", lambda: swarm_node(victim)["Spec"]["Availability"] == "drain"),
+        "tasks_running_elsewhere_s": ("the tasks to run elsewhere", moved),
+    }, start))
     start = time.monotonic()
     localswarm("node", "gpu-heal", victim, "--json")
     out["heal_to_active_s"] = wait("the node to be active again", lambda: (

@@ -12,7 +12,7 @@ from localswarm.placement import render_table
 from localswarm.health import DEFAULT_XID
 from swarm.gpu_kind import DEFAULT_KIND
 
-HEALTH_ACTIONS = ("gpu-fault", "gpu-heal", "spot-notice")
+HEALTH_ACTIONS = ("gpu-fault", "gpu-heal", "spot-notice", "maintenance-notice")
 
 NEXT_STEPS = f"""
 Try next:
@@ -73,7 +73,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="stop/start its engine; redetect: re-run its agent (--gpus) and restart the engine "
                            "if that changed anything; replace: a new instance takes its place; remove: scale down; "
                            "gpu-fault: a GPU reports an XID (--gpu, --xid); gpu-heal: clear faults and notices; "
-                           "spot-notice: its IMDS announces a spot reclaim")
+                           "spot-notice: its IMDS announces a spot reclaim; maintenance-notice: its IMDS "
+                           "lists a system-reboot that AWS scheduled a minute from now")
     node.add_argument("name")
     node.add_argument("--gpus", type=int, help="redetect: simulated GPU count for the new inventory")
     node.add_argument("--gpu", metavar="UUID", help="gpu-fault: which GPU (default: the node's first)")
@@ -159,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.name}: engine {'started' if result['running'] else 'stopped'}")
     elif args.command == "node" and args.action in HEALTH_ACTIONS:
         print(f"{args.name}: {_health_summary(args.action, result)}; its health watcher reports it within a "
-              f"second, and the manager drains or reactivates the node once it sees the label (up to 20 s)")
+              f"second and stops the node's sentinel task, and the manager drains the node on that at once (or "
+              f"reactivates it once it sees the healthy label, up to 20 s)")
     elif args.command == "node" and args.action == "redetect":
         print(f"{args.name}: {len(result['gpus'])} GPU(s); daemon.json "
               f"{'changed, engine restarted' if result['engine_restarted'] else 'unchanged'}")
@@ -223,6 +225,8 @@ def _health_summary(action: str, result: dict) -> str:
         return f"GPU {result['gpu']} reports XID {result['xid']}"
     if action == "spot-notice":
         return f"its IMDS announces a spot {result['action']} at {result['time']}"
+    if action == "maintenance-notice":
+        return f"its IMDS lists a scheduled {result['Code']} from {result['NotBefore']}"
     return f"faults cleared on {', '.join(result['healed']) or 'no GPU'}, {result['notices_cleared']} notice(s) cleared"
 
 

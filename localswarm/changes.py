@@ -191,7 +191,8 @@ def node_engine(name: str, action: str, *, gpus: int | None = None) -> dict:
 
 
 def node_health(name: str, action: str, *, gpu: str | None = None, xid: int = health.DEFAULT_XID) -> dict:
-    """Inject a GPU fault or a spot notice into one node, or clear both; its watcher does the rest."""
+    """Inject a GPU fault, a spot notice or scheduled maintenance into one node, or clear them; its watcher
+    does the rest."""
     state = require_state()
     node = find_node(state, name)
     if not health.watching(node):
@@ -203,4 +204,6 @@ def node_health(name: str, action: str, *, gpu: str | None = None, xid: int = he
         return health.gpu_heal(node)
     if action == "spot-notice":
         return health.spot_notice(node)
+    if action == "maintenance-notice":
+        return health.maintenance_notice(node)
     raise ValueError(action)

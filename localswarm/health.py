@@ -18,6 +18,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from localswarm import registry
 from localswarm.fake_imds import notice_file
 from localswarm.host import REPO, Engine, RehearsalError
 from localswarm.nodes import RUN_ROOT, STATE_ROOT, Node
@@ -93,7 +94,8 @@ def start_watcher(node: Node, kind: str, shared_kind: str = "") -> None:
            "--inventory", str(node.inventory), "--faults", str(faults_file(node)),
            "--state-file", str(node.state_dir / "health-state.json"), "--dockerd-pidfile", str(node.pidfile),
            "--interval", str(CHECK_INTERVAL_S), "--recovery-seconds", str(RECOVERY_S),
-           "--spot", "--imds", imds_url(node)]  # every rehearsal node may get a spot notice
+           "--spot", "--imds", imds_url(node),  # every rehearsal node may get a spot notice
+           "--docker-socket", str(node.sock)]
     if shared_kind:
         cmd += ["--shared-kind", shared_kind]
     _spawn(cmd, log_file(node), _pidfile(node, "health"))
@@ -118,8 +120,9 @@ def log_file(node: Node) -> Path:
 def start_reconciler(node: Node, engine: Engine) -> None:
     if _alive(_pidfile(node, "reconciler"), RECONCILER.name):
         return
+    # The sentinel runs the stand-in, which every node pulled for its post-join check as a GPU node builds CHECK_IMAGE.
     _spawn([sys.executable, str(RECONCILER), "--json", "--interval", str(RECONCILE_INTERVAL_S),
-            "--docker", engine.docker], node.state_dir / "reconciler.log", _pidfile(node, "reconciler"),
+            "--docker", engine.docker, "--sentinel-image", registry.STANDIN_IMAGE], node.state_dir / "reconciler.log", _pidfile(node, "reconciler"),
            env=engine.env(node.sock))
 
 

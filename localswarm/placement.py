@@ -19,6 +19,7 @@ from localswarm.nodes import Node
 from localswarm.task_runs import outcome  # noqa: F401 (for the callers of placement)
 from swarm.gpu_kind import resource_env_name, slot_gpu
 from swarm.labels import CONDITION_LABEL, DRAINED_BY_LABEL, HEALTH_LABEL, HEALTH_LAST_LABEL, MAINTENANCE_LABEL
+from swarm.node_contract import SENTINEL_SERVICE
 from swarm.rollout import advertised_gpus
 
 
@@ -107,8 +108,11 @@ def collect(nodes: list[Node], engine: Engine, kind: str, shared_kind: str = "")
                         "container")
         return (*_gpus_and_slots(_assigned(task, kind), _assigned(task, shared_kind)), "scheduler")
 
-    services = services_view(_get(manager, "/services"), _get(manager, "/tasks"), gpus_of, names_by_id, state_of,
-                             task_runs.node_faults(node_docs))
+    # The health reconciler's sentinel is the machinery's, not a stack's: it is not shown.
+    service_docs = [s for s in _get(manager, "/services") if s["Spec"]["Name"] != SENTINEL_SERVICE]
+    kept = {s["ID"] for s in service_docs}
+    services = services_view(service_docs, [t for t in _get(manager, "/tasks") if t.get("ServiceID") in kept], gpus_of,
+                             names_by_id, state_of, task_runs.node_faults(node_docs))
     for n in view_nodes:
         del n["id"]
     return {"nodes": view_nodes, "services": services}

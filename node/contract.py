@@ -74,6 +74,13 @@ MONITORING_STACK = "gpu-swarm-monitoring"  # the stack components/monitoring.py 
 # settings/ keeps users' stacks off the name, swarm/reconcile.py removes it with the other stacks once it is off
 CHECK_IMAGE = "gpu-swarm.invalid/check:1"  # node/build-check-image.sh builds it on each GPU node (never
 # pulled: the registry does not exist); swarm/gpu_check.py runs it
+SENTINEL_SERVICE = "gpu-swarm-sentinel"  # a global service, one task on each worker, that swarm_reconciler.py
+# creates on the leader (CHECK_IMAGE, no GPU). gpu_health.py sends its task SENTINEL_SIGNAL on a fault, the task
+# exits SENTINEL_EXIT, and swarm reports that to the managers at once: an engine label waits for the agent's 20 s tick
+SENTINEL_SIGNAL = "USR1"
+SENTINEL_EXIT = 75  # nothing else in the sentinel exits so
+SIGNALLED_LABEL = "gpu-swarm.health.signalled"  # node label, "<time>": swarm_reconciler.py drained the node on
+# its sentinel, before the engine labels said why; it holds the drain until they catch up
 
 # ---------------------------------------------------------------- node.env: the node's settings
 # The program (to_node/software.py node_env) writes them to NODE_ENV_PATH; every step sources it

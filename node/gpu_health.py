@@ -27,7 +27,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)  # the agent's modules ship beside this file (tests load it by path)
 from contract import (CONDITION_GPU_LABEL, CONDITION_LABEL, CONDITION_REASON_LABEL, CONDITION_SINCE_LABEL,  # noqa: E402
-                      DOCKER_DAEMON_JSON, DOCKERD_PIDFILE, HEALTH_CRITICAL_XIDS_ENV, HEALTH_IGNORE_XIDS_ENV,
+                      DOCKER_DAEMON_JSON, DOCKER_SOCKET, DOCKERD_PIDFILE, HEALTH_CRITICAL_XIDS_ENV, HEALTH_IGNORE_XIDS_ENV,
                       HEALTH_INTERVAL_ENV, HEALTH_RECOVERY_ENV, HEALTH_STATE_PATH, KIND_ENV, MPS_DIR, SHARED_KIND_ENV,
                       SHARING_MODE_ENV, SPOT_ENV)
 from daemon_json import locked, read_daemon_json, write_atomic  # noqa: E402
@@ -37,6 +37,9 @@ from health_rules import (OK, Tracker, condition_labels, ignored_xids, merge_lab
                           watched_uuids)
 from health_mps import check_mps  # noqa: E402
 from health_sources import DEFAULT_IMDS, MAINTENANCE_LEAD_S, Imds, Nvml, Simulation  # noqa: E402
+from sentinel import signal_sentinel  # noqa: E402
+
+DRAINS = ("unhealthy", "reclaim")  # the conditions the reconciler drains on (swarm_reconciler.DRAIN_ON)
 
 
 # --- output and the loop ------------------------------------------------------------------
@@ -90,6 +93,9 @@ def publish(args, tracker: Tracker, uuids: list[str], imds: tuple[str, str], now
         report["dockerd"] = send_sighup(args.dockerd_pidfile)
         log(f"condition {condition} (was {old.get(CONDITION_LABEL, 'unset')}): {report['reason']} gpu={report['gpu']}; "
             f"{report['dockerd']}")
+    if report["changed"] and condition in DRAINS and old.get(CONDITION_LABEL) not in DRAINS:
+        report["sentinel"] = signal_sentinel(args.docker_socket)  # once a fault: its task restarts for the next
+        log(report["sentinel"])
     if tracker.state() != tracker.saved:
         write_atomic(args.state_file, (tracker.state() + "\n").encode())
         tracker.saved = tracker.state()
@@ -195,6 +201,8 @@ def parse_args(argv, env=os.environ) -> argparse.Namespace:
     add("--imds-interval", type=_seconds, default="2", metavar="S",
         help="seconds between asks of IMDS, at most --interval (default 2, as AWS's Node Termination Handler)")
     add("--dockerd-pidfile", default=DOCKERD_PIDFILE, metavar="PATH", help=f"(default {DOCKERD_PIDFILE})")
+    add("--docker-socket", default=DOCKER_SOCKET, metavar="PATH", help=f"dockerd's API, to signal the sentinel "
+        f"task on a fault (default {DOCKER_SOCKET})")
     add("--state-file", default=HEALTH_STATE_PATH, metavar="PATH",
         help=f"where events are remembered across restarts (default {HEALTH_STATE_PATH})")
     add("--inventory", metavar="FILE", help="simulated GPUs (the agent's inventory format); NVML is not touched")

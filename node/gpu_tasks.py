@@ -51,20 +51,25 @@ class _UnixConnection(http.client.HTTPConnection):
 
 def docker_get(sock: str, path: str, timeout: float = 5, **query):
     """GET an Engine API path; query values that are not strings go as JSON (filters)."""
+    return json.loads(docker_request(sock, "GET", path, timeout, **query))
+
+
+def docker_request(sock: str, method: str, path: str, timeout: float = 5, **query) -> bytes:
+    """An Engine API call with no body; its answer's body, when dockerd says 200 or 204."""
     params = urllib.parse.urlencode({k: v if isinstance(v, str) else json.dumps(v) for k, v in query.items()})
     conn = _UnixConnection(sock, timeout)
     try:
-        conn.request("GET", path + (f"?{params}" if params else ""))
+        conn.request(method, path + (f"?{params}" if params else ""))
         answer = conn.getresponse()
         body = answer.read()
     except (OSError, http.client.HTTPException) as e:
-        raise DockerUnavailable(f"dockerd at {sock} did not answer GET {path} ({e})")
+        raise DockerUnavailable(f"dockerd at {sock} did not answer {method} {path} ({e})")
     finally:
         conn.close()
-    if answer.status != 200:
-        raise DockerUnavailable(f"dockerd at {sock} answered GET {path} with HTTP {answer.status}: "
+    if answer.status not in (200, 204):
+        raise DockerUnavailable(f"dockerd at {sock} answered {method} {path} with HTTP {answer.status}: "
                                 f"{body.decode(errors='replace').strip()[:200]}")
-    return json.loads(body)
+    return body
 
 
 def holders_from_env(env: list[str], labels: dict, container: str, kind: str, shared_kind: str) -> dict[str, Holder]:

@@ -77,7 +77,8 @@ class Node:
 
     def paths(self):
         return ["--daemon-json", str(self.daemon_json), "--state-file", str(self.state),
-                "--dockerd-pidfile", str(self.pidfile), "--imds", NO_IMDS]  # a later --imds wins
+                "--dockerd-pidfile", str(self.pidfile), "--imds", NO_IMDS,  # a later --imds wins
+                "--docker-socket", str(self.root / "docker.sock")]  # absent unless a test serves one; later wins
 
     def sim_args(self):
         return ["--inventory", str(self.inventory), "--faults", str(self.faults)]
@@ -822,3 +823,68 @@ def test_the_watcher_waits_for_the_agents_lock_on_daemon_json(node):
     assert process.returncode == 0, err
     assert json.loads(out)["condition"] == "healthy" and node.labels()["gpu-swarm.condition"] == "healthy"
     assert not [p.name for p in node.root.iterdir() if p.name.endswith(".lock")]  # it lives in /run/lock
+
+
+
+# --- the sentinel: the fault told to the managers at once ---------------------------------------
+
+class EngineApi(http.server.BaseHTTPRequestHandler):
+    """dockerd's answers to the two calls signal_sentinel makes: the containers, and a kill."""
+
+    def do_GET(self):
+        self.server.requests.append(("GET", self.path))
+        self.answer(200, json.dumps([{"Id": "c0ffee" + "0" * 58}]).encode())
+
+    def do_POST(self):
+        self.server.requests.append(("POST", self.path))
+        self.answer(204, b"")
+
+    def answer(self, status, body):
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def address_string(self):
+        return "unix"
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def engine():
+    import socketserver
+    import tempfile
+    import urllib.parse
+    folder = tempfile.mkdtemp(prefix="engine-")  # a unix socket's path has room for about 100 bytes
+    server = socketserver.ThreadingUnixStreamServer(f"{folder}/docker.sock", EngineApi)
+    server.requests = []
+    server.parse = lambda path: (urllib.parse.urlparse(path).path, urllib.parse.parse_qs(urllib.parse.urlparse(path).query))
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_fault_signals_the_nodes_sentinel_once(node, engine):
+    sock = ["--docker-socket", engine.server_address]
+    report, _ = node.once(*sock)
+    assert report["condition"] == "healthy" and engine.requests == [] and "sentinel" not in report
+    node.set_faults({uuid(1): {"xid": 79}})
+    report, log = node.once(*sock)
+    assert report["condition"] == "unhealthy" and report["sentinel"] == "signalled the sentinel (c0ffee000000)"
+    (get, query), (kill, kill_query) = [engine.parse(path) for _, path in engine.requests]
+    assert [method for method, _ in engine.requests] == ["GET", "POST"]
+    assert get == "/containers/json" and json.loads(query["filters"][0]) == {
+        "label": ["com.docker.swarm.service.name=gpu-swarm-sentinel"], "status": ["running"]}
+    assert kill == f"/containers/c0ffee{'0' * 58}/kill" and kill_query == {"signal": ["USR1"]}
+    assert "signalled the sentinel" in log
+    report, _ = node.once(*sock)  # still unhealthy: its new task is for the next fault
+    assert report["condition"] == "unhealthy" and len(engine.requests) == 2
+
+
+def test_no_engine_means_the_labels_alone_tell_the_fault(node):
+    node.set_faults({uuid(0): {"xid": 79}})
+    report, log = node.once()
+    assert report["condition"] == "unhealthy" and "the labels still reach the managers" in report["sentinel"]

@@ -51,6 +51,9 @@ def test_gpu_fault_drains_the_node_its_tasks_move_and_heal_gives_it_back(rehears
         return (node_of(v, victim)["availability"] == "drain" and len(running) == REPLICAS
                 and all(t["node"] != victim for t in running))
     view = wait_for(drained_and_moved, LABEL_WAIT_S, f"{victim} drained and its task running elsewhere")
+    # The sentinel drains it at once; the labels that say why follow on the swarm agent's tick, and
+    # their reason replaces the sentinel's.
+    view = wait_for(lambda v: "xid_48" in node_of(v, victim)["health"], LABEL_WAIT_S, f"{victim}'s labels to say why")
     node = node_of(view, victim)
     assert node["condition"] == "unhealthy" and node["drained_by"] == "health"
     assert node["condition_gpu"] == gpu and "xid_48" in node["condition_reason"]
@@ -76,6 +79,7 @@ def test_spot_notice_drains_the_node(rehearsal):
     notice = cli_json("node", "spot-notice", victim)
     assert notice["action"] == "terminate"
     view = wait_for(lambda v: node_of(v, victim)["availability"] == "drain", LABEL_WAIT_S, f"{victim} drained")
+    view = wait_for(lambda v: node_of(v, victim)["condition"] == "reclaim", LABEL_WAIT_S, f"{victim}'s labels")
     node = node_of(view, victim)
     assert node["condition"] == "reclaim" and "spot_terminate" in node["condition_reason"]
     assert node["drained_by"] == "health"

@@ -85,25 +85,33 @@ def test_a_spot_notice_gives_a_task_that_traps_sigterm_time_to_checkpoint(spot_r
     notice = cli_json("node", "spot-notice", victim)
     view = wait_for(lambda v: node_of(v, victim)["availability"] == "drain", LABEL_WAIT_S, f"{victim} drained")
     drained = time.time()
-    assert node_of(view, victim)["condition"] == "reclaim" and node_of(view, victim)["drained_by"] == "health"
-    sock = nodes[victim].sock
+    assert node_of(view, victim)["drained_by"] == "health"
+    took = _checkpointed(nodes[victim], container, drained, noticed)
+    print(f"spot notice ({notice['action']}) -> drained {drained - noticed:.1f} s -> checkpoint written, task "
+          f"exited 0 at {took:.1f} s")
+    # The drain came on the sentinel; the labels that say why follow on the agent's tick.
+    view = wait_for(lambda v: node_of(v, victim)["condition"] == "reclaim", LABEL_WAIT_S, f"{victim}'s labels")
+    assert node_of(view, victim)["health"].startswith("reclaim:spot_")
+    # The task runs again elsewhere: the node it left is drained.
+    wait_for(lambda v: any(t["state"] == "running" and t["node"] != victim for t in tasks_of(v, "spot_ckpt")),
+             60, "the checkpointing task running on another node")
+
+
+def _checkpointed(node, container: str, drained: float, noticed: float) -> float:
+    """The task's container stopped with exit 0 and its checkpoint written, well inside the two minutes; when."""
     deadline = time.monotonic() + 90
-    while api.get(sock, f"/containers/{container}/json")["State"]["Running"]:
+    while api.get(node.sock, f"/containers/{container}/json")["State"]["Running"]:
         assert time.monotonic() < deadline, "the task was not stopped"
         time.sleep(0.5)
-    state = api.get(sock, f"/containers/{container}/json")["State"]
+    state = api.get(node.sock, f"/containers/{container}/json")["State"]
     assert state["ExitCode"] == 0, state  # its trap ran to the end: not killed (137) at the grace's end
     took = _epoch(state["FinishedAt"]) - noticed
     assert _epoch(state["FinishedAt"]) - drained >= CHECKPOINT_S - 1, "stopped before it could checkpoint"
     assert took < 120, f"the notice gives two minutes; the task ended {took:.0f} s after it"
-    archive = api.request(sock, f"/containers/{container}/archive?path=%2Ftmp%2Fcheckpoint")
+    archive = api.request(node.sock, f"/containers/{container}/archive?path=%2Ftmp%2Fcheckpoint")
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         assert tar.extractfile("checkpoint").read() == b"step-42\n"
-    print(f"spot notice ({notice['action']}) -> drained {drained - noticed:.1f} s -> checkpoint written, task "
-          f"exited 0 at {took:.1f} s")
-    # The task runs again elsewhere: the node it left is drained.
-    wait_for(lambda v: any(t["state"] == "running" and t["node"] != victim for t in tasks_of(v, "spot_ckpt")),
-             60, "the checkpointing task running on another node")
+    return took
 
 
 def test_a_task_that_fails_on_a_faulted_gpu_is_reported_with_the_xid_and_the_gpu(spot_rehearsal):
@@ -120,3 +128,26 @@ def test_a_task_that_fails_on_a_faulted_gpu_is_reported_with_the_xid_and_the_gpu
     table = cli("status").stdout
     assert (f"spot_cuda-job task 1 failed on GPU {gpu} of {task['node']}, which its node's health watcher marked "
             "faulty (XID 79)") in table
+
+
+def test_scheduled_maintenance_drains_its_node_and_gives_the_task_time_to_checkpoint(spot_rehearsal):
+    """IMDS lists a system-reboot a minute away (events/maintenance/scheduled): the node goes as a reclaimed one."""
+    for name in spot_rehearsal:  # every notice and fault above cleared
+        cli_json("node", "gpu-heal", name)
+    view = wait_for(lambda v: all(n["availability"] == "active" for n in v["nodes"])
+                    and any(t["state"] == "running" for t in tasks_of(v, "spot_ckpt")),
+                    LABEL_WAIT_S + 10, "every node active again, the checkpointing task running")
+    victim = _running(view, "spot_ckpt")["node"]
+    manager = next(n for n in spot_rehearsal.values() if n.role == "manager")
+    (task,) = [t for t in api.get(manager.sock, "/tasks", filters={"service": ["spot_ckpt"]})
+               if t["Status"]["State"] == "running"]
+    noticed = time.time()
+    notice = cli_json("node", "maintenance-notice", victim)
+    assert notice["Code"] == "system-reboot" and notice["State"] == "active"
+    wait_for(lambda v: node_of(v, victim)["availability"] == "drain", LABEL_WAIT_S, f"{victim} drained")
+    drained = time.time()
+    _checkpointed(spot_rehearsal[victim], task["Status"]["ContainerStatus"]["ContainerID"], drained, noticed)
+    view = wait_for(lambda v: node_of(v, victim)["condition"] == "reclaim", LABEL_WAIT_S, f"{victim}'s labels")
+    assert node_of(view, victim)["health"].startswith("reclaim:maintenance_now_system-reboot_at_")
+    assert node_of(view, victim)["drained_by"] == "health"
+    print(f"maintenance notice -> drained {drained - noticed:.1f} s")

@@ -196,6 +196,11 @@ case "$*" in
   "node update "*)
     if [ -e "$dir/update-fails" ]; then echo "Error response from daemon: update out of sequence" >&2; exit 1; fi
     echo "${*: -1}" ;;
+  "service ps gpu-swarm-sentinel --no-trunc --format "*)
+    # Its tasks as "ID<tab>hostname<tab>error" lines, once the service is there; the CLI's words when not.
+    if [ ! -e "$dir/sentinel" ]; then echo "no such service: gpu-swarm-sentinel" >&2; exit 1; fi
+    cat "$dir/sentinel" ;;
+  "service create "*) : >"$dir/sentinel" ;;
   *) echo "fake docker: unexpected arguments: $*" >&2; exit 64 ;;
 esac
 """
@@ -430,3 +435,130 @@ def test_it_reads_and_writes_the_labels_the_program_and_the_watcher_use():
     held = node(2, availability="drain", condition="healthy",
                 labels={labels.DRAINED_BY_LABEL: labels.DRAINED_BY_HEALTH, labels.MAINTENANCE_LABEL: "1:abc"})
     assert reconciler.decide([held], leader=True, now=NOW) == []
+
+
+
+# --- the sentinel: a fault heard at once, not on the agent's 20 s tick -------------------------------
+
+def signalled(n, at=NOW - 5, **kw):
+    return node(n, "drain", labels={"gpu-swarm.drained-by": "health", "gpu-swarm.health": "unhealthy:sentinel",
+                                    "gpu-swarm.health.signalled": str(at)}, **kw)
+
+
+def since(n, value, **kw):
+    found = node(n, **kw)
+    found["Description"]["Engine"]["Labels"]["gpu-swarm.condition.since"] = str(value)
+    return found
+
+
+def test_a_signalled_node_drains_before_its_labels_say_why():
+    nodes = [since(1, NOW - 3600, condition="healthy"), since(2, NOW - 3600, condition="healthy")]
+    (action,) = reconciler.decide(nodes, True, NOW, signalled=frozenset({nodes[0]["ID"]}))
+    assert action.node == "gpu-1" and action.action == "drain" and action.reason == "unhealthy:sentinel"
+    assert action.args == ("--availability", "drain", "--label-add", "gpu-swarm.drained-by=health",
+                           "--label-add", "gpu-swarm.health=unhealthy:sentinel",
+                           "--label-add", f"gpu-swarm.health.last=drained:{NOW}:unhealthy:sentinel",
+                           "--label-add", f"gpu-swarm.health.signalled={NOW}", nodes[0]["ID"])
+
+
+def test_a_signalled_node_whose_labels_already_say_why_drains_on_them():
+    nodes = [node(1, condition="reclaim", reason="spot_terminate")]
+    (action,) = reconciler.decide(nodes, True, NOW, signalled=frozenset({nodes[0]["ID"]}))
+    assert action.reason == "reclaim:spot_terminate" and not any("signalled" in a for a in action.args)
+
+
+def test_the_old_labels_give_no_signalled_node_back():
+    """Its labels are the ones from before the fault (healthy since long ago): they are no news."""
+    held = dict(signalled(1)); held["Description"] = since(1, NOW - 3600, condition="healthy")["Description"]
+    no_label = signalled(2)  # no condition yet: the watcher's first word is on its way
+    assert reconciler.decide([held, no_label], True, NOW) == []
+
+
+def test_labels_that_catch_up_replace_the_sentinels_reason():
+    caught = signalled(1); caught["Description"] = node(1, condition="unhealthy", reason=f"xid_79_on_{GPU}")["Description"]
+    (action,) = reconciler.decide([caught], True, NOW)
+    assert action.action == "explain" and action.reason == f"unhealthy:xid_79_on_{GPU}"
+    assert action.args == ("--label-add", f"gpu-swarm.health=unhealthy:xid_79_on_{GPU}",
+                           "--label-rm", "gpu-swarm.health.signalled", caught["ID"])
+
+
+@pytest.mark.parametrize("labels_since, at, why", [
+    (NOW - 2, NOW - 5, "healthy:ok"),  # the GPU healed after the signal: labels newer than it
+    (NOW - 3600, NOW - reconciler.SIGNAL_HOLD_S, "healthy:ok"),  # labels that never changed: the signal was no fault
+])
+def test_a_signalled_node_comes_back_on_news_or_after_the_hold(labels_since, at, why):
+    back = signalled(1, at=at); back["Description"] = since(1, labels_since, condition="healthy")["Description"]
+    (action,) = reconciler.decide([back], True, NOW)
+    assert action.action == "reactivate" and action.reason == why
+    assert action.args[:7] == ("--availability", "active", "--label-rm", "gpu-swarm.drained-by",
+                               "--label-rm", "gpu-swarm.health", "--label-rm") and "gpu-swarm.health.signalled" in action.args
+
+
+def test_signals_count_against_the_drain_limit():
+    nodes = [since(n, NOW - 3600, condition="healthy") for n in (1, 2, 3, 4)]
+    actions, held = reconciler.plan(nodes, True, NOW, 50, frozenset(n["ID"] for n in nodes))
+    assert ids(actions) == [("gpu-1", "drain"), ("gpu-2", "drain")] and len(held) == 2
+
+
+class SentinelEngine:
+    def __init__(self, tasks):
+        self.tasks, self.created = tasks, 0
+
+    def sentinel_tasks(self):
+        return self.tasks
+
+    def create_sentinel(self):
+        self.created += 1
+        self.tasks = []
+
+
+def test_the_sentinel_acts_on_new_exits_only():
+    nodes = [node(1), node(2)]
+    engine = SentinelEngine(None)
+    watch = reconciler.Sentinel()
+    assert watch.signalled(engine, nodes, print) == frozenset() and engine.created == 1  # made when missing
+    engine.tasks = [("t-old", "gpu-1", "task: non-zero exit (75)"), ("t-run", "gpu-2", "")]
+    watch.forget()  # a new leader: what is there is history
+    assert watch.signalled(engine, nodes, print) == frozenset()
+    engine.tasks += [("t-new", "gpu-2", "task: non-zero exit (75)"), ("t-oom", "gpu-1", "task: non-zero exit (137)"),
+                     ("t-gone", "gpu-9", "task: non-zero exit (75)")]  # a node swarm no longer lists
+    assert watch.signalled(engine, nodes, print) == frozenset({nodes[1]["ID"]})
+    assert watch.signalled(engine, nodes, print) == frozenset()  # once
+    assert engine.created == 1
+
+
+def test_the_loop_makes_the_sentinel_and_drains_on_its_exit_within_a_round(docker):
+    docker.set(True, [since(1, NOW - 3600, condition="healthy")])
+    process = subprocess.Popen([sys.executable, str(RECONCILER), "--interval", "0.2"], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=docker.env(), start_new_session=True)
+    try:
+        deadline = time.time() + 20
+        while not any(c[:2] == ["service", "create"] for c in docker.calls()) and time.time() < deadline:
+            time.sleep(0.05)
+        (create,) = [c for c in docker.calls() if c[:2] == ["service", "create"]]
+        assert create[2:] == ["--detach", "--name", "gpu-swarm-sentinel", "--mode", "global", "--no-resolve-image",
+                              "--constraint", "node.role==worker", "--restart-condition", "any", "--restart-delay",
+                              "1s", "--stop-grace-period", "2s", "--limit-memory", "32M", "gpu-swarm.invalid/check:1",
+                              "sh", "-c", reconciler.SENTINEL_COMMAND]
+        while sum(c[:2] == ["service", "ps"] for c in docker.calls()) < 2 and time.time() < deadline:
+            time.sleep(0.05)  # a round has seen it, with no task exited yet
+        assert not any(c[:2] == ["node", "update"] for c in docker.calls())
+        (docker.dir / "sentinel").write_text("task1\tgpu-1\ttask: non-zero exit (75)\n")
+        while not any(c[:2] == ["node", "update"] for c in docker.calls()) and time.time() < deadline:
+            time.sleep(0.05)
+        (update,) = [c for c in docker.calls() if c[:2] == ["node", "update"]]
+        assert "gpu-swarm.health=unhealthy:sentinel" in update and update[-1] == node(1)["ID"]
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.communicate(timeout=10)
+
+
+def test_the_sentinel_command_exits_with_its_code_on_the_signal_and_0_when_swarm_stops_it():
+    """The very command line, in busybox sh as CHECK_IMAGE has it (bash where busybox is missing)."""
+    shell = [shutil.which("busybox"), "sh"] if shutil.which("busybox") else ["bash"]
+    for sig, code in ((signal.SIGUSR1, reconciler.SENTINEL_EXIT), (signal.SIGTERM, 0)):
+        process = subprocess.Popen([*shell, "-c", reconciler.SENTINEL_COMMAND])
+        time.sleep(0.3)
+        started = time.time()
+        process.send_signal(sig)
+        assert process.wait(timeout=5) == code and time.time() - started < 1
