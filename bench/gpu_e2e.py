@@ -22,6 +22,8 @@ swarm/rollout.py (which runs the post-join GPU check), and then checks, on that 
   (while every GPU is held by other tasks);
 - a service that sets the swarm's GPU variable itself does not start;
 - `docker run --gpus all` by an administrator still gets every GPU;
+- the health reconciler's sentinel task runs with no GPU, and the watcher's signal makes it exit 75,
+  which the reconciler reads as the node's fault;
 - the runtime guard's cost per container start, against nvidia-container-runtime alone
   (--start-runs interleaved `docker run --rm` per variant);
 - with --slots-per-gpu K: K slots per GPU, stacks/inference-shared.yml running CUDA work
@@ -226,8 +228,9 @@ def remove_stack(name: str) -> None:
          60, f"the containers of stack {name} to stop")
 
 
-def tasks(service: str) -> list[dict]:
-    ids = docker("service", "ps", "-q", "--no-trunc", "--filter", "desired-state=running", service).stdout.split()
+def tasks(service: str, desired: str = "running") -> list[dict]:
+    ids = docker("service", "ps", "-q", "--no-trunc", *(("--filter", f"desired-state={desired}") if desired else ()),
+                 service).stdout.split()
     return json.loads(docker("inspect", *ids).stdout) if ids else []
 
 
@@ -377,6 +380,46 @@ def whole_gpus(out: Path, host: list[str], node: str) -> None:
 WHOLE_GPU_START: dict[str, float] = {}  # medians of the whole-GPU phase's starts, seconds
 
 
+def sentinel(out: Path, node: str) -> None:
+    """The health reconciler's sentinel on this GPU node (node/swarm_reconciler.py makes it on workers; this
+    one-node swarm's node is a manager, so only the constraint differs), stopped by the watcher's own call
+    (node/sentinel.py): it runs with no GPU, exits 75, and the reconciler reads that as this node's fault."""
+    sys.path.insert(0, str(REPO / "node"))
+    import sentinel as node_sentinel
+    import swarm_reconciler as reconciler
+    docker(*reconciler.sentinel_service(CHECK_IMAGE, constraint="node.role==manager"))
+    try:
+        task = wait(lambda: next((t for t in tasks(reconciler.SENTINEL_SERVICE)
+                                  if t["Status"]["State"] == "running"), None), 60, "the sentinel task")
+        cid = task["Status"]["ContainerStatus"]["ContainerID"]
+        devices = docker("exec", cid, "sh", "-c", "ls /dev | grep -E '^nvidia' || true").stdout.split()
+        wrote = docker("exec", cid, "sh", "-c", "echo x > /written", check_rc=False).returncode
+        check("the sentinel runs with no GPU and a read-only root", devices == [] and wrote != 0,
+              f"/dev has {devices or 'no nvidia device'}; a write exits {wrote}")
+        previous = {k: os.environ.get(k) for k in ("DOCKER_HOST", "PATH")}
+        os.environ.update({k: engine_env()[k] for k in previous})  # the reconciler's CLI, on this engine
+        try:
+            engine = reconciler.Engine("docker")
+            watch, nodes = reconciler.Sentinel(), engine.nodes()
+            learned = watch.signalled(engine, nodes, print)  # what is there already is history
+            said = node_sentinel.signal_sentinel(SOCK.removeprefix("unix://"))
+            try:  # every task swarm keeps: the one that failed is no longer desired running
+                failed = wait(lambda: [t for t in tasks(reconciler.SENTINEL_SERVICE, desired="")
+                                       if "non-zero exit (75)" in t["Status"].get("Err", "")], 30, "the sentinel's exit")
+            except RuntimeError as e:
+                raise RuntimeError(f"{e}; the watcher's call: {said}") from None
+            heard = watch.signalled(engine, nodes, print)
+            actions = reconciler.decide(nodes, True, int(time.time()), signalled=heard)
+        finally:
+            for key, value in previous.items():
+                os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+        check("the watcher's signal stops the sentinel with exit 75, and the reconciler drains on it",
+              not learned and heard == {node} and [(a.action, a.reason) for a in actions] == [("drain", "unhealthy:sentinel")],
+              f"{said}; swarm: {failed[0]['Status']['Err']}; actions {[(a.node, a.action, a.reason) for a in actions]}")
+    finally:
+        docker("service", "rm", reconciler.SENTINEL_SERVICE, check_rc=False)
+
+
 def shared_gpus(out: Path, host: list[str], node: str, slots: int, engine: subprocess.Popen) -> subprocess.Popen:
     report = agent(out, slots)
     check("the agent advertises slots only", all(r.startswith(f"{SHARED_KIND}=") for r in report["resources"])
@@ -491,6 +534,12 @@ def main() -> int:
             check("the run itself (whole GPUs)", False, f"{type(e).__name__}: {e}"[:400])
             for stack in ("holder", "smoke"):
                 remove_stack(stack)
+        try:
+            sentinel(out, node)
+        except Stopped:
+            raise
+        except Exception as e:
+            check("the run itself (the sentinel)", False, f"{type(e).__name__}: {e}"[:400])
         if args.slots_per_gpu:
             engine = shared_gpus(out, host, node, args.slots_per_gpu, engine)
     except Exception as e:  # a broken step is a failed check, with its reason in the table

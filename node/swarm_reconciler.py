@@ -225,11 +225,18 @@ class Engine:
         return [tuple((line.split("\t") + ["", ""])[:3]) for line in out.splitlines() if line.strip()]
 
     def create_sentinel(self) -> None:
-        # No GPU is reserved, so the runtime guard gives it none. The image is built on each GPU node
-        # and is in no registry, so it is never resolved. Restarted at once, for the next fault.
-        self._run("service", "create", "--detach", "--name", SENTINEL_SERVICE, "--mode", "global", "--no-resolve-image",
-                  "--constraint", "node.role==worker", "--restart-condition", "any", "--restart-delay", "1s",
-                  "--stop-grace-period", "2s", "--limit-memory", "32M", self.sentinel_image, "sh", "-c", SENTINEL_COMMAND)
+        self._run(*sentinel_service(self.sentinel_image))
+
+
+def sentinel_service(image: str, constraint: str = "node.role==worker") -> tuple[str, ...]:
+    """The docker arguments that create the sentinel service (bench/gpu_e2e.py runs them on its one-node swarm)."""
+    # No GPU is reserved, so the runtime guard gives it none; it needs no capability and writes
+    # nothing. The image is built on each GPU node and is in no registry, so it is never resolved.
+    # Restarted at once, for the next fault.
+    return ("service", "create", "--detach", "--name", SENTINEL_SERVICE, "--mode", "global", "--no-resolve-image",
+            "--constraint", constraint, "--restart-condition", "any", "--restart-delay", "1s",
+            "--stop-grace-period", "2s", "--limit-memory", "32M", "--cap-drop", "ALL", "--read-only",
+            image, "sh", "-c", SENTINEL_COMMAND)
 
 
 class Sentinel:

@@ -538,7 +538,8 @@ def test_the_loop_makes_the_sentinel_and_drains_on_its_exit_within_a_round(docke
         (create,) = [c for c in docker.calls() if c[:2] == ["service", "create"]]
         assert create[2:] == ["--detach", "--name", "gpu-swarm-sentinel", "--mode", "global", "--no-resolve-image",
                               "--constraint", "node.role==worker", "--restart-condition", "any", "--restart-delay",
-                              "1s", "--stop-grace-period", "2s", "--limit-memory", "32M", "gpu-swarm.invalid/check:1",
+                              "1s", "--stop-grace-period", "2s", "--limit-memory", "32M", "--cap-drop", "ALL",
+                              "--read-only", "gpu-swarm.invalid/check:1",
                               "sh", "-c", reconciler.SENTINEL_COMMAND]
         while sum(c[:2] == ["service", "ps"] for c in docker.calls()) < 2 and time.time() < deadline:
             time.sleep(0.05)  # a round has seen it, with no task exited yet
