@@ -8,8 +8,8 @@ It measures the Python side only (settings, components, every registration answe
 mocks); with the real engine, provider calls and SSH commands add to it.
 
 Beside each size it times the SDK's floor: a program with no logic of its own that replays the
-program's registrations (same types, same input values as plain data, same dependencies)
-through the same mocks. The ratio is what the program's own logic (settings, Output wiring,
+program's registrations (same types, same input values as plain data, same dependencies, each
+declared the cheapest way the SDK has, components/chain.py's URN stand-in) through the same mocks. The ratio is what the program's own logic (settings, Output wiring,
 rendering the scripts) costs on top of what Pulumi needs for those resources. The floor finds
 each type's SDK class where the SDK itself does (the resource modules each provider package
 registers), so a type the program starts to use needs nothing here.
@@ -173,11 +173,15 @@ def floor(types_file: str, profile_out: str | None = None) -> dict:
     collector.FREEZE = True  # as in measure()
     collector.for_a_large_graph()  # as __main__.py does: the ratio is the program's logic, not the collector's
 
+    from components.chain import after
+
     @pulumi.runtime.test
     def program():
         made: list[pulumi.Resource] = []
         for typ, _, inputs, deps, name in replayed:
-            opts = pulumi.ResourceOptions(depends_on=[made[d] for d in deps if d < len(made)])
+            # Every dependency as the SDK's URN stand-in, as the program declares its roll's chain: the
+            # least the SDK needs for the same dependencies (a plain one is walked by its cycle check).
+            opts = pulumi.ResourceOptions(depends_on=[after(made[d]) for d in deps if d < len(made)])
             made.append(classes[typ](name, opts=opts, **{_kwarg(k): _as_sdk_value(v) for k, v in inputs.items()}))
         return pulumi.Output.all(*[r.urn for r in made])
 

@@ -23,6 +23,7 @@ import pulumi
 import pulumi_command as command
 
 from to_node import commands as node_commands
+from components.chain import after
 from components.node_boot import parse_timings
 from components.remote import as_root
 from to_node.software import NodeRelease
@@ -62,14 +63,14 @@ class NodeRollout(pulumi.ComponentResource):
             connection=args.manager,
             create=pulumi.Output.from_input(args.node_id).apply(
                 lambda node: as_root(cordon_node(node, pool=args.pool, software=release))),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after)),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[after(r) for r in args.after]),
         )
         upgrade = command.remote.Command(
             f"{name}-upgrade",
             connection=args.node,
             create=pulumi.Output.from_input(args.release).apply(
                 lambda r: as_root(node_commands.upgrade(r, expected_gpus=args.expected_gpus))),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[cordon]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[after(cordon)]),
         )
         self.admitted = command.remote.Command(
             f"{name}-admit",
@@ -77,7 +78,7 @@ class NodeRollout(pulumi.ComponentResource):
             create=pulumi.Output.from_input(args.node_id).apply(lambda node: as_root(admit_node(
                 node, dict(args.labels), expected_gpus=args.expected_gpus, kind=args.kind, software=release,
                 slots_per_gpu=args.slots_per_gpu, shared_kind=args.shared_kind, check=args.check))),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[upgrade]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[after(upgrade)]),
         )
         shown = args.shared_kind if args.slots_per_gpu else args.kind
         result = self.admitted.stdout.apply(admitted)
@@ -96,6 +97,8 @@ class RollWaves:
     admits: each node depends on one gate and each gate on its wave, 2 edges a node, where every
     node depending on every admit before it would be wave-size edges a node, which the SDK walks
     too. A wave of one node waits for the previous admit itself, as managers roll one at a time.
+    Every edge along the chain is declared with components/chain.after, so that the SDK's cycle check
+    does not walk the whole roll before it again at each node.
     """
 
     def __init__(self, name: str, opts: pulumi.ResourceOptions):
@@ -124,5 +127,5 @@ class RollWaves:
         admits, wave = self._open[pool], self._closed.get(pool, 0)
         self._gate[pool] = admits[0] if len(admits) == 1 else command.local.Command(
             f"{self._name}-{pool}-wave-{wave}", opts=pulumi.ResourceOptions.merge(
-                self._opts, pulumi.ResourceOptions(depends_on=admits)))
+                self._opts, pulumi.ResourceOptions(depends_on=[after(a) for a in admits])))
         self._open[pool], self._closed[pool] = [], wave + 1
