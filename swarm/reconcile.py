@@ -3,7 +3,8 @@
 Run on a manager during `pulumi up`, after every current node is admitted. Removal happens
 here rather than in delete hooks: a delete hook runs with the connection of the past (a
 manager that may be gone) and would hold up `pulumi destroy`, while this runs with today's
-connection while the nodes to remove are still alive, so their tasks move before they go.
+connection while the nodes to remove are still alive, so their tasks move before they go, and
+`up` goes on only once the stacks they moved run again (or wait, saying why).
 Only what the program made is touched: nodes with a pool label, stacks with a marker.
 """
 from __future__ import annotations
@@ -11,13 +12,15 @@ from __future__ import annotations
 from swarm.labels import POOL_LABEL
 from swarm.rollout import manager_ready
 from swarm.script import node_id, quote, script, swarm_name, wait_until
-from swarm.stacks import STACK_MARKER_PREFIX
+from swarm.stacks import DEFAULT_WAIT_SECONDS, STACK_MARKER_PREFIX, settle_command
 
 
 def reconcile(*, nodes: list[str], stacks: list[str], drain_timeout_s: int = 300,
-              stack_timeout_s: int = 120, settle_timeout_s: int = 120) -> str:
+              stack_timeout_s: int = 120, settle_timeout_s: int = 120,
+              moved_timeout_s: int = DEFAULT_WAIT_SECONDS) -> str:
     """Drain and remove labelled nodes not in `nodes`; remove marked stacks not in `stacks`; then
-    wait until every node in `nodes` is ready, and fail naming those that are not."""
+    wait until every node in `nodes` is ready, and fail naming those that are not; then wait until
+    every kept stack that had a task on a removed node has settled again (node/stack_settle.py)."""
     keep_nodes = " ".join(node_id(n) for n in sorted(set(nodes)))
     keep_stacks = " ".join(swarm_name(s, "stack name") for s in sorted(set(stacks)))
     namespace = '"label=com.docker.stack.namespace=$name"'
@@ -25,10 +28,12 @@ def reconcile(*, nodes: list[str], stacks: list[str], drain_timeout_s: int = 300
         *manager_ready(),
         f"keep_nodes=' {keep_nodes} '",
         f"keep_stacks=' {keep_stacks} '",
+        "moved=''",
         f"for id in $(docker node ls -q --filter {quote('node.label=' + POOL_LABEL)}); do",
         '  case "$keep_nodes" in *" $id "*) continue ;; esac',
         "  role=$(docker node inspect --format '{{.Spec.Role}}' \"$id\")",
         '  echo "removing node $id ($role), which the program no longer has"',
+        *_indent(_stacks_on_node()),
         '  docker node update --availability drain "$id" >/dev/null',
         *_indent(wait_until('[ -z "$(docker node ps "$id" --filter desired-state=running -q)" ]',
                             drain_timeout_s, "tasks on node $id did not move away")),
@@ -45,6 +50,7 @@ def reconcile(*, nodes: list[str], stacks: list[str], drain_timeout_s: int = 300
         '  docker config rm "$marker" >/dev/null',
         "done",
         *_kept_nodes_ready(settle_timeout_s),
+        *_moved_stacks_settled(moved_timeout_s),
         "echo reconciled",
     )
 
@@ -62,6 +68,33 @@ def _kept_nodes_ready(timeout_s: int) -> list[str]:
         "}",
         *wait_until('[ -z "$(not_ready)" ]', timeout_s,
                     "kept node(s) not ready: $(not_ready); see docker node ls, and the node's own dockerd"),
+    ]
+
+
+def _stacks_on_node() -> list[str]:
+    """Lines that add to $moved the stacks whose tasks run on node $id. The drain below only waits
+    for those tasks to stop: their replacements start elsewhere after the restart delay, and a
+    read right after `up` would see them still on their way (a task's container carries its stack)."""
+    label = '{{index .Spec.ContainerSpec.Labels "com.docker.stack.namespace"}}'
+    return [
+        'for task in $(docker node ps "$id" --filter desired-state=running -q); do',
+        f"  moved=\"$moved $(docker inspect --type task --format '{label}' \"$task\" 2>/dev/null || true)\"",
+        "done",
+    ]
+
+
+def _moved_stacks_settled(timeout_s: int) -> list[str]:
+    """Lines that run the stack waiter, as a deploy does, for each kept stack in $moved: it fails
+    with swarm's reason when a task that moved cannot run, and lets a task that waits for a GPU be."""
+    return [
+        "waited=' '",
+        "for name in $moved; do",
+        '  case "$waited" in *" $name "*) continue ;; esac',
+        '  case "$keep_stacks" in *" $name "*) ;; *) continue ;; esac',
+        '  waited="$waited$name "',
+        '  echo "waiting for stack $name, whose tasks moved, to settle"',
+        "  " + settle_command('"$name"', timeout_s) + " >/dev/null",
+        "done",
     ]
 
 

@@ -33,7 +33,6 @@ def deploy_stack(name: str, content_sha256: str, wait_seconds: int = DEFAULT_WAI
     sha = sha256_hex(content_sha256, "the compose file")
     if not isinstance(wait_seconds, int) or isinstance(wait_seconds, bool) or wait_seconds < 1:
         raise ValueError(f"the wait for stack {name} must be a whole number of seconds, 1 or more; got {wait_seconds!r}")
-    software, settle = posixpath.split(STACK_SETTLE_PATH)
     return script(
         f'echo "deploying stack {name} (compose file sha256 {sha[:16]}){into_swarm(swarm_id)}"',
         # --detach=true: the CLI's own wait would hold `pulumi up` for ever on a task that waits
@@ -43,9 +42,15 @@ def deploy_stack(name: str, content_sha256: str, wait_seconds: int = DEFAULT_WAI
         f"docker config inspect {quote(marker(name))} >/dev/null 2>&1 ||",
         f"  printf '%s' {stack} | docker config create --label {STACK_LABEL}={stack} {quote(marker(name))} - "
         ">/dev/null",
-        # The installed node software's waiter (the rehearsal points GPU_SWARM_SOFTWARE at node/).
-        f'exec python3 -I "${{GPU_SWARM_SOFTWARE:-{software}}}/{settle}" --stack {stack} --timeout {wait_seconds}',
+        "exec " + settle_command(stack, wait_seconds),
     )
+
+
+def settle_command(stack: str, wait_seconds: int) -> str:
+    """The command line that waits until `stack` (a quoted name or a shell expansion) has settled:
+    the installed node software's waiter (the rehearsal points GPU_SWARM_SOFTWARE at node/)."""
+    software, settle = posixpath.split(STACK_SETTLE_PATH)
+    return f'python3 -I "${{GPU_SWARM_SOFTWARE:-{software}}}/{settle}" --stack {stack} --timeout {wait_seconds}'
 
 
 def into_swarm(swarm_id: str) -> str:

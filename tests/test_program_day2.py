@@ -234,8 +234,18 @@ def test_three_managers_with_the_first_replaced_keep_the_swarm_its_quorum_and_it
     swarm = api.get(manager_sock(), "/swarm", timeout=10)["ID"]
     services = {s["ID"]: s["Spec"]["Name"] for s in api.get(manager_sock(), "/services", timeout=10)}
     old = records()["gpu-swarm-dev-manager-0"]
+    # The stacks with a task on the first manager: the reconcile drains it, and waits until they run again.
+    (old_id,) = [n["ID"] for n in api.get(manager_sock(), "/nodes", timeout=10)
+                 if n["Description"]["Hostname"] == "gpu-swarm-dev-manager-0"]
+    on_old = {t["Spec"]["ContainerSpec"]["Labels"].get("com.docker.stack.namespace")
+              for t in api.get(manager_sock(), "/tasks", timeout=10)
+              if t.get("NodeID") == old_id and t["DesiredState"] == "running"} - {None}
 
     report = up(THREE_MANAGERS, "--replace", "gpu-swarm-managers-0", secrets=secrets)
+    reconciled = resources("command:remote:Command")["gpu-swarm-reconcile-run"]["outputs"]["stdout"]
+    assert f"removing node {old_id}" in reconciled, reconciled
+    for stack in on_old:
+        assert f"waiting for stack {stack}, whose tasks moved, to settle" in reconciled, reconciled
 
     new = records()["gpu-swarm-dev-manager-0"]
     assert new["machine"] != old["machine"] and not machine(old).dir.exists()  # new first, the old one deleted

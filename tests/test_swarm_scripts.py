@@ -144,7 +144,15 @@ case "$1 $2" in
   "swarm join") echo "a token on the command line: use the Engine API" >&2; exit 1 ;;
   "swarm leave") echo inactive >"$FAKE/state"; echo false >"$FAKE/control"; rm -f "$FAKE/cluster" ;;
   "swarm join-token") echo "SWMTKN-1-$4-token" ;;
-  "node ls") case "$*" in *--format*) get nodes ;; esac ;;  # nodes: "ID Status Hostname" lines
+  "node ls") case "$*" in *--format*) get nodes ;; *-q*) get pool ;; esac ;;  # nodes: "ID Status Hostname" lines
+  # The reconcile's removals: pool (labelled node IDs), tasks-ID (what runs on a node until it
+  # is drained), stack-TASK (a task's stack), markers (the stacks' marker configs).
+  "node inspect") echo worker ;;
+  "node update") : >"$FAKE/drained-$5" ;;
+  "node ps") [ -e "$FAKE/drained-$3" ] || get "tasks-$3" ;;
+  "node rm") ;;
+  "inspect --type") get "stack-$6" ;;
+  "config ls") get markers ;;
 esac
 """
 # The worker's certificate says which swarm issued it; openssl reads it from the data root.
@@ -556,3 +564,62 @@ def test_a_kept_node_that_stays_down_fails_the_reconcile_naming_it(fake):
     # Only the kept node is named: a node the program no longer has is not its business here.
     assert f"kept node(s) not ready: t4-0 ({WORKER_ID}, down)" in result.stderr, result.stderr
     assert "gone-0" not in result.stderr and "reconciled" not in result.stdout
+
+
+# A stand-in for the node's stack waiter (node/stack_settle.py): it records what it was asked, and
+# exits as the file settle-exit says (the real one: 0 settled, 1 refused or out of time).
+SETTLE_STUB = """import os, sys
+with open(os.path.join(os.environ["FAKE"], "settled"), "a") as f:
+    f.write(" ".join(sys.argv[1:]) + "\\n")
+path = os.path.join(os.environ["FAKE"], "settle-exit")
+code = int(open(path).read()) if os.path.exists(path) else 0
+if code:
+    print("gpu-swarm: stack a: infer task 1 was rejected and swarm will not start it again", file=sys.stderr)
+sys.exit(code)
+"""
+GONE_ID = "goneaaaaaaaaaaaaaaaaaaaaa"
+
+
+def removal(fake, tmp_path) -> dict:
+    """A swarm with one node the program no longer has, running tasks of stacks a (twice), b and c,
+    and one task of no stack; the program keeps stacks a and b (c is not the program's)."""
+    fake.set(pool=f"{NODE_ID}\n{GONE_ID}", nodes=f"{NODE_ID} Ready manager-0", markers="",
+             **{f"tasks-{GONE_ID}": "t1\nt2\nt3\nt4\nt5"},
+             **{"stack-t1": "a", "stack-t2": "b", "stack-t3": "a", "stack-t4": "", "stack-t5": "c"})
+    software = tmp_path / "software"
+    software.mkdir()
+    (software / "stack_settle.py").write_text(SETTLE_STUB)
+    return {"GPU_SWARM_SOFTWARE": str(software)}
+
+
+def test_the_reconcile_waits_until_each_kept_stack_whose_tasks_moved_has_settled(fake, tmp_path):
+    """Draining only stops a removed node's tasks; their replacements start elsewhere after the
+    restart delay. `up` goes on once each kept stack that had a task there runs again."""
+    env = removal(fake, tmp_path)
+    result = fake.run(reconcile.reconcile(nodes=[NODE_ID], stacks=["a", "b"], moved_timeout_s=42), **env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("reconciled")
+    assert fake.get("settled").splitlines() == ["--stack a --timeout 42", "--stack b --timeout 42"]
+    calls = fake.calls()
+    # The stacks were read before the drain, while the tasks were still on the node.
+    assert max(i for i, c in enumerate(calls) if c.startswith("docker inspect --type task")) < \
+        calls.index(f"docker node update --availability drain {GONE_ID}")
+    assert f"docker node rm --force {GONE_ID}" in calls
+
+
+def test_a_moved_stack_that_will_not_run_again_fails_the_reconcile_with_the_waiters_reason(fake, tmp_path):
+    env = removal(fake, tmp_path)
+    fake.set(**{"settle-exit": "1"})
+    result = fake.run(reconcile.reconcile(nodes=[NODE_ID], stacks=["a", "b"]), **env)
+    assert result.returncode == 1
+    assert "stack a: infer task 1 was rejected" in result.stderr, result.stderr
+    assert fake.get("settled").splitlines() == ["--stack a --timeout 600"]  # it stopped at the first
+    assert "reconciled" not in result.stdout
+
+
+def test_no_node_removed_means_no_stack_is_waited_for(fake, tmp_path):
+    env = removal(fake, tmp_path)
+    fake.set(pool=NODE_ID)
+    result = fake.run(reconcile.reconcile(nodes=[NODE_ID], stacks=["a", "b"]), **env)
+    assert result.returncode == 0, result.stderr
+    assert fake.get("settled") == ""
