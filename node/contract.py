@@ -43,6 +43,9 @@ CONDITION_LABEL = "gpu-swarm.condition"  # healthy, degraded, unhealthy or recla
 CONDITION_REASON_LABEL = f"{CONDITION_LABEL}.reason"  # why, in [A-Za-z0-9._:/-]: xid_79_on_GPU-...
 CONDITION_GPU_LABEL = f"{CONDITION_LABEL}.gpu"  # the GPU that set the condition; "-" for none
 CONDITION_SINCE_LABEL = f"{CONDITION_LABEL}.since"  # unix time the condition began
+# The conditions swarm_reconciler.py drains a node on; gpu_health.py signals the node's sentinel
+# task as its condition enters one, so the reconciler acts before the label arrives.
+DRAIN_CONDITIONS = ("unhealthy", "reclaim")
 # What the node's GPUs are, named as gpu-feature-discovery names them: node/gpu_agent.py
 # (gpu_detect.py) writes them at every boot and owns every label that starts with "gpu.";
 # placement constraints read them (engine.labels.gpu.product == NVIDIA-H100-80GB-HBM3).

@@ -27,7 +27,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)  # the agent's modules ship beside this file (tests load it by path)
 from contract import (CONDITION_GPU_LABEL, CONDITION_LABEL, CONDITION_REASON_LABEL, CONDITION_SINCE_LABEL,  # noqa: E402
-                      DOCKER_DAEMON_JSON, DOCKER_SOCKET, DOCKERD_PIDFILE, HEALTH_CRITICAL_XIDS_ENV, HEALTH_IGNORE_XIDS_ENV,
+                      DOCKER_DAEMON_JSON, DRAIN_CONDITIONS, DOCKER_SOCKET, DOCKERD_PIDFILE, HEALTH_CRITICAL_XIDS_ENV, HEALTH_IGNORE_XIDS_ENV,
                       HEALTH_INTERVAL_ENV, HEALTH_RECOVERY_ENV, HEALTH_STATE_PATH, KIND_ENV, MPS_DIR, SHARED_KIND_ENV,
                       SHARING_MODE_ENV, SPOT_ENV)
 from daemon_json import locked, read_daemon_json, write_atomic  # noqa: E402
@@ -38,9 +38,6 @@ from health_rules import (OK, Tracker, condition_labels, ignored_xids, merge_lab
 from health_mps import check_mps  # noqa: E402
 from health_sources import DEFAULT_IMDS, MAINTENANCE_LEAD_S, Imds, Nvml, Simulation  # noqa: E402
 from sentinel import signal_sentinel  # noqa: E402
-
-DRAINS = ("unhealthy", "reclaim")  # the conditions the reconciler drains on (swarm_reconciler.DRAIN_ON)
-
 
 # --- output and the loop ------------------------------------------------------------------
 
@@ -93,7 +90,7 @@ def publish(args, tracker: Tracker, uuids: list[str], imds: tuple[str, str], now
         report["dockerd"] = send_sighup(args.dockerd_pidfile)
         log(f"condition {condition} (was {old.get(CONDITION_LABEL, 'unset')}): {report['reason']} gpu={report['gpu']}; "
             f"{report['dockerd']}")
-    if report["changed"] and condition in DRAINS and old.get(CONDITION_LABEL) not in DRAINS:
+    if report["changed"] and condition in DRAIN_CONDITIONS and old.get(CONDITION_LABEL) not in DRAIN_CONDITIONS:
         report["sentinel"] = signal_sentinel(args.docker_socket)  # once a fault: its task restarts for the next
         log(report["sentinel"])
     if tracker.state() != tracker.saved:

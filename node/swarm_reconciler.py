@@ -46,11 +46,10 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)  # the contract ships beside this file (tests load it by path)
 from contract import (CHECK_IMAGE, CONDITION_LABEL, CONDITION_REASON_LABEL, CONDITION_SINCE_LABEL,  # noqa: E402
-                      DRAINED_BY_HEALTH, DRAINED_BY_LABEL, HEALTH_LABEL, HEALTH_LAST_LABEL,
+                      DRAIN_CONDITIONS, DRAINED_BY_HEALTH, DRAINED_BY_LABEL, HEALTH_LABEL, HEALTH_LAST_LABEL,
                       HEALTH_MAX_DRAINED_PERCENT_ENV, MAINTENANCE_LABEL, SENTINEL_EXIT, SENTINEL_SERVICE,
                       SENTINEL_SIGNAL, SIGNALLED_LABEL)
 
-DRAIN_ON = ("unhealthy", "reclaim")
 # None: no condition reported. An unknown value is not evidence either way: nothing happens.
 REACTIVATE_ON = ("healthy", "degraded", None)
 _REASON_BAD = re.compile(r"[^A-Za-z0-9._:/-]")
@@ -100,10 +99,10 @@ def plan(nodes: list[dict], leader: bool, now: int, max_drained_percent: int,
     for node in nodes:
         engine = _engine(node)
         condition, reason = engine.get(CONDITION_LABEL), engine.get(CONDITION_REASON_LABEL, "-")
-        early = condition not in DRAIN_ON and node["ID"] in signalled
+        early = condition not in DRAIN_CONDITIONS and node["ID"] in signalled
         if early:  # the sentinel spoke; the labels that say why are on their way
             condition, reason = "unhealthy", SENTINEL_REASON
-        if condition not in DRAIN_ON or _spec(node).get("Availability") != "active":
+        if condition not in DRAIN_CONDITIONS or _spec(node).get("Availability") != "active":
             continue
         name, node_id = _name(node), node["ID"]
         why = f"{condition}:{sanitize(reason)}"
@@ -153,7 +152,7 @@ def _caught_up(node: dict, now: int) -> Action | None:
     """A node drained on its sentinel whose labels now say why: the reason replaces "sentinel"."""
     labels, engine = _spec(node).get("Labels") or {}, _engine(node)
     condition = engine.get(CONDITION_LABEL)
-    if SIGNALLED_LABEL not in labels or labels.get(DRAINED_BY_LABEL) != DRAINED_BY_HEALTH or condition not in DRAIN_ON:
+    if SIGNALLED_LABEL not in labels or labels.get(DRAINED_BY_LABEL) != DRAINED_BY_HEALTH or condition not in DRAIN_CONDITIONS:
         return None
     why = f"{condition}:{sanitize(engine.get(CONDITION_REASON_LABEL, '-'))}"
     return Action(node["ID"], _name(node), "explain", why,
