@@ -18,18 +18,16 @@ Stdlib and its siblings only: it runs under the system python3.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
-import socket
 import sys
 import time
-import urllib.parse
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)  # the rules and the contract ship beside this file
 from contract import DOCKER_SOCKET  # noqa: E402
+from gpu_tasks import DockerUnavailable, docker_request  # noqa: E402
 from stack_tasks import (converged, failing, fault_text, node_faults, outcome, releasing,  # noqa: E402
                          services_view, unsettled, waits_for_resources)
 
@@ -40,17 +38,6 @@ CONFIRM_READS = 2
 
 class EngineError(Exception):
     pass
-
-
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self.path = path
-
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self.path)
 
 
 def engine_socket() -> str:
@@ -64,22 +51,10 @@ def engine_socket() -> str:
 
 
 def get(sock: str, path: str, filters: dict | None = None) -> list:
-    query = "?filters=" + urllib.parse.quote(json.dumps(filters)) if filters else ""
     try:
-        conn = _UnixConnection(sock, timeout=20)
-        conn.request("GET", path + query)
-        answer = conn.getresponse()
-        body = answer.read().decode("utf-8", "replace")
-        conn.close()
-    except (OSError, http.client.HTTPException) as e:
-        raise EngineError(f"cannot reach the Docker engine at unix://{sock}: {e}") from None
-    if answer.status != 200:
-        try:
-            body = json.loads(body)["message"]
-        except (ValueError, KeyError, TypeError):
-            pass
-        raise EngineError(f"GET {path}: {answer.status} {body}".strip())
-    return json.loads(body)
+        return json.loads(docker_request(sock, "GET", path, timeout=20, **({"filters": filters} if filters else {})))
+    except DockerUnavailable as e:
+        raise EngineError(str(e)) from None
 
 
 def read(sock: str, stack: str) -> tuple[dict, bool]:
