@@ -12,7 +12,7 @@ from __future__ import annotations
 from swarm.labels import POOL_LABEL
 from swarm.rollout import manager_ready
 from swarm.script import node_id, quote, script, swarm_name, wait_until
-from swarm.stacks import DEFAULT_WAIT_SECONDS, STACK_MARKER_PREFIX, settle_command
+from swarm.stacks import DEFAULT_WAIT_SECONDS, STACK_MARKER_PREFIX, note_moving_stacks, settle_moved_stacks
 
 
 def reconcile(*, nodes: list[str], stacks: list[str], drain_timeout_s: int = 300,
@@ -33,7 +33,7 @@ def reconcile(*, nodes: list[str], stacks: list[str], drain_timeout_s: int = 300
         '  case "$keep_nodes" in *" $id "*) continue ;; esac',
         "  role=$(docker node inspect --format '{{.Spec.Role}}' \"$id\")",
         '  echo "removing node $id ($role), which the program no longer has"',
-        *_indent(_stacks_on_node()),
+        *_indent(note_moving_stacks('"$id"')),
         '  docker node update --availability drain "$id" >/dev/null',
         *_indent(wait_until('[ -z "$(docker node ps "$id" --filter desired-state=running -q)" ]',
                             drain_timeout_s, "tasks on node $id did not move away")),
@@ -50,7 +50,7 @@ def reconcile(*, nodes: list[str], stacks: list[str], drain_timeout_s: int = 300
         '  docker config rm "$marker" >/dev/null',
         "done",
         *_kept_nodes_ready(settle_timeout_s),
-        *_moved_stacks_settled(moved_timeout_s),
+        *settle_moved_stacks(moved_timeout_s),
         "echo reconciled",
     )
 
@@ -68,33 +68,6 @@ def _kept_nodes_ready(timeout_s: int) -> list[str]:
         "}",
         *wait_until('[ -z "$(not_ready)" ]', timeout_s,
                     "kept node(s) not ready: $(not_ready); see docker node ls, and the node's own dockerd"),
-    ]
-
-
-def _stacks_on_node() -> list[str]:
-    """Lines that add to $moved the stacks whose tasks run on node $id. The drain below only waits
-    for those tasks to stop: their replacements start elsewhere after the restart delay, and a
-    read right after `up` would see them still on their way (a task's container carries its stack)."""
-    label = '{{index .Spec.ContainerSpec.Labels "com.docker.stack.namespace"}}'
-    return [
-        'for task in $(docker node ps "$id" --filter desired-state=running -q); do',
-        f"  moved=\"$moved $(docker inspect --type task --format '{label}' \"$task\" 2>/dev/null || true)\"",
-        "done",
-    ]
-
-
-def _moved_stacks_settled(timeout_s: int) -> list[str]:
-    """Lines that run the stack waiter, as a deploy does, for each kept stack in $moved: it fails
-    with swarm's reason when a task that moved cannot run, and lets a task that waits for a GPU be."""
-    return [
-        "waited=' '",
-        "for name in $moved; do",
-        '  case "$waited" in *" $name "*) continue ;; esac',
-        '  case "$keep_stacks" in *" $name "*) ;; *) continue ;; esac',
-        '  waited="$waited$name "',
-        '  echo "waiting for stack $name, whose tasks moved, to settle"',
-        "  " + settle_command('"$name"', timeout_s) + " >/dev/null",
-        "done",
     ]
 
 

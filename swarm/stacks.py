@@ -46,6 +46,36 @@ def deploy_stack(name: str, content_sha256: str, wait_seconds: int = DEFAULT_WAI
     )
 
 
+def note_moving_stacks(node: str) -> list[str]:
+    """Lines that add to $moved the stacks of the tasks that run on node `node` (an ID or a shell
+    expansion), read before it is drained. Draining only stops a node's tasks: their replacements
+    start elsewhere after swarm's restart delay, so whoever drains waits for these stacks after
+    (settle_moved_stacks). A task's container carries its stack's name."""
+    label = '{{index .Spec.ContainerSpec.Labels "com.docker.stack.namespace"}}'
+    return [
+        f"for task in $(docker node ps {node} --filter desired-state=running -q); do",
+        f"  moved=\"$moved $(docker inspect --type task --format '{label}' \"$task\" 2>/dev/null || true)\"",
+        "done",
+    ]
+
+
+def settle_moved_stacks(timeout_s: int) -> list[str]:
+    """Lines that run the stack waiter, as a deploy does, once for each stack named in $moved that
+    the program deployed (it has a marker: a stack removed meanwhile, or one deployed by hand, is
+    not waited for). The waiter fails with swarm's reason when a task that moved cannot run, and
+    lets a task that waits for a GPU be. People read its lines on stderr; stdout stays the caller's."""
+    return [
+        "waited=' '",
+        "for name in $moved; do",
+        '  case "$waited" in *" $name "*) continue ;; esac',
+        '  waited="$waited$name "',
+        f'  docker config inspect "{STACK_MARKER_PREFIX}$name" >/dev/null 2>&1 || continue',
+        '  echo "waiting for stack $name, whose tasks moved, to settle" >&2',
+        "  " + settle_command('"$name"', timeout_s) + " >/dev/null",
+        "done",
+    ]
+
+
 def settle_command(stack: str, wait_seconds: int) -> str:
     """The command line that waits until `stack` (a quoted name or a shell expansion) has settled:
     the installed node software's waiter (the rehearsal points GPU_SWARM_SOFTWARE at node/)."""

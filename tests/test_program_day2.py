@@ -242,10 +242,10 @@ def test_three_managers_with_the_first_replaced_keep_the_swarm_its_quorum_and_it
               if t.get("NodeID") == old_id and t["DesiredState"] == "running"} - {None}
 
     report = up(THREE_MANAGERS, "--replace", "gpu-swarm-managers-0", secrets=secrets)
-    reconciled = resources("command:remote:Command")["gpu-swarm-reconcile-run"]["outputs"]["stdout"]
-    assert f"removing node {old_id}" in reconciled, reconciled
+    reconciled = resources("command:remote:Command")["gpu-swarm-reconcile-run"]["outputs"]
+    assert f"removing node {old_id}" in reconciled["stdout"], reconciled
     for stack in on_old:
-        assert f"waiting for stack {stack}, whose tasks moved, to settle" in reconciled, reconciled
+        assert f"waiting for stack {stack}, whose tasks moved, to settle" in reconciled["stderr"], reconciled
 
     new = records()["gpu-swarm-dev-manager-0"]
     assert new["machine"] != old["machine"] and not machine(old).dir.exists()  # new first, the old one deleted

@@ -147,12 +147,18 @@ case "$1 $2" in
   "node ls") case "$*" in *--format*) get nodes ;; *-q*) get pool ;; esac ;;  # nodes: "ID Status Hostname" lines
   # The reconcile's removals: pool (labelled node IDs), tasks-ID (what runs on a node until it
   # is drained), stack-TASK (a task's stack), markers (the stacks' marker configs).
-  "node inspect") echo worker ;;
-  "node update") : >"$FAKE/drained-$5" ;;
+  "node inspect") case "$*" in  # availability, label-<name> (a node label), resources
+      *Availability*) get availability active ;;
+      *Spec.Labels*) l="$*"; l=${l#*Labels \"}; get "label-${l%%\"*}" ;;
+      *GenericResources*) get resources null ;;
+      *) echo worker ;;
+    esac ;;
+  "node update") case "$*" in *"--availability drain"*) : >"$FAKE/drained-${!#}" ;; esac ;;
   "node ps") [ -e "$FAKE/drained-$3" ] || get "tasks-$3" ;;
   "node rm") ;;
   "inspect --type") get "stack-$6" ;;
   "config ls") get markers ;;
+  "config inspect") [ -e "$FAKE/marker-$3" ] || exit 1 ;;
 esac
 """
 # The worker's certificate says which swarm issued it; openssl reads it from the data root.
@@ -164,7 +170,8 @@ echo "subject=O = $(cat "$FAKE/cluster" 2>/dev/null), OU = swarm-worker, CN = x"
 REAL_TOOLS = {"bash": shutil.which("bash"), "cat": shutil.which("cat"), "rm": shutil.which("rm"),
               "sed": shutil.which("sed"), "timeout": shutil.which("timeout"), "python3": sys.executable,
               "awk": shutil.which("awk"), "date": shutil.which("date"), "sleep": shutil.which("sleep"),
-              "mktemp": shutil.which("mktemp"), "grep": shutil.which("grep")}
+              "mktemp": shutil.which("mktemp"), "grep": shutil.which("grep"), "tr": shutil.which("tr"),
+              "sort": shutil.which("sort"), "paste": shutil.which("paste"), "wc": shutil.which("wc")}
 RECORD_ARGV = """#!/bin/sh
 printf '%s\\n' "$0 $*" >>"$FAKE/argv"
 exec {real} "$@"
@@ -569,8 +576,9 @@ def test_a_kept_node_that_stays_down_fails_the_reconcile_naming_it(fake):
 # A stand-in for the node's stack waiter (node/stack_settle.py): it records what it was asked, and
 # exits as the file settle-exit says (the real one: 0 settled, 1 refused or out of time).
 SETTLE_STUB = """import os, sys
-with open(os.path.join(os.environ["FAKE"], "settled"), "a") as f:
-    f.write(" ".join(sys.argv[1:]) + "\\n")
+for name in ("settled", "calls"):  # calls: in order with the docker CLI's
+    with open(os.path.join(os.environ["FAKE"], name), "a") as f:
+        f.write(("settle " if name == "calls" else "") + " ".join(sys.argv[1:]) + "\\n")
 path = os.path.join(os.environ["FAKE"], "settle-exit")
 code = int(open(path).read()) if os.path.exists(path) else 0
 if code:
@@ -582,8 +590,9 @@ GONE_ID = "goneaaaaaaaaaaaaaaaaaaaaa"
 
 def removal(fake, tmp_path) -> dict:
     """A swarm with one node the program no longer has, running tasks of stacks a (twice), b and c,
-    and one task of no stack; the program keeps stacks a and b (c is not the program's)."""
+    and one task of no stack; the program deployed stacks a and b (they have markers), not c."""
     fake.set(pool=f"{NODE_ID}\n{GONE_ID}", nodes=f"{NODE_ID} Ready manager-0", markers="",
+             **{f"marker-{stacks.marker('a')}": "", f"marker-{stacks.marker('b')}": ""},
              **{f"tasks-{GONE_ID}": "t1\nt2\nt3\nt4\nt5"},
              **{"stack-t1": "a", "stack-t2": "b", "stack-t3": "a", "stack-t4": "", "stack-t5": "c"})
     software = tmp_path / "software"
@@ -623,3 +632,46 @@ def test_no_node_removed_means_no_stack_is_waited_for(fake, tmp_path):
     result = fake.run(reconcile.reconcile(nodes=[NODE_ID], stacks=["a", "b"]), **env)
     assert result.returncode == 0, result.stderr
     assert fake.get("settled") == ""
+
+
+def test_a_rolls_cordon_notes_the_program_stacks_it_moves_on_the_node_itself(fake, tmp_path):
+    removal(fake, tmp_path)
+    fake.set(**{f"tasks-{NODE_ID}": "t1\nt2\nt3\nt4"})
+    result = fake.run(rollout.cordon_node(NODE_ID, pool="h100", software=SOFTWARE))
+    assert result.returncode == 0, result.stderr
+    (update,) = [c for c in fake.calls() if c.startswith("docker node update")]
+    assert "--availability drain" in update and "--label-add gpu-swarm.moved-stacks=a,b " in update, update
+
+
+def test_a_cordon_that_moves_nothing_notes_nothing(fake, tmp_path):
+    result = fake.run(rollout.cordon_node(NODE_ID, pool="h100", software=SOFTWARE))
+    assert result.returncode == 0, result.stderr
+    (update,) = [c for c in fake.calls() if c.startswith("docker node update")]
+    assert "moved-stacks" not in update and "--availability drain" in update
+
+
+def test_admit_waits_for_the_stacks_its_cordon_moved_then_forgets_them(fake, tmp_path):
+    env = removal(fake, tmp_path)
+    fake.set(**{"label-gpu-swarm.moved-stacks": "a,b,c", "label-gpu-swarm.drained-by": "rollout"})
+    result = fake.run(rollout.admit_node(NODE_ID, {"gpu-swarm.pool": "h100"}, expected_gpus=0, kind=KIND,
+                                         software=SOFTWARE, moved_timeout_s=42), **env)
+    assert result.returncode == 0, result.stderr
+    assert rollout.admitted(result.stdout) == ([], None)  # its report is still the last line of stdout
+    calls = fake.calls()
+    activated = next(i for i, c in enumerate(calls) if "--availability active" in c)
+    settled = [i for i, c in enumerate(calls) if c.startswith("settle")]
+    forgot = calls.index(f"docker node update --label-rm gpu-swarm.moved-stacks {NODE_ID}")
+    # Given back first (the moved tasks come home), then each of the program's stacks waited for (c is not
+    # the program's: no marker), and only then is the note removed.
+    assert [calls[i] for i in settled] == ["settle --stack a --timeout 42", "settle --stack b --timeout 42"]
+    assert activated < settled[0] and settled[-1] < forgot
+
+
+def test_admit_keeps_the_note_when_a_moved_stack_will_not_run(fake, tmp_path):
+    """The next `up` runs admit again, and waits again."""
+    env = removal(fake, tmp_path)
+    fake.set(**{"label-gpu-swarm.moved-stacks": "a", "settle-exit": "1"})
+    result = fake.run(rollout.admit_node(NODE_ID, {"gpu-swarm.pool": "h100"}, expected_gpus=0, kind=KIND,
+                                         software=SOFTWARE), **env)
+    assert result.returncode == 1 and "stack a: infer task 1 was rejected" in result.stderr
+    assert not [c for c in fake.calls() if "--label-rm gpu-swarm.moved-stacks" in c]
