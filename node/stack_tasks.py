@@ -363,6 +363,14 @@ def outcome(view: dict) -> list[str]:
             if fault:  # the run that ended last failed on faulty hardware: said whatever the slot does now
                 what += f" ({'its last run ' if not t.get('ended') else ''}failed {fault_text(fault)})"
             counts[what] = counts.get(what, 0) + 1
-        lines.append(f"{svc['name']}: " + (", ".join(f"{n} {what}" for what, n in counts.items()) or "no tasks"))
+        # In a fixed order, not the tasks': which slot got the GPU must not change the line (an
+        # output of `up` that changed with it would show a diff where nothing changed).
+        parts = sorted(counts.items(), key=lambda item: (_OUTCOME_ORDER.get(item[0].split(" (")[0], len(_OUTCOME_ORDER)),
+                                                         item[0]))
+        lines.append(f"{svc['name']}: " + (", ".join(f"{n} {what}" for what, n in parts) or "no tasks"))
     return lines
+
+
+_OUTCOME_ORDER = {what: i for i, what in enumerate(
+    ("running", "completed", "completed, restarting", "waiting for resources", "pending"))}
 

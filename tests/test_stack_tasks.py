@@ -94,6 +94,18 @@ def test_up_reports_each_tasks_last_run_and_exit_code():
     assert (row[4], row[6], row[7]) == ("failed", "ago", "3") and row[-4:] == ["completed,", "1", "failed", "ended"]
 
 
+def test_the_outcome_line_does_not_depend_on_which_slot_got_the_gpu():
+    """One running and one waiting read the same whichever slot runs: stackTasks is an output of `up`,
+    and a line that changed with it would show a diff on an `up` where nothing changed."""
+    smi = service(view(), "smi")
+    running = {**smi["tasks"][0], "state": "running", "reason": "", "ended": False, "runs": {"completed": 0}}
+    waiting = {**smi["tasks"][0], "state": "pending", "ended": False, "runs": {"completed": 0},
+               "reason": "no suitable node (insufficient resources on 1 node)"}
+    lines = {outcome({"services": [{**smi, "name": "gpu", "tasks": order}]})[0]
+             for order in ([running, waiting], [waiting, running])}
+    assert lines == {"gpu: 1 running, 1 waiting for resources"}
+
+
 def test_an_ended_task_holds_no_gpu_and_shows_the_gpus_its_run_had():
     gpu = "GPU-45d4ba60-e7f0-4e6d-9dde-84c3609cc6cb"
     v = {"nodes": [{"name": "node-1", "role": "worker", "state": "ready", "availability": "active", "gpus": [gpu],
