@@ -126,9 +126,11 @@ class LocalCloud(pulumi_mocks.Mocks):
             self.pending[urn] = {"type": args.typ, "operation": "updating" if before else "creating"}
         try:
             rid, outputs = handler(args.name, inputs, before)
-        except BaseException:
+        except BaseException as e:
+            # Pulumi prints every failed step's own error; whichever error reaches the program first,
+            # the first failure's reason must not be lost behind a "not started".
             with self.lock:
-                self.failed = self.failed or f"an earlier step failed ({args.name})"
+                self.failed = self.failed or f"an earlier step failed ({args.name}): {str(e) or type(e).__name__}"
             raise
         finally:
             with self.lock:
