@@ -6,8 +6,7 @@ and only then (their scripts name the release):
 - upgrade, on the node: write the files its user data wrote and run the same installer its
   first boot ran (node_commands.upgrade), so a roll and a boot are one path;
 - admit, on the first manager: label the node, check that the swarm sees its GPUs, prove
-  them (the post-join check), record the release and give back what cordon took, then wait
-  until the stacks whose tasks cordon moved off the node run again (swarm/rollout.py).
+  them (the post-join check), record the release and give back what cordon took.
 Cluster rolls each pool in waves of at most its maxUnavailable nodes (RollWaves): a node's
 cordon waits for every admit of the wave before. So at most that many nodes per pool are out
 at a time, and no command ever waits for one that has not started, whatever

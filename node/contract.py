@@ -25,8 +25,6 @@ POOL_SLOTS_PER_GPU_LABEL = "gpu-swarm.slots-per-gpu"  # tasks per shared GPU; 0:
 SOFTWARE_LABEL = "gpu-swarm.software"  # the release the node runs: rollout admit_node writes, cordon_node reads
 MAINTENANCE_LABEL = "gpu-swarm.maintenance"  # "<since>:<release>": rollout's cordon_node writes it while the
 # node's software changes, admit_node removes it; swarm_reconciler.py gives no such node back
-MOVED_STACKS_LABEL = "gpu-swarm.moved-stacks"  # "a,b": the program's stacks that had tasks on the node when
-# cordon_node drained it; admit_node waits until they have settled again, then removes it
 DRAINED_BY_LABEL = "gpu-swarm.drained-by"  # who drained the node, one of the three below; none: an operator.
 # Each drainer makes active only nodes it drained itself; swarm/health.py reports it.
 DRAINED_BY_ROLLOUT = "rollout"  # swarm/rollout.py cordon_node; admit_node undoes it

@@ -5,9 +5,7 @@ marked as under maintenance; the program rolls each pool in waves of at most its
 rollout.maxUnavailable nodes (components/node_rollout.py), so the rest of the pool keeps its
 GPUs in service. admit labels the node, checks what the swarm
 sees of its GPUs, records the software it runs, and gives back only what cordon (or a
-failed GPU check) took: a node an operator drained stays drained. cordon notes the stacks whose
-tasks it moved (a node label), and admit waits until they have settled again, so the next wave
-drains only once the last one's tasks run, and `up` ends on a swarm that has.
+failed GPU check) took: a node an operator drained stays drained.
 """
 from __future__ import annotations
 
@@ -15,10 +13,9 @@ import json
 
 from swarm.gpu_check import GpuCheck, verify_gpus
 from swarm.gpu_kind import validate_kind
-from swarm.labels import DRAINED_BY_LABEL, MAINTENANCE_LABEL, MOVED_STACKS_LABEL, SOFTWARE_LABEL, node_label_function
+from swarm.labels import DRAINED_BY_LABEL, MAINTENANCE_LABEL, SOFTWARE_LABEL, node_label_function
 from swarm.script import (RETRY_TRANSIENT_SWARM_ERRORS, label_key, node_id, quote, script, sha256_hex,
                           swarm_name, wait_until)
-from swarm.stacks import DEFAULT_WAIT_SECONDS, note_moving_stacks, settle_moved_stacks
 
 
 def manager_ready(timeout_s: int = 180) -> list[str]:
@@ -49,11 +46,6 @@ def cordon_node(node: str, *, pool: str, software: str, drain_timeout_s: int = 3
         f'set -- --label-add {MAINTENANCE_LABEL}="$(date +%s):{want[:12]}"',
         f"if [ \"$(docker node inspect --format '{{{{.Spec.Availability}}}}' {node})\" = active ]; then",
         f'  set -- "$@" --availability drain --label-add {DRAINED_BY_LABEL}=rollout',
-        "  moved=''",
-        *("  " + line for line in note_moving_stacks(node)),
-        # Kept until admit has waited for them: a roll that stops in between waits on the next `up`.
-        '  moved=$(printf \'%s\' "$moved" | tr -s \' \' \'\\n\' | grep . | sort -u | paste -sd, -)',
-        f'  if [ -n "$moved" ]; then set -- "$@" --label-add {MOVED_STACKS_LABEL}="$moved"; fi',
         # A node joins drained (swarm/script.py's join) and has no release until its first admit:
         # that drain is the program's to give back, as one it made here would be.
         f'elif [ -z "$(node_label {node} {SOFTWARE_LABEL})" ] && [ -z "$(node_label {node} {DRAINED_BY_LABEL})" ]; then',
@@ -67,10 +59,8 @@ def cordon_node(node: str, *, pool: str, software: str, drain_timeout_s: int = 3
 
 
 def admit_node(node: str, labels: dict[str, str], *, expected_gpus: int, kind: str, software: str,
-               slots_per_gpu: int = 0, shared_kind: str = "", check: GpuCheck | None = None,
-               moved_timeout_s: int = DEFAULT_WAIT_SECONDS) -> str:
-    """Label a node, check the swarm sees its GPUs, end its maintenance, prove its GPUs (check),
-    then wait until the stacks cordon moved off it have settled again.
+               slots_per_gpu: int = 0, shared_kind: str = "", check: GpuCheck | None = None) -> str:
+    """Label a node, check the swarm sees its GPUs, end its maintenance, prove its GPUs (check).
 
     A node that shares its GPUs advertises slots_per_gpu slots of shared_kind per GPU.
     Prints {"resources": <its generic resources>, "check": <the GPU check's result or null>}.
@@ -112,9 +102,6 @@ def admit_node(node: str, labels: dict[str, str], *, expected_gpus: int, kind: s
         "check=null",
         *(verify_gpus(node, kind=kind, count=expected_gpus, release=want, check=check)
           if check and expected_gpus else []),
-        f"moved=$(node_label {node} {MOVED_STACKS_LABEL} | tr , ' ')",
-        *settle_moved_stacks(moved_timeout_s),
-        f'if [ -n "$moved" ]; then docker node update --label-rm {MOVED_STACKS_LABEL} {node} >/dev/null; fi',
         "printf '{\"resources\": %s, \"check\": %s}\\n' \"$res\" \"$check\"",
     )
 
