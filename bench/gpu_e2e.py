@@ -53,7 +53,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from swarm import formation, rollout, stacks  # noqa: E402  (pure Python: no Pulumi needed here)
 from swarm.gpu_check import CHECK_IMAGE, GpuCheck  # noqa: E402
-from swarm.labels import DRAINED_BY_LABEL, GPU_REPLICAS_LABEL, GPU_SHARING_LABEL, POOL_LABEL  # noqa: E402
+from swarm.labels import (DRAINED_BY_LABEL, GPU_REPLICAS_LABEL, GPU_SHARING_LABEL, POOL_LABEL,  # noqa: E402
+                          STACK_NAMESPACE_LABEL)
 
 import yaml  # noqa: E402
 
@@ -224,7 +225,7 @@ def remove_stack(name: str) -> None:
     """Remove a stack and wait until its containers have stopped: until then they still hold
     their GPUs, and the guard's ledger refuses a new holder of a GPU that a live one holds."""
     script(stacks.remove_stack(name))
-    wait(lambda: not docker("ps", "-q", "--filter", f"label=com.docker.stack.namespace={name}").stdout.strip(),
+    wait(lambda: not docker("ps", "-q", "--filter", f"label={STACK_NAMESPACE_LABEL}={name}").stdout.strip(),
          60, f"the containers of stack {name} to stop")
 
 

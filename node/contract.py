@@ -70,6 +70,8 @@ EFA_KIND = "AWS-EFA"
 
 # ---------------------------------------------------------------- labels on other swarm objects
 # The program's own; no node program reads them, but every gpu-swarm label lives here.
+STACK_NAMESPACE_LABEL = "com.docker.stack.namespace"  # Docker's, not ours: `docker stack deploy` puts it on
+# each service, task container, network and config of a stack; node/stack_settle.py and swarm/ find a stack's parts by it
 CHECK_SERVICE_LABEL = "gpu-swarm.check"  # on swarm/gpu_check.py's one-off services: the node it checks
 STACK_LABEL = "gpu-swarm.stack"  # swarm/stacks.py marks each stack it deploys with a config named
 # "<STACK_LABEL>.<stack>" and labelled with it; swarm/reconcile.py removes the stacks whose marker it no longer wants

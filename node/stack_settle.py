@@ -26,12 +26,11 @@ import time
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)  # the rules and the contract ship beside this file
-from contract import DOCKER_SOCKET  # noqa: E402
+from contract import DOCKER_SOCKET, STACK_NAMESPACE_LABEL  # noqa: E402
 from gpu_tasks import DockerUnavailable, docker_request  # noqa: E402
 from stack_tasks import (converged, failing, fault_text, node_faults, outcome, releasing,  # noqa: E402
                          services_view, unsettled, waits_for_resources)
 
-STACK_LABEL = "com.docker.stack.namespace"  # docker stack deploy labels each service with its stack
 # Settled on two reads in a row: a service's tasks appear a moment after `stack deploy` returns.
 CONFIRM_READS = 2
 
@@ -60,7 +59,7 @@ def get(sock: str, path: str, filters: dict | None = None) -> list:
 def read(sock: str, stack: str) -> tuple[dict, bool]:
     """The stack's services with their up-to-date tasks (a view as stack_tasks.py reads it), and
     whether some task of the cluster is still releasing what it holds."""
-    services = get(sock, "/services", {"label": [f"{STACK_LABEL}={stack}"]})
+    services = get(sock, "/services", {"label": [f"{STACK_NAMESPACE_LABEL}={stack}"]})
     ids = {s["ID"] for s in services}
     current = [t for t in get(sock, "/tasks", {"_up-to-date": ["true"]}) if t.get("ServiceID") in ids]
     nodes = get(sock, "/nodes")

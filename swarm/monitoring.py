@@ -23,7 +23,7 @@ import yaml
 from swarm.node_contract import DOCKER_SOCKET, METRICS_PORT, MONITORING_STACK
 from swarm.script import quote, script, sha256_hex
 from swarm.stacks import into_swarm, marker
-from swarm.labels import STACK_LABEL
+from swarm.labels import STACK_LABEL, STACK_NAMESPACE_LABEL
 
 STACKS = Path(__file__).resolve().parent.parent / "stacks"
 COMPOSE = STACKS / "monitoring.yml"
@@ -110,7 +110,7 @@ def deploy_monitoring(bundle_sha: str, swarm_id: str = "") -> str:
         f"  printf '%s' {stack} | docker config create --label {STACK_LABEL}={stack} "
         f"{quote(marker(MONITORING_STACK))} - >/dev/null",
         # Configs of earlier versions: removing one that a task still uses fails, harmlessly.
-        f"docker config ls -q --filter label=com.docker.stack.namespace={stack} | "
+        f"docker config ls -q --filter label={STACK_NAMESPACE_LABEL}={stack} | "
         "xargs -r docker config rm >/dev/null 2>&1 || true",
     )
 

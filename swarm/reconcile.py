@@ -9,7 +9,7 @@ Only what the program made is touched: nodes with a pool label, stacks with a ma
 """
 from __future__ import annotations
 
-from swarm.labels import POOL_LABEL
+from swarm.labels import POOL_LABEL, STACK_NAMESPACE_LABEL
 from swarm.rollout import manager_ready
 from swarm.script import node_id, quote, script, swarm_name, wait_until
 from swarm.stacks import DEFAULT_WAIT_SECONDS, STACK_MARKER_PREFIX, note_moving_stacks, settle_moved_stacks
@@ -23,7 +23,7 @@ def reconcile(*, nodes: list[str], stacks: list[str], drain_timeout_s: int = 300
     every kept stack that had a task on a removed node has settled again (node/stack_settle.py)."""
     keep_nodes = " ".join(node_id(n) for n in sorted(set(nodes)))
     keep_stacks = " ".join(swarm_name(s, "stack name") for s in sorted(set(stacks)))
-    namespace = '"label=com.docker.stack.namespace=$name"'
+    namespace = f'"label={STACK_NAMESPACE_LABEL}=$name"'
     return script(
         *manager_ready(),
         f"keep_nodes=' {keep_nodes} '",

@@ -12,7 +12,7 @@ import json
 import re
 import posixpath
 
-from swarm.labels import STACK_LABEL
+from swarm.labels import STACK_LABEL, STACK_NAMESPACE_LABEL
 from swarm.node_contract import STACK_SETTLE_PATH
 from swarm.script import quote, script, sha256_hex, swarm_name, wait_until
 
@@ -51,7 +51,7 @@ def note_moving_stacks(node: str) -> list[str]:
     expansion), read before it is drained. Draining only stops a node's tasks: their replacements
     start elsewhere after swarm's restart delay, so whoever drains waits for these stacks after
     (settle_moved_stacks). A task's container carries its stack's name."""
-    label = '{{index .Spec.ContainerSpec.Labels "com.docker.stack.namespace"}}'
+    label = f'{{{{index .Spec.ContainerSpec.Labels "{STACK_NAMESPACE_LABEL}"}}}}'
     return [
         f"for task in $(docker node ps {node} --filter desired-state=running -q); do",
         f"  moved=\"$moved $(docker inspect --type task --format '{label}' \"$task\" 2>/dev/null || true)\"",
@@ -112,7 +112,7 @@ def remove_stack(name: str, *, timeout_s: int = 120) -> str:
 
 def remove_stack_lines(name: str, timeout_s: int) -> list[str]:
     stack = quote(swarm_name(name, "stack name"))
-    label = quote(f"label=com.docker.stack.namespace={name}")
+    label = quote(f"label={STACK_NAMESPACE_LABEL}={name}")
     return [
         f"if docker stack ls --format '{{{{.Name}}}}' | grep -qx {stack}; then",
         f"  docker stack rm {stack} >/dev/null; echo 'stack {name} removed'",
