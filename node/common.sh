@@ -66,8 +66,10 @@ hold_nvidia_packages() {
 # so that new node software runs at once; on failure, show its journal and fail the step.
 install_service() {
   install -m 0644 "$(dirname "${BASH_SOURCE[0]}")/$1" "$GPU_SWARM_UNIT_DIR/$1"
+  # One reload that reads the new file and the enable's links: a plain `enable` reloads again,
+  # and each reload takes about 0.13 s, five times on a GPU node's boot.
+  systemctl enable --no-reload "$1"
   systemctl daemon-reload
-  systemctl enable "$1"
   systemctl restart "$1" || {
     journalctl -u "$1" -n 30 --no-pager || :
     die "$1 failed to start"

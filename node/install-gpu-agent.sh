@@ -25,8 +25,8 @@ if [ "$have" != "$want" ]; then
   retry env PYTHONPATH="$wheel" "$GPU_SWARM_VENV/bin/python" -m pip install -q --disable-pip-version-check $want
 fi
 install -m 0644 "$here/gpu-swarm-agent.service" "$GPU_SWARM_UNIT_DIR/gpu-swarm-agent.service"
+systemctl enable --no-reload gpu-swarm-agent.service
 systemctl daemon-reload
-systemctl enable gpu-swarm-agent.service
 systemctl start gpu-swarm-agent.service || {
   journalctl -u gpu-swarm-agent.service -n 30 --no-pager || :
   die "gpu-swarm-agent failed"

@@ -352,9 +352,9 @@ def test_gpu_agent_step_enables_and_runs_the_unit(node):
     node.write(node.root / "venv" / "bin" / "python", f"#!/bin/sh\necho {PINNED}\n")  # pinned NVML installed
     node.fake("systemctl", "exit 0")
     assert node.bootstrap("install-gpu-agent").returncode == 0, node.log.read_text()
-    assert node.called() == ["systemctl daemon-reload", "systemctl enable gpu-swarm-agent.service",
-                             "systemctl start gpu-swarm-agent.service", "systemctl daemon-reload",
-                             "systemctl enable gpu-swarm-guard.service", "systemctl restart gpu-swarm-guard.service"]
+    assert node.called() == ["systemctl enable --no-reload gpu-swarm-agent.service", "systemctl daemon-reload",
+                             "systemctl start gpu-swarm-agent.service", "systemctl enable --no-reload gpu-swarm-guard.service",
+                             "systemctl daemon-reload", "systemctl restart gpu-swarm-guard.service"]
     for unit in ("gpu-swarm-agent.service", "gpu-swarm-guard.service"):  # the guard's server: see guard_server.py
         assert (node.root / "units" / unit).read_text() == (NODE_SRC / unit).read_text()
 
@@ -410,7 +410,7 @@ def test_health_steps_install_enable_and_restart_their_unit(node, step, unit):
     node.real_step(step)
     node.fake("systemctl", "exit 0")
     assert node.bootstrap(step).returncode == 0, node.log.read_text()
-    assert node.called() == ["systemctl daemon-reload", f"systemctl enable {unit}", f"systemctl restart {unit}"]
+    assert node.called() == [f"systemctl enable --no-reload {unit}", "systemctl daemon-reload", f"systemctl restart {unit}"]
     assert (node.root / "units" / unit).read_text() == (NODE_SRC / unit).read_text()
 
 
