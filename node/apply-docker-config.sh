@@ -22,8 +22,10 @@ config.pop("labels", None)
 print(hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest())
 PY
 )
-# --no-reload: the links are for the next boot, and a reload would only cost time.
-systemctl enable --no-reload -q docker
+# Asked first: docker's package ships an init script too, so `enable` runs systemd-sysv-install
+# (update-rc.d) each time, 0.27 s even when the unit is enabled already. --no-reload: the links
+# are for the next boot.
+systemctl is-enabled -q docker 2>/dev/null || systemctl enable --no-reload -q docker
 # dockerd has read the file if it started after the file last changed: on a node's first boot it
 # started after cloud-init wrote it, and on a GPU node the agent restarted it moments ago. A
 # restart then only cost time (1-2 s of every first boot). Unknown (systemd < 248): restart.

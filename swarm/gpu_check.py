@@ -9,7 +9,9 @@ through the same scheduler, runtime guard and NVIDIA runtime as every task:
 A node that fails is drained (drained-by=gpu-check, which admit undoes once it passes) and
 the check exits 1 with the evidence, so `pulumi up` fails for that node. It drains only on
 evidence: when other tasks hold the node's GPUs and the reserving job cannot start, that half
-is skipped ("gpus_busy"), the node stays in, and the next `pulumi up` checks again.
+is skipped ("gpus_busy"), the node stays in, and the next `pulumi up` checks again. The node's
+tasks say so within a second ("busy_because": "held"); a job pending for another reason is
+given busy_after_s.
 """
 from __future__ import annotations
 
@@ -38,11 +40,14 @@ class GpuCheck:
     busy_after_s: int = 30  # a reserving job still pending for GPUs after this: they are busy
 
 
-def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuCheck) -> list[str]:
-    """Lines for admit_node: prove the node's GPUs unless this release already did; drain it if not."""
+def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuCheck, units: int = 0) -> list[str]:
+    """Lines for admit_node: prove the node's GPUs unless this release already did; drain it if not.
+    units: what the node advertises of the kind it checks (its GPUs, or its slots); default count."""
     node = node_id(node)
     kind = validate_kind(check.shared_kind or kind)
     reserve = 1 if check.shared_kind else count
+    # The reserving job cannot start while other tasks hold more than this of the node's units.
+    spare = (units or count) - reserve
     jobs = f"gpu-swarm-check-{node[:12]}"
     common = (f"--detach --mode replicated-job --restart-condition none --no-resolve-image "
               f"--constraint node.id=={node} --label {CHECK_SERVICE_LABEL}={node}")
@@ -72,8 +77,23 @@ def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuChe
         "    done < <(docker service ps --format '{{.Name}} {{.CurrentState}}' \"${services[@]}\" 2>/dev/null || true)",
         "  }",
         "  ended() { case $1 in Complete|Failed|Rejected) true ;; *) false ;; esac; }",
+        # A roll gives the node back before this check, and tasks that waited for GPUs take them at
+        # once: then the reserving job stays pending. The node's tasks say so within a second, where
+        # waiting out busy_after_s cost every wave of a busy pool that long.
+        "  held() {",
+        f"    local ids; ids=$(docker node ps {node} -q --filter desired-state=running 2>/dev/null || true)",
+        '    if [ -z "$ids" ]; then echo 0; return; fi',
+        "    # shellcheck disable=SC2086 # one task ID a word",
+        # A task's assigned resources: GenericResources, absent (so `index`, not a field) when it has none.
+        "    { docker inspect --type task --format '{{json (index . \"GenericResources\")}}' $ids 2>/dev/null || true; } |",
+        f"      grep -o {quote(chr(34) + 'Kind' + chr(34) + ':' + chr(34) + kind + chr(34))} | wc -l",
+        "  }",
         f"  busy=false; busy_at=$((SECONDS + {int(check.busy_after_s)})); end=$((SECONDS + {int(check.timeout_s)}))",
+        f"  probe_at=$SECONDS; why='still pending after {int(check.busy_after_s)} s'",
         '  until poll; ended "$none_state" && { "$busy" || ended "$reserved_state"; }; do',
+        '    if ! "$busy" && [ "$reserved_state" = Pending ] && [ "$SECONDS" -ge "$probe_at" ]; then',
+        f'      probe_at=$((SECONDS + 1)); if [ "$(held)" -gt {int(spare)} ]; then busy_at=$SECONDS; why=held; fi',
+        "    fi",
         '    if ! "$busy" && [ "$SECONDS" -ge "$busy_at" ] && [ "$reserved_state" = Pending ]; then',
         '      busy=true; docker service rm "$jobs-reserved" >/dev/null  # its GPUs are in use: skip that half',
         "    fi",
@@ -84,7 +104,7 @@ def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuChe
         '  reserved=""; if ! "$busy"; then reserved=$(docker service logs --raw "$jobs-reserved" 2>&1); fi',
         '  none=$(docker service logs --raw "$jobs-none" 2>&1)',
         f"  want=$(docker node inspect {node} --format '{{{{json .Description.Resources.GenericResources}}}}')",
-        "  check=$(python3 - \"$reserved\" \"$none\" \"$want\" \"$busy\" <<'PY'",
+        "  check=$(python3 - \"$reserved\" \"$none\" \"$want\" \"$busy\" \"$why\" <<'PY'",
         *judge(kind, check, reserve).splitlines(),
         "PY",
         "  )",
@@ -121,6 +141,8 @@ def seen(log):
     return sorted(gpus), sum(1 for l in log.splitlines() if l.startswith("device /dev/nvidia"))
 reserved, none, want = sys.argv[1], sys.argv[2], json.loads(sys.argv[3] or "null") or []
 busy = sys.argv[4] == "true"
+# Why the reserving half was skipped: other tasks on the node held the GPUs ("held"), or it stayed pending.
+why = sys.argv[5] if busy and len(sys.argv) > 5 else None
 values = [e["NamedResourceSpec"]["Value"] for e in want if e.get("NamedResourceSpec", {{}}).get("Kind") == {kind!r}]
 advertised = sorted(set(re.sub(r"-s[0-9]+$", "", v) for v in values))
 got, got_devices = seen(reserved)
@@ -134,6 +156,6 @@ ok = ok and (not devices or got_devices == len(got))
 clean = not leak and not leak_devices
 # Busy GPUs are no evidence either way: then only the unreserved half counts, and only against.
 verified = (None if clean else False) if busy else (ok and clean)
-print(json.dumps({{"verified": verified, "gpus_busy": busy, "expected": advertised, "reserved_saw": got, "reserved_devices": got_devices,
+print(json.dumps({{"verified": verified, "gpus_busy": busy, "busy_because": why, "expected": advertised, "reserved_saw": got, "reserved_devices": got_devices,
                   "unreserved_saw": leak, "unreserved_devices": leak_devices,
                   "evidence": {{"reserved": reserved[-600:], "unreserved": none[-600:]}}}}))'''

@@ -100,7 +100,7 @@ def admit_node(node: str, labels: dict[str, str], *, expected_gpus: int, kind: s
         "esac",
         f'if [ $# -gt 0 ]; then docker node update "$@" {node} >/dev/null; fi',
         "check=null",
-        *(verify_gpus(node, kind=kind, count=expected_gpus, release=want, check=check)
+        *(verify_gpus(node, kind=kind, count=expected_gpus, release=want, check=check, units=expected)
           if check and expected_gpus else []),
         "printf '{\"resources\": %s, \"check\": %s}\\n' \"$res\" \"$check\"",
     )

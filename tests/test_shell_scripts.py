@@ -445,6 +445,18 @@ def test_apply_docker_config_drops_live_restore_and_restarts_only_on_change(node
     assert calls.index("systemctl reset-failed docker") < calls.index("systemctl restart docker")
 
 
+@pytest.mark.parametrize("enabled", [True, False])
+def test_apply_docker_config_enables_docker_only_when_it_is_not(node, enabled):
+    """`systemctl enable docker` runs update-rc.d for the package's init script, 0.27 s each time:
+    asked first, so a node whose docker is enabled (every boot after install-docker) skips it."""
+    node.real_step("apply-docker-config")
+    node.fake("systemctl", f'if [ "$1" = is-enabled ]; then exit {0 if enabled else 1}; fi')
+    node.write(node.daemon_json, '{"default-runtime": "nvidia"}\n')
+    assert node.bootstrap("apply-docker-config").returncode == 0, node.log.read_text()
+    enables = [c for c in node.called() if c.startswith("systemctl enable")]
+    assert enables == ([] if enabled else ["systemctl enable --no-reload -q docker"])
+
+
 def test_apply_docker_config_leaves_docker_running_when_only_labels_changed(node):
     """The health watcher changes its engine labels while the node runs (dockerd reloads them
     on SIGHUP): an upgrade must not restart docker for them."""

@@ -540,6 +540,76 @@ def test_the_rehearsal_has_no_device_nodes_and_says_so():
     assert verdict(smi(A, B), "probe-end\n", devices=False)["verified"] is True
 
 
+# The check's jobs as a busy node shows them: the unreserved job completes, the reserving one stays
+# pending; `docker node ps` lists the node's tasks (held-ids), each holding what task-<id> says.
+CHECK_DOCKER = r"""#!/usr/bin/env bash
+echo "$*" >>"$DIR/calls"
+case "$1 $2" in
+  "node inspect")
+    case "$*" in
+      *GenericResources*) cat "$DIR/advertised" ;;
+      *Availability*) echo active ;;
+      *) echo "" ;;  # no label: never verified
+    esac ;;
+  "service ps")
+    for s in "${@:5}"; do
+      case $s in *-none) echo "$s.1 Complete 1 second ago" ;; *-reserved) echo "$s.1 Pending 2 seconds ago" ;; esac
+    done ;;
+  "service logs") case "$*" in *-none*) echo probe-end ;; esac ;;
+  "node ps") cat "$DIR/held-ids" ;;
+  "inspect --type")
+    # As dockerd 26 answers: a task's assigned resources are its GenericResources, a key that a task
+    # without any lacks, so a plain field fails ("map has no entry for key").
+    [ "$5" = '{{json (index . "GenericResources")}}' ] || { echo "template: map has no entry for key" >&2; exit 1; }
+    for id in "${@:6}"; do cat "$DIR/task-$id"; echo; done ;;
+esac
+"""
+
+
+def run_check(tmp_path, held: list[list[str]], *, units: int, shared: str = "", busy_after_s: int = 60) -> dict:
+    """verify_gpus on a node whose other tasks hold `held` (one list of resource values per task)."""
+    from swarm.gpu_check import GpuCheck, verify_gpus
+    from swarm.labels import node_label_function
+    kind = shared or KIND
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "docker").write_text(CHECK_DOCKER)
+    (tmp_path / "bin" / "docker").chmod(0o755)
+    (tmp_path / "advertised").write_text(json.dumps(
+        [{"NamedResourceSpec": {"Kind": kind, "Value": f"GPU-{i}"}} for i in range(units)]))
+    (tmp_path / "held-ids").write_text("".join(f"task{i}\n" for i in range(len(held))))
+    for i, values in enumerate(held):
+        (tmp_path / f"task-task{i}").write_text(json.dumps(
+            [{"NamedResourceSpec": {"Kind": kind, "Value": v}} for v in values], separators=(",", ":")))
+    check = GpuCheck(devices=False, shared_kind=shared, busy_after_s=busy_after_s, timeout_s=120)
+    lines = verify_gpus(NODE_ID, kind=KIND, count=1 if shared else units, release=SOFTWARE, check=check,
+                        units=units)
+    text = script(node_label_function(), *lines, 'printf "%s\\n" "$check"')
+    proc = subprocess.run(["bash", "-c", text], capture_output=True, text=True, timeout=30,
+                          env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_gpus_that_other_tasks_hold_end_the_checks_wait_at_once(tmp_path):
+    """A roll gives a node back, and a task that waited for a GPU takes it before the check's job:
+    the check reads the node's tasks and skips its reserving half at once, not after busy_after_s."""
+    result = run_check(tmp_path, [["GPU-0"], ["GPU-1"]], units=2, busy_after_s=60)
+    assert result["gpus_busy"] is True and result["busy_because"] == "held" and result["verified"] is None
+    calls = (tmp_path / "calls").read_text()
+    assert f"service rm gpu-swarm-check-{NODE_ID[:12]}-reserved" in calls
+
+
+def test_a_reserving_job_pending_with_nothing_held_waits_out_busy_after(tmp_path):
+    result = run_check(tmp_path, [], units=2, busy_after_s=2)
+    assert result["gpus_busy"] is True and result["busy_because"] == "still pending after 2 s"
+
+
+@pytest.mark.parametrize("held, early", [([["GPU-0", "GPU-1"], ["GPU-2"]], False), ([["GPU-0", "GPU-1"], ["GPU-2", "GPU-3"]], True)])
+def test_a_shared_node_is_busy_only_when_every_slot_is_held(tmp_path, held, early):
+    result = run_check(tmp_path, held, units=4, shared="NVIDIA-GPU-SHARED", busy_after_s=2)
+    assert result["busy_because"] == ("held" if early else "still pending after 2 s")
+
+
 def test_admit_with_the_check_passes_shellcheck():
     require_tool("shellcheck")
     from swarm.gpu_check import GpuCheck
