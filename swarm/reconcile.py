@@ -10,7 +10,7 @@ Only what the program made is touched: nodes with a pool label, stacks with a ma
 from __future__ import annotations
 
 from swarm.labels import POOL_LABEL, STACK_NAMESPACE_LABEL
-from swarm.rollout import manager_ready
+from swarm.rollout import manager_ready, tasks_stopped
 from swarm.script import node_id, quote, script, swarm_name, wait_until
 from swarm.stacks import DEFAULT_WAIT_SECONDS, STACK_MARKER_PREFIX, note_moving_stacks, settle_moved_stacks
 
@@ -35,8 +35,7 @@ def reconcile(*, nodes: list[str], stacks: list[str], drain_timeout_s: int = 300
         '  echo "removing node $id ($role), which the program no longer has"',
         *_indent(note_moving_stacks('"$id"')),
         '  docker node update --availability drain "$id" >/dev/null',
-        *_indent(wait_until('[ -z "$(docker node ps "$id" --filter desired-state=running -q)" ]',
-                            drain_timeout_s, "tasks on node $id did not move away")),
+        *_indent(wait_until(tasks_stopped('"$id"'), drain_timeout_s, "tasks on node $id did not stop", interval_s=1)),
         '  if [ "$role" = manager ]; then docker node demote "$id" >/dev/null; fi',
         '  docker node rm --force "$id" >/dev/null',
         "done",

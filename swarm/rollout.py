@@ -29,6 +29,18 @@ def manager_ready(timeout_s: int = 180) -> list[str]:
                         "this manager's engine does not answer or the swarm has no leader; see docker node ls")]
 
 
+def tasks_stopped(node: str) -> str:
+    """A shell test: no task of `node` (an ID or a shell expansion) is meant to run, and none still
+    does. Draining sets every task's desired state to shutdown at once, but its container runs on
+    through its stop_grace_period (its checkpoint, or 90 s on a spot pool: swarm/compose_spot.py), and
+    holds its GPUs until it exits; until then `docker node ps` shows it Running. A node that is not
+    ready reports nothing more, so only its desired states count: no wait for what it cannot say."""
+    return (f'[ -z "$(docker node ps {node} --filter desired-state=running -q)" ] && '
+            f"{{ [ \"$(docker node inspect --format '{{{{.Status.State}}}}' {node})\" != ready ] || "
+            # A here-string, not a pipe: grep -q quitting early must not read as docker failing (pipefail).
+            f"! grep -qE '^(Running|Starting|Preparing)' <<<\"$(docker node ps {node} --format '{{{{.CurrentState}}}}')\"; }}")
+
+
 def cordon_node(node: str, *, pool: str, software: str, drain_timeout_s: int = 300) -> str:
     """Drain swarm node `node` before it changes to release `software`; a no-op if it runs it.
 
@@ -52,8 +64,9 @@ def cordon_node(node: str, *, pool: str, software: str, drain_timeout_s: int = 3
         f'  set -- "$@" --label-add {DRAINED_BY_LABEL}=rollout',
         "fi",
         f'docker node update "$@" {node} >/dev/null',
-        *wait_until(f'[ -z "$(docker node ps {node} --filter desired-state=running -q)" ]', drain_timeout_s,
-                    f"tasks on node {node} did not move away"),
+        # Its tasks stop before the upgrade changes what they run on, and before admit's check
+        # wants the GPUs they hold.
+        *wait_until(tasks_stopped(node), drain_timeout_s, f"tasks on node {node} did not stop", interval_s=1),
         f'echo "node {node} drained for its release"',
     )
 

@@ -151,10 +151,12 @@ case "$1 $2" in
       *Availability*) get availability active ;;
       *Spec.Labels*) l="$*"; l=${l#*Labels \"}; get "label-${l%%\"*}" ;;
       *GenericResources*) get resources null ;;
+      *Status.State*) get "status-${!#}" ready ;;
       *) echo worker ;;
     esac ;;
   "node update") case "$*" in *"--availability drain"*) : >"$FAKE/drained-${!#}" ;; esac ;;
-  "node ps") [ -e "$FAKE/drained-$3" ] || get "tasks-$3" ;;
+  # states-ID: the current states of a node's tasks; a drained task shows Running until it exits.
+  "node ps") case "$*" in *CurrentState*) get "states-$3" ;; *) [ -e "$FAKE/drained-$3" ] || get "tasks-$3" ;; esac ;;
   "node rm") ;;
   "inspect --type") get "stack-$6" ;;
   "config ls") get markers ;;
@@ -694,6 +696,49 @@ def test_a_moved_stack_that_will_not_run_again_fails_the_reconcile_with_the_wait
     assert "stack a: infer task 1 was rejected" in result.stderr, result.stderr
     assert fake.get("settled").splitlines() == ["--stack a --timeout 600"]  # it stopped at the first
     assert "reconciled" not in result.stdout
+
+
+def stopping_until(fake, node: str, seconds: float) -> None:
+    """A task of `node` that runs on through its stop_grace_period after the drain, for `seconds`."""
+    fake.set(**{f"states-{node}": "Running 3 seconds ago\nShutdown 2 minutes ago"})
+    threading.Timer(seconds, lambda: fake.set(**{f"states-{node}": "Shutdown 1 second ago"})).start()
+
+
+def state_reads(fake, node: str) -> list[int]:
+    return [i for i, c in enumerate(fake.calls()) if c.startswith(f"docker node ps {node} --format")]
+
+
+def test_a_cordon_waits_until_the_drained_tasks_have_stopped(fake):
+    """Drained tasks keep their containers, and their GPUs, through their stop_grace_period: the
+    upgrade must not run under them, nor the GPU check want their GPUs."""
+    stopping_until(fake, NODE_ID, 2.5)
+    result = fake.run(rollout.cordon_node(NODE_ID, pool="h100", software=SOFTWARE))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("drained for its release")
+    assert len(state_reads(fake, NODE_ID)) >= 2  # it read them again until the task was gone
+
+
+def test_a_cordon_of_a_node_that_is_down_does_not_wait_for_what_it_cannot_report(fake):
+    fake.set(**{f"status-{NODE_ID}": "down", f"states-{NODE_ID}": "Running 5 minutes ago"})
+    result = fake.run(rollout.cordon_node(NODE_ID, pool="h100", software=SOFTWARE, drain_timeout_s=2))
+    assert result.returncode == 0, result.stderr
+    assert state_reads(fake, NODE_ID) == []
+
+
+def test_a_task_that_will_not_stop_fails_the_cordon_naming_the_node(fake):
+    fake.set(**{f"states-{NODE_ID}": "Running 5 minutes ago"})
+    result = fake.run(rollout.cordon_node(NODE_ID, pool="h100", software=SOFTWARE, drain_timeout_s=2))
+    assert result.returncode == 1
+    assert f"tasks on node {NODE_ID} did not stop" in result.stderr, result.stderr
+
+
+def test_the_reconcile_removes_a_node_only_once_its_tasks_have_stopped(fake, tmp_path):
+    env = removal(fake, tmp_path)
+    stopping_until(fake, GONE_ID, 2.5)
+    result = fake.run(reconcile.reconcile(nodes=[NODE_ID], stacks=["a", "b"]), **env)
+    assert result.returncode == 0, result.stderr
+    reads, calls = state_reads(fake, GONE_ID), fake.calls()
+    assert len(reads) >= 2 and max(reads) < calls.index(f"docker node rm --force {GONE_ID}")
 
 
 def test_no_node_removed_means_no_stack_is_waited_for(fake, tmp_path):
