@@ -9,6 +9,7 @@ failed GPU check) took: a node an operator drained stays drained.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from swarm.gpu_check import GpuCheck, verify_gpus
@@ -89,8 +90,7 @@ def admit_node(node: str, labels: dict[str, str], *, expected_gpus: int, kind: s
     adds.append(f"--label-add {SOFTWARE_LABEL}={want}")
     kind_field = quote(f'"Kind":"{advertised_kind}"')
     if check and slots_per_gpu:
-        check = GpuCheck(image=check.image, devices=check.devices, shared_kind=advertised_kind,
-                         timeout_s=check.timeout_s)
+        check = dataclasses.replace(check, shared_kind=advertised_kind)  # every other setting as given
     return script(
         *manager_ready(),
         node_label_function(),

@@ -612,6 +612,14 @@ def test_a_shared_node_is_busy_only_when_every_slot_is_held(tmp_path, held, earl
     assert result["busy_because"] == ("held" if early else "still pending after 2 s")
 
 
+def test_a_shared_nodes_check_keeps_every_setting_it_was_given():
+    from swarm.gpu_check import GpuCheck
+    text = rollout.admit_node(NODE_ID, {}, expected_gpus=2, kind=KIND, software=SOFTWARE, slots_per_gpu=4,
+                              shared_kind="NVIDIA-GPU-SHARED", check=GpuCheck(busy_after_s=8, timeout_s=90))
+    assert "busy_at=$((SECONDS + 8))" in text and "end=$((SECONDS + 90))" in text
+    assert "--generic-resource NVIDIA-GPU-SHARED=1" in text
+
+
 def test_admit_with_the_check_passes_shellcheck():
     require_tool("shellcheck")
     from swarm.gpu_check import GpuCheck
