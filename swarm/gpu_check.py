@@ -101,8 +101,21 @@ def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuChe
         f'{int(check.timeout_s)} s; see docker service ps $jobs-none" >&2; exit 1; }}',
         "    sleep 0.25",
         "  done",
-        '  reserved=""; if ! "$busy"; then reserved=$(docker service logs --raw "$jobs-reserved" 2>&1); fi',
-        '  none=$(docker service logs --raw "$jobs-none" 2>&1)',
+        # A job's whole output ends with probe-end. `docker service logs` can answer before the node has
+        # sent what a task that just ended printed, so it is asked again, for up to 10 s, before
+        # an output without probe-end counts. A job that never ran prints nothing: its state and error say why.
+        "  output() {",
+        "    local out tries=0",
+        '    until out=$(docker service logs --raw "$1" 2>&1); [[ $out == *probe-end* ]] || [ "$tries" -ge 40 ]; do',
+        "      tries=$((tries + 1)); sleep 0.25",
+        "    done",
+        '    printf \'%s\\n\' "$out"',
+        '    if [[ $out != *probe-end* ]]; then',
+        '      docker service ps --no-trunc --format \'(task {{.CurrentState}} {{.Error}})\' "$1" 2>&1 | head -n 1 || true',
+        "    fi",
+        "  }",
+        '  reserved=""; if ! "$busy"; then reserved=$(output "$jobs-reserved"); fi',
+        '  none=$(output "$jobs-none")',
         f"  want=$(docker node inspect {node} --format '{{{{json .Description.Resources.GenericResources}}}}')",
         "  check=$(python3 - \"$reserved\" \"$none\" \"$want\" \"$busy\" \"$why\" <<'PY'",
         *judge(kind, check, reserve).splitlines(),
@@ -152,8 +165,9 @@ if {bool(check.shared_kind)!r}:
     ok = len(got) == 1 and got[0] in advertised
 else:
     ok = got == advertised and len(got) == {reserve}
-ok = ok and (not devices or got_devices == len(got))
-clean = not leak and not leak_devices
+# A probe that did not print its last line did not run to the end: what it printed proves nothing.
+ok = ok and (not devices or got_devices == len(got)) and "probe-end" in reserved
+clean = not leak and not leak_devices and "probe-end" in none
 # Busy GPUs are no evidence either way: then only the unreserved half counts, and only against.
 verified = (None if clean else False) if busy else (ok and clean)
 print(json.dumps({{"verified": verified, "gpus_busy": busy, "busy_because": why, "expected": advertised, "reserved_saw": got, "reserved_devices": got_devices,

@@ -90,7 +90,9 @@ def test_a_spot_notice_gives_a_task_that_traps_sigterm_time_to_checkpoint(spot_r
     print(f"spot notice ({notice['action']}) -> drained {drained - noticed:.1f} s -> checkpoint written, task "
           f"exited 0 at {took:.1f} s")
     # The drain came on the sentinel; the labels that say why follow on the agent's tick.
-    view = wait_for(lambda v: node_of(v, victim)["condition"] == "reclaim", LABEL_WAIT_S, f"{victim}'s labels")
+    # The reconciler writes the labels' reason over "sentinel" on its first round after they arrive.
+    view = wait_for(lambda v: node_of(v, victim)["condition"] == "reclaim"
+                    and not node_of(v, victim)["health"].endswith(":sentinel"), LABEL_WAIT_S, f"{victim}'s labels")
     assert node_of(view, victim)["health"].startswith("reclaim:spot_")
     # The task runs again elsewhere: the node it left is drained.
     wait_for(lambda v: any(t["state"] == "running" and t["node"] != victim for t in tasks_of(v, "spot_ckpt")),
@@ -147,7 +149,8 @@ def test_scheduled_maintenance_drains_its_node_and_gives_the_task_time_to_checkp
     wait_for(lambda v: node_of(v, victim)["availability"] == "drain", LABEL_WAIT_S, f"{victim} drained")
     drained = time.time()
     _checkpointed(spot_rehearsal[victim], task["Status"]["ContainerStatus"]["ContainerID"], drained, noticed)
-    view = wait_for(lambda v: node_of(v, victim)["condition"] == "reclaim", LABEL_WAIT_S, f"{victim}'s labels")
+    view = wait_for(lambda v: node_of(v, victim)["condition"] == "reclaim"
+                    and not node_of(v, victim)["health"].endswith(":sentinel"), LABEL_WAIT_S, f"{victim}'s labels")
     assert node_of(view, victim)["health"].startswith("reclaim:maintenance_now_system-reboot_at_")
     assert node_of(view, victim)["drained_by"] == "health"
     print(f"maintenance notice -> drained {drained - noticed:.1f} s")

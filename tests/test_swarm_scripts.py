@@ -542,6 +542,14 @@ def test_the_rehearsal_has_no_device_nodes_and_says_so():
     assert verdict(smi(A, B), "probe-end\n", devices=False)["verified"] is True
 
 
+def test_a_probe_that_did_not_run_to_its_end_proves_nothing():
+    """Output without probe-end is a job that never ran, or logs not yet sent: neither half may pass on it."""
+    cut = smi(A, B, devices=2).replace("probe-end\n", "")
+    assert verdict(cut, "probe-end\n")["verified"] is False
+    assert verdict(smi(A, B, devices=2), "")["verified"] is False
+    assert verdict("", "", busy=True)["verified"] is False
+
+
 # The check's jobs as a busy node shows them: the unreserved job completes, the reserving one stays
 # pending; `docker node ps` lists the node's tasks (held-ids), each holding what task-<id> says.
 CHECK_DOCKER = r"""#!/usr/bin/env bash
@@ -554,10 +562,17 @@ case "$1 $2" in
       *) echo "" ;;  # no label: never verified
     esac ;;
   "service ps")
+    case "$*" in *--no-trunc*) echo "(task Failed 1 second ago \"starting container failed: gpu-swarm guard\")"; exit ;; esac
     for s in "${@:5}"; do
-      case $s in *-none) echo "$s.1 Complete 1 second ago" ;; *-reserved) echo "$s.1 Pending 2 seconds ago" ;; esac
+      case $s in *-none) echo "$s.1 Complete 1 second ago" ;; *-reserved) echo "$s.1 ${RESERVED:-Pending} 2 seconds ago" ;; esac
     done ;;
-  "service logs") case "$*" in *-none*) echo probe-end ;; esac ;;
+  "service logs")
+    case "$*" in
+      *-none*) echo probe-end ;;
+      # The reserving job's logs: empty for the first $EMPTY asks, as a node that has not sent them yet answers.
+      *-reserved*) n=$(cat "$DIR/asked" 2>/dev/null || echo 0); echo $((n + 1)) >"$DIR/asked"
+                   if [ "$n" -ge "${EMPTY:-0}" ]; then cat "$DIR/reserved-logs" 2>/dev/null; fi ;;
+    esac ;;
   "node ps") cat "$DIR/held-ids" ;;
   "inspect --type")
     # As dockerd 26 answers: a task's assigned resources are its GenericResources, a key that a task
@@ -568,7 +583,8 @@ esac
 """
 
 
-def run_check(tmp_path, held: list[list[str]], *, units: int, shared: str = "", busy_after_s: int = 60) -> dict:
+def run_check(tmp_path, held: list[list[str]], *, units: int, shared: str = "", busy_after_s: int = 60,
+              env: dict | None = None, ok: bool = True) -> dict:
     """verify_gpus on a node whose other tasks hold `held` (one list of resource values per task)."""
     from swarm.gpu_check import GpuCheck, verify_gpus
     from swarm.labels import node_label_function
@@ -577,7 +593,7 @@ def run_check(tmp_path, held: list[list[str]], *, units: int, shared: str = "", 
     (tmp_path / "bin" / "docker").write_text(CHECK_DOCKER)
     (tmp_path / "bin" / "docker").chmod(0o755)
     (tmp_path / "advertised").write_text(json.dumps(
-        [{"NamedResourceSpec": {"Kind": kind, "Value": f"GPU-{i}"}} for i in range(units)]))
+        [{"NamedResourceSpec": {"Kind": kind, "Value": f"GPU-{i:08x}-0000-0000-0000-000000000000"}} for i in range(units)]))
     (tmp_path / "held-ids").write_text("".join(f"task{i}\n" for i in range(len(held))))
     for i, values in enumerate(held):
         (tmp_path / f"task-task{i}").write_text(json.dumps(
@@ -587,9 +603,24 @@ def run_check(tmp_path, held: list[list[str]], *, units: int, shared: str = "", 
                         units=units)
     text = script(node_label_function(), *lines, 'printf "%s\\n" "$check"')
     proc = subprocess.run(["bash", "-c", text], capture_output=True, text=True, timeout=30,
-                          env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "DIR": str(tmp_path)})
-    assert proc.returncode == 0, proc.stderr
+                          env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "DIR": str(tmp_path), **(env or {})})
+    assert (proc.returncode == 0) == ok, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_check_asks_again_for_logs_that_a_finished_job_has_not_sent_yet(tmp_path):
+    """CI saw a whole-GPU node drained with "reserved": "" after its job completed: the logs came empty once."""
+    gpu = "GPU-00000000-0000-0000-0000-000000000000"
+    (tmp_path / "reserved-logs").write_text(f"GPU 0: stand-in (UUID: {gpu})\nprobe-end\n")
+    result = run_check(tmp_path, [], units=1, env={"RESERVED": "Complete", "EMPTY": "3"})
+    assert result["verified"] is True and result["reserved_saw"] == [gpu]
+    assert (tmp_path / "asked").read_text().strip() == "4"
+
+
+def test_a_reserving_job_that_never_ran_fails_the_check_with_its_tasks_error(tmp_path):
+    result = run_check(tmp_path, [], units=1, env={"RESERVED": "Failed", "EMPTY": "1000"}, ok=False)
+    assert result["check"]["verified"] is False
+    assert "gpu-swarm guard" in result["check"]["evidence"]["reserved"]
 
 
 def test_gpus_that_other_tasks_hold_end_the_checks_wait_at_once(tmp_path):
