@@ -10,7 +10,7 @@ Only what the program made is touched: nodes with a pool label, stacks with a ma
 from __future__ import annotations
 
 from swarm.labels import POOL_LABEL, STACK_NAMESPACE_LABEL
-from swarm.rollout import manager_ready, tasks_stopped
+from swarm.rollout import longest_grace_function, manager_ready, wait_tasks_stopped
 from swarm.script import node_id, quote, script, swarm_name, wait_until
 from swarm.stacks import DEFAULT_WAIT_SECONDS, STACK_MARKER_PREFIX, note_moving_stacks, settle_moved_stacks
 
@@ -29,13 +29,15 @@ def reconcile(*, nodes: list[str], stacks: list[str], drain_timeout_s: int = 300
         f"keep_nodes=' {keep_nodes} '",
         f"keep_stacks=' {keep_stacks} '",
         "moved=''",
+        *longest_grace_function(),
         f"for id in $(docker node ls -q --filter {quote('node.label=' + POOL_LABEL)}); do",
         '  case "$keep_nodes" in *" $id "*) continue ;; esac',
         "  role=$(docker node inspect --format '{{.Spec.Role}}' \"$id\")",
         '  echo "removing node $id ($role), which the program no longer has"',
         *_indent(note_moving_stacks('"$id"')),
+        '  grace=$(longest_grace "$id")',
         '  docker node update --availability drain "$id" >/dev/null',
-        *_indent(wait_until(tasks_stopped('"$id"'), drain_timeout_s, "tasks on node $id did not stop", interval_s=1)),
+        *_indent(wait_tasks_stopped('"$id"', drain_timeout_s, shown="$id")),
         '  if [ "$role" = manager ]; then docker node demote "$id" >/dev/null; fi',
         '  docker node rm --force "$id" >/dev/null',
         "done",

@@ -42,6 +42,47 @@ def tasks_stopped(node: str) -> str:
             f"! grep -qE '^(Running|Starting|Preparing)' <<<\"$(docker node ps {node} --format '{{{{.CurrentState}}}}')\"; }}")
 
 
+GRACE_SLACK_S = 60  # beyond a task's stop_grace_period: its exit reaching the manager, and a slow kill
+
+
+def longest_grace_function() -> list[str]:
+    """Lines that define longest_grace NODE: it prints, in whole seconds, the longest stop_grace_period
+    of the tasks meant to run on NODE; 0 when none sets one (swarm's default, 10 s, is inside any drain
+    timeout). Asked before
+    the drain: after it, no task of the node is meant to run. A stack's own grace (a 10-minute
+    checkpoint) is known only to the swarm, and only the swarm knows every stack, the program's and
+    those deployed by hand."""
+    return [
+        "longest_grace() {",
+        '  local max=0 ids g',
+        '  ids=$(docker node ps "$1" -q --no-trunc --filter desired-state=running 2>/dev/null || true)',
+        '  if [ -z "$ids" ]; then echo "$max"; return; fi',
+        "  # shellcheck disable=SC2086 # one task ID a word",
+        "  for g in $(docker inspect --type task --format '{{json (index .Spec.ContainerSpec \"StopGracePeriod\")}}' "
+        "$ids 2>/dev/null || true); do",
+        '    case $g in ""|*[!0-9]*) ;; *) g=$((g / 1000000000)); if [ "$g" -gt "$max" ]; then max=$g; fi ;; esac',
+        "  done",
+        '  echo "$max"',
+        "}",
+    ]
+
+
+def wait_tasks_stopped(node: str, timeout_s: int, shown: str = "") -> list[str]:
+    """Lines that wait until tasks_stopped(node): for timeout_s, or for the tasks' longest stop_grace_period
+    ($grace, from longest_grace before the drain) plus GRACE_SLACK_S where that is longer. Swarm kills
+    a task once its grace has passed, so a longer wait is a fault, and a shorter one would fail a roll
+    under a stack that asked for its time to checkpoint. shown: the node as the message names it."""
+    return [
+        f"limit=$(( grace > 0 && grace + {GRACE_SLACK_S} > {int(timeout_s)} ? grace + {GRACE_SLACK_S} : {int(timeout_s)} ))",
+        'end=$(( $(date +%s) + limit ))',
+        f"until {tasks_stopped(node)}; do",
+        f'  [ "$(date +%s)" -lt "$end" ] || {{ echo "gpu-swarm: tasks on node {shown or node} did not stop (gave up after '
+        '$limit s; the longest stop_grace_period among them is $grace s)" >&2; exit 1; }',
+        "  sleep 1",
+        "done",
+    ]
+
+
 def cordon_node(node: str, *, pool: str, software: str, drain_timeout_s: int = 300) -> str:
     """Drain swarm node `node` before it changes to release `software`; a no-op if it runs it.
 
@@ -64,10 +105,12 @@ def cordon_node(node: str, *, pool: str, software: str, drain_timeout_s: int = 3
         f'elif [ -z "$(node_label {node} {SOFTWARE_LABEL})" ] && [ -z "$(node_label {node} {DRAINED_BY_LABEL})" ]; then',
         f'  set -- "$@" --label-add {DRAINED_BY_LABEL}=rollout',
         "fi",
+        *longest_grace_function(),
+        f"grace=$(longest_grace {node})",
         f'docker node update "$@" {node} >/dev/null',
         # Its tasks stop before the upgrade changes what they run on, and before admit's check
         # wants the GPUs they hold.
-        *wait_until(tasks_stopped(node), drain_timeout_s, f"tasks on node {node} did not stop", interval_s=1),
+        *wait_tasks_stopped(node, drain_timeout_s),
         f'echo "node {node} drained for its release"',
     )
 

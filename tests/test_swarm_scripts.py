@@ -158,7 +158,8 @@ case "$1 $2" in
   # states-ID: the current states of a node's tasks; a drained task shows Running until it exits.
   "node ps") case "$*" in *CurrentState*) get "states-$3" ;; *) [ -e "$FAKE/drained-$3" ] || get "tasks-$3" ;; esac ;;
   "node rm") ;;
-  "inspect --type") get "stack-$6" ;;
+  # grace-ID: a task's stop_grace_period in ns (null: it sets none); stack-ID: a task's stack.
+  "inspect --type") case "$*" in *StopGracePeriod*) for id in "${@:6}"; do get "grace-$id" null; done ;; *) get "stack-$6" ;; esac ;;
   "config ls") get markers ;;
   "config inspect") [ -e "$FAKE/marker-$3" ] || exit 1 ;;
 esac
@@ -769,6 +770,30 @@ def test_a_task_that_will_not_stop_fails_the_cordon_naming_the_node(fake):
     result = fake.run(rollout.cordon_node(NODE_ID, pool="h100", software=SOFTWARE, drain_timeout_s=2))
     assert result.returncode == 1
     assert f"tasks on node {NODE_ID} did not stop" in result.stderr, result.stderr
+
+
+def test_a_task_with_a_long_stop_grace_period_is_given_it_before_the_cordon_gives_up(fake):
+    """A stack that asks for 5 minutes to checkpoint gets them: the drain waits for its grace plus
+    GRACE_SLACK_S, not only drain_timeout_s (here 2 s), which the task outlasts."""
+    fake.set(**{f"tasks-{NODE_ID}": "ckpt1", "grace-ckpt1": str(300 * 10**9)})
+    stopping_until(fake, NODE_ID, 3.5)
+    result = fake.run(rollout.cordon_node(NODE_ID, pool="h100", software=SOFTWARE, drain_timeout_s=2))
+    assert result.returncode == 0, result.stderr
+    assert "docker inspect --type task --format" in "\n".join(fake.calls())
+
+
+def test_a_task_that_outlasts_its_own_grace_fails_the_cordon_saying_how_long_it_waited(fake):
+    fake.set(**{f"tasks-{NODE_ID}": "t1 t2", "grace-t1": "null", "grace-t2": str(1 * 10**9),
+                f"states-{NODE_ID}": "Running 5 minutes ago"})
+    from swarm.rollout import GRACE_SLACK_S
+    # A grace of 1 s plus the slack is the limit; the test does not wait that long: it reads the message
+    # of a limit the script computed, with the slack made small.
+    script_text = rollout.cordon_node(NODE_ID, pool="h100", software=SOFTWARE, drain_timeout_s=2)
+    script_text = script_text.replace(f"grace + {GRACE_SLACK_S}", "grace + 2")
+    result = fake.run(script_text)
+    assert result.returncode == 1
+    assert "did not stop (gave up after 3 s; the longest stop_grace_period among them is 1 s)" in result.stderr, \
+        result.stderr
 
 
 def test_the_reconcile_removes_a_node_only_once_its_tasks_have_stopped(fake, tmp_path):
