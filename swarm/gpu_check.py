@@ -156,6 +156,11 @@ reserved, none, want = sys.argv[1], sys.argv[2], json.loads(sys.argv[3] or "null
 busy = sys.argv[4] == "true"
 # Why the reserving half was skipped: other tasks on the node held the GPUs ("held"), or it stayed pending.
 why = sys.argv[5] if busy and len(sys.argv) > 5 else None
+# Swarm gave the job a GPU that a container still runs on, and the runtime guard refused it: the GPU is
+# busy, as the guard says, and that is no evidence about what a task of this node can see.
+holder = re.search(r"is held by container ([0-9a-f]+)", reserved) if "probe-end" not in reserved else None
+if holder and not busy:
+    busy, why = True, f"the runtime guard refused the job: container {{holder.group(1)}} holds the GPU"
 values = [e["NamedResourceSpec"]["Value"] for e in want if e.get("NamedResourceSpec", {{}}).get("Kind") == {kind!r}]
 advertised = sorted(set(re.sub(r"-s[0-9]+$", "", v) for v in values))
 got, got_devices = seen(reserved)

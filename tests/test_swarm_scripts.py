@@ -618,6 +618,17 @@ def test_the_check_asks_again_for_logs_that_a_finished_job_has_not_sent_yet(tmp_
     assert (tmp_path / "asked").read_text().strip() == "4"
 
 
+def test_a_job_the_guard_refused_for_a_held_gpu_finds_the_gpu_busy_not_the_node_broken():
+    """CI: swarm gave the check's job a GPU whose container was still running; the guard refused it."""
+    refused = ('(task Failed 11 seconds ago "starting container failed: ... gpu-swarm guard: GPU '
+               f'{A} is held by container 2f9aecd8164d (since 00:12:21 UTC): a GPU that a running container '
+               'holds is never given to another ...")')
+    result = verdict(refused, "No devices were found\nprobe-end\n")
+    assert result["verified"] is None and result["gpus_busy"] is True
+    assert "container 2f9aecd8164d holds the GPU" in result["busy_because"]
+    assert verdict(refused, smi(A))["verified"] is False  # a leak is still evidence
+
+
 def test_a_reserving_job_that_never_ran_fails_the_check_with_its_tasks_error(tmp_path):
     result = run_check(tmp_path, [], units=1, env={"RESERVED": "Failed", "EMPTY": "1000"}, ok=False)
     assert result["check"]["verified"] is False
