@@ -48,10 +48,9 @@ GRACE_SLACK_S = 60  # beyond a task's stop_grace_period: its exit reaching the m
 def longest_grace_function() -> list[str]:
     """Lines that define longest_grace NODE: it prints, in whole seconds, the longest stop_grace_period
     of the tasks meant to run on NODE; 0 when none sets one (swarm's default, 10 s, is inside any drain
-    timeout). Asked before
-    the drain: after it, no task of the node is meant to run. A stack's own grace (a 10-minute
-    checkpoint) is known only to the swarm, and only the swarm knows every stack, the program's and
-    those deployed by hand."""
+    timeout). Asked before the drain: after it, no task of the node is meant to run. The grace is read
+    from the swarm, not from the program's compose files: only the swarm knows every stack, the
+    program's and those deployed by hand."""
     return [
         "longest_grace() {",
         '  local max=0 ids g',
