@@ -31,5 +31,14 @@ systemctl start gpu-swarm-agent.service || {
   journalctl -u gpu-swarm-agent.service -n 30 --no-pager || :
   die "gpu-swarm-agent failed"
 }
+# A changed GPU configuration (MPS turned on, a new GPU) makes the agent's unit queue a docker
+# restart and return (--no-block: see the unit). The steps after this one talk to docker
+# (build-check-image first), so the restart must be over before they run, or they meet a docker
+# that is going down. With no change, or at first boot before docker runs, no job is queued.
+end=$((SECONDS + 180))
+while [ -n "$(systemctl list-jobs --no-legend docker.service 2>/dev/null)" ]; do
+  [ "$SECONDS" -lt "$end" ] || die "docker's restart for the new GPU configuration is still queued after 180 s (systemctl list-jobs)"
+  sleep 0.2
+done
 # The runtime guard's server (guard_server.py): restarted, so new node software runs at once.
 install_service gpu-swarm-guard.service

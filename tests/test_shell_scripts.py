@@ -353,10 +353,28 @@ def test_gpu_agent_step_enables_and_runs_the_unit(node):
     node.fake("systemctl", "exit 0")
     assert node.bootstrap("install-gpu-agent").returncode == 0, node.log.read_text()
     assert node.called() == ["systemctl enable --no-reload gpu-swarm-agent.service", "systemctl daemon-reload",
-                             "systemctl start gpu-swarm-agent.service", "systemctl enable --no-reload gpu-swarm-guard.service",
+                             "systemctl start gpu-swarm-agent.service", "systemctl list-jobs --no-legend docker.service",
+                             "systemctl enable --no-reload gpu-swarm-guard.service",
                              "systemctl daemon-reload", "systemctl restart gpu-swarm-guard.service"]
     for unit in ("gpu-swarm-agent.service", "gpu-swarm-guard.service"):  # the guard's server: see guard_server.py
         assert (node.root / "units" / unit).read_text() == (NODE_SRC / unit).read_text()
+
+
+def test_gpu_agent_step_waits_for_the_docker_restart_the_agent_queued(node):
+    """CI: MPS turned on for a running pool; the agent queued docker's restart (--no-block) and the
+    next step, build-check-image, met a docker going down ("Cannot connect to the Docker daemon")."""
+    node.real_step("install-gpu-agent")
+    node.write(node.root / "venv" / "bin" / "python", f"#!/bin/sh\necho {PINNED}\n")
+    # The restart job is listed for three asks, as systemd lists a queued, then running, job.
+    node.fake("systemctl", f"""if [ "$1" = list-jobs ]; then
+  n=$(cat {node.root}/asked 2>/dev/null || echo 0); echo $((n + 1)) >{node.root}/asked
+  if [ "$n" -lt 3 ]; then echo "1234 docker.service restart running"; fi
+fi""")
+    assert node.bootstrap("install-gpu-agent").returncode == 0, node.log.read_text()
+    calls = node.called()
+    assert calls.count("systemctl list-jobs --no-legend docker.service") == 4
+    assert calls.index("systemctl start gpu-swarm-agent.service") < calls.index(
+        "systemctl list-jobs --no-legend docker.service") < calls.index("systemctl restart gpu-swarm-guard.service")
 
 
 def test_gpu_agent_step_installs_the_pinned_nvml_bindings(node):
