@@ -57,8 +57,8 @@ def _release_part(release: NodeRelease) -> str:
         made = _RELEASE_PARTS[id(release)] = (release, _dump({
             "write_files": [{"path": f.path, "owner": "root:root", "permissions": f.mode, "content": f.content}
                             for f in release.files()],
-            # runcmd runs once per instance, in cloud-init's final stage: `cloud-init status --wait`
-            # returns when the install has ended, and reports an error when it failed.
+            # runcmd runs once per instance, in cloud-init's final stage: cloud-init's result file
+            # appears when the install has ended (to_node/commands.py wait_for_boot).
             "runcmd": [[INSTALLER_PATH]],
         }))
         while len(_RELEASE_PARTS) > 16:

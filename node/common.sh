@@ -62,16 +62,25 @@ hold_nvidia_packages() {
     log "held ${#pkgs[@]} NVIDIA packages against unattended upgrades: ${pkgs[*]}"
   fi
 }
-# install_service UNIT: install the unit from beside the steps, enable it and (re)start it,
-# so that new node software runs at once; on failure, show its journal and fail the step.
-install_service() {
-  install -m 0644 "$(dirname "${BASH_SOURCE[0]}")/$1" "$GPU_SWARM_UNIT_DIR/$1"
-  # One reload that reads the new file and the enable's links: a plain `enable` reloads again,
-  # and each reload takes about 0.13 s, five times on a GPU node's boot.
-  systemctl enable --no-reload "$1"
-  systemctl daemon-reload
-  systemctl restart "$1" || {
+# run_unit UNIT VERB: VERB (start or restart) an installed unit, then enable it. systemd loads a
+# new unit when it is first asked for, so only a unit it holds an older copy of, or found missing
+# before, needs a reload first. The enable's links need one as well, which bootstrap.sh does once,
+# at its end (reload-pending): each reload held its step for 0.1-0.2 s, and a GPU node's boot
+# installs five units. Enabled after the start, so that systemctl has no stale unit to warn about.
+run_unit() {
+  local state
+  state=$(systemctl show -p LoadState -p NeedDaemonReload "$1" 2>/dev/null || :)
+  [[ $state == *LoadState=loaded* && $state == *NeedDaemonReload=no* ]] || systemctl daemon-reload
+  systemctl "$2" "$1" || {
     journalctl -u "$1" -n 30 --no-pager || :
     die "$1 failed to start"
   }
+  systemctl enable --no-reload "$1"
+  : >"$GPU_SWARM_STATE/reload-pending"
+}
+# install_service UNIT: install the unit from beside the steps, (re)start it, so that new node
+# software runs at once, and enable it; on failure, show its journal and fail the step.
+install_service() {
+  install -m 0644 "$(dirname "${BASH_SOURCE[0]}")/$1" "$GPU_SWARM_UNIT_DIR/$1"
+  run_unit "$1" restart
 }

@@ -192,7 +192,9 @@ EFA_VERBS_DIR = "/dev/infiniband"  # each RDMA device's user verbs node (uverbsN
 # agent maps EFA devices to them, the guard gives a task those of the devices it reserved
 EFA_INSTALLER_DIR = "/opt/amazon/efa"  # aws-efa-installer installs libfabric and its tools here: install-efa.sh reads
 CLOUD_INIT_LOG = "/var/log/cloud-init-output.log"  # cloud-init writes the first boot's output; the program tails it
-CLOUD_INIT_STATUS = "/var/lib/cloud/data/status.json"  # cloud-init writes; the program waits for the first boot on it
+CLOUD_INIT_STATUS = "/var/lib/cloud/data/status.json"  # cloud-init writes each stage's times and errors; the program reads
+CLOUD_INIT_RESULT = "/run/cloud-init/result.json"  # cloud-init writes it when its last stage ends (in /run: this boot's);
+# the program waits for the first boot on it
 
 # ---------------------------------------------------------------- units
 AGENT_UNIT = "gpu-swarm-agent.service"  # install-gpu-agent.sh installs it; runs before docker at every boot

@@ -3,7 +3,9 @@
 The tools they call are stand-ins that behave like the real ones, exit codes included:
 curl serves a folder as the S3 bucket (exit 22 on a missing object, 7 when it cannot
 connect), systemd-run runs the installer at once (or leaves it running, to test a wait
-that runs out), cloud-init answers `status --wait` with the exit code a test chooses. The
+that runs out), cloud-init answers `status` as the real one does: done once its result file
+exists (which boot() writes after the installer, as cloud-init's last stage does), running
+before, or what a test chooses (disabled). The
 installer is the real cloud-init/install.sh and the bootstrap the real node/bootstrap.sh,
 with two small steps of the test's own, bundled as the program bundles node/.
 """
@@ -14,6 +16,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -63,7 +66,10 @@ cp "$src" "$out" """)
 while [ $# -gt 0 ] && [ "${{1#-}}" != "$1" ]; do case "$1" in --unit) shift 2 ;; *) shift ;; esac; done
 "$@" >/dev/null 2>&1 || true""")
         self.fake("systemctl", f'case "$1" in is-active) [ -e {tmp}/unit-active ] ;; *) exit 0 ;; esac')
-        self.fake("cloud-init", 'exit "${FAKE_CLOUD_INIT_RC:-0}"')
+        result = self.path(node_commands.CLOUD_INIT_RESULT)
+        self.fake("cloud-init", f"""[ "$1" = status ] || exit 2
+if [ -n "${{FAKE_CLOUD_INIT_STATUS:-}}" ]; then echo "status: $FAKE_CLOUD_INIT_STATUS";
+elif [ -e {result} ]; then echo "status: done"; else echo "status: running"; fi""")
         self.fake("docker", "exit 0")
         self.sha = self.publish()
 
@@ -95,7 +101,14 @@ while [ $# -gt 0 ] && [ "${{1#-}}" != "$1" ]; do case "$1" in --unit) shift 2 ;;
                 "GPU_SWARM_NODE_ENV": str(p(node_software.NODE_ENV_PATH)), **extra}
 
     def boot(self, release: NodeRelease | None = None, **extra: str) -> subprocess.CompletedProcess:
-        """What cloud-init does at first boot: write the release's files, run the installer."""
+        """What cloud-init does at first boot: install, then end its last stage (the result file),
+        whether the install failed or not."""
+        installed = self.install(release, **extra)
+        self.cloud_init_ended()
+        return installed
+
+    def install(self, release: NodeRelease | None = None, **extra: str) -> subprocess.CompletedProcess:
+        """cloud-init's part of the boot that runs the node's install: write the release's files, run the installer."""
         for f in (release or self.release()).files():
             target = self.path(f.path)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -103,6 +116,11 @@ while [ $# -gt 0 ] && [ "${{1#-}}" != "$1" ]; do case "$1" in --unit) shift 2 ;;
             target.chmod(int(f.mode, 8))
         return subprocess.run([str(self.path(node_software.INSTALLER_PATH))], capture_output=True, text=True,
                               env=self.env(**extra), timeout=60)
+
+    def cloud_init_ended(self) -> None:
+        result = self.path(node_commands.CLOUD_INIT_RESULT)
+        result.parent.mkdir(parents=True, exist_ok=True)
+        result.write_text(json.dumps({"v1": {"datasource": "DataSourceEc2", "errors": []}}))
 
     def run(self, script: str, **extra: str) -> subprocess.CompletedProcess:
         return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=self.env(**extra), timeout=60)
@@ -209,34 +227,57 @@ def test_a_good_boot_reports_its_steps_and_cloud_inits_time(node):
     assert node.installs() == 0
 
 
-@pytest.mark.parametrize("rc, said", [("2", None), ("1", "cloud-init reported errors (exit 1")])
-def test_cloud_init_warnings_and_errors_do_not_fail_a_good_install(node, rc, said):
-    """cloud-init >= 23.4 exits 2 on recoverable warnings; only the install's own markers decide."""
+@pytest.mark.parametrize("errors, said", [((), None), (("x failed",), "cloud-init reported errors")])
+def test_cloud_init_errors_do_not_fail_a_good_install(node, errors, said):
+    """Only the install's own markers decide; cloud-init's own errors are said."""
     assert node.boot().returncode == 0
-    result = node.wait(FAKE_CLOUD_INIT_RC=rc)
+    _cloud_init_status(node, errors=errors)
+    result = node.wait()
     assert result.returncode == 0, result.stderr
     assert (said in result.stderr) if said else "cloud-init" not in result.stderr
 
 
 def test_a_boot_that_outlives_the_wait_says_so(node):
-    result = node.wait(FAKE_CLOUD_INIT_RC="124")
+    result = node.run(node_commands.wait_for_boot(env=ENV, expected_gpus=0, root=str(node.root), timeout_s=1))
     assert result.returncode == 1 and "still running after" in result.stderr
+
+
+def test_the_wait_ends_when_cloud_init_ends_its_last_stage(node):
+    """Polled every 0.1 s: the real `cloud-init status --wait` returned 0.3-0.5 s after the end."""
+    assert node.install().returncode == 0  # cloud-init's last stage has not ended yet
+    waiting = subprocess.Popen(["bash", "-c", node_commands.wait_for_boot(env=ENV, expected_gpus=0, root=str(node.root))],
+                               env=node.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1)
+    assert waiting.poll() is None  # cloud-init still running
+    ended = time.monotonic()
+    node.cloud_init_ended()
+    out, err = waiting.communicate(timeout=30)
+    assert waiting.returncode == 0, err
+    assert time.monotonic() - ended < 2
+    assert set(json.loads(out)) == {"fetch-bundle", "step-a", "step-b"}
+
+
+def test_a_cloud_init_that_will_never_end_its_last_stage_ends_the_wait(node):
+    """Disabled (or crashed): no result file ever; cloud-init itself is asked every 5 s."""
+    result = node.wait(FAKE_CLOUD_INIT_STATUS="disabled")
+    assert result.returncode == 1 and "the gpu-swarm install never ran" in result.stderr
 
 
 def test_a_failed_boot_fails_with_the_nodes_log_and_the_next_up_installs_again(node):
     assert node.boot(FAKE_FAIL_STEP="step-b").returncode == 1
-    first = node.wait(FAKE_CLOUD_INIT_RC="1")
+    first = node.wait()
     assert first.returncode == 1
     assert "the first boot failed: step step-b failed" in first.stderr and "E: step-b broke" in first.stderr
     assert "last 40 lines of /var/log/gpu-swarm/bootstrap.log" in first.stderr
     assert node.installs() == 0  # the first report only reports
-    again = node.wait(FAKE_CLOUD_INIT_RC="1")  # the cause was fixed: the next `pulumi up`
+    again = node.wait()  # the cause was fixed: the next `pulumi up`
     assert again.returncode == 0, again.stderr
     assert "retrying the install that failed at first boot" in again.stderr and node.installs() == 1
     assert node.did("step-b")
 
 
 def test_a_boot_whose_install_never_ran_says_where_to_look(node):
+    node.cloud_init_ended()  # cloud-init ran, without the user data
     result = node.wait()
     assert result.returncode == 1 and "the gpu-swarm install never ran" in result.stderr
     assert node_commands.CLOUD_INIT_LOG in result.stderr

@@ -61,8 +61,8 @@ def test_every_step_script_ships_and_none_is_dead():
     used = set()
     for gpu, instance_type in ((True, "g5.xlarge"), (True, "p5.48xlarge"), (True, "p6-b200.48xlarge"),
                                (False, "m7i.large")):
-        used |= set(node_software.bootstrap_steps(gpu=gpu, instance_type=instance_type))
-    used |= set(node_software.bootstrap_steps(gpu=True, instance_type="p5.48xlarge", efa=True))
+        used |= {s.rstrip("&") for s in node_software.bootstrap_steps(gpu=gpu, instance_type=instance_type)}
+    used |= {s.rstrip("&") for s in node_software.bootstrap_steps(gpu=True, instance_type="p5.48xlarge", efa=True)}
     # Not steps: the runner, what the steps source, and what gpu-swarm-imds.service runs at each boot.
     scripts = {path.stem for path in SOURCE_DIR.glob("*.sh")} - {"bootstrap", "common", "imds-root-only"}
     assert used == scripts
@@ -100,6 +100,15 @@ def test_node_env_values_that_a_shell_would_misread_are_refused():
         with pytest.raises(ValueError, match="cannot be written to an env file safely"):
             node_software.env_text({"GPU_SWARM_X": value})
     assert node_software.env_text({"GPU_SWARM_STEPS": "a b"}) == 'GPU_SWARM_STEPS="a b"\n'
+
+
+@pytest.mark.parametrize("steps", ["secure-imds install-agent-venv& install-docker", "install-agent-venv&"])
+def test_background_steps_read_back_the_same_in_bash(tmp_path, steps):
+    """A & outside quotes would fork the line that bash sources (install.sh's `. release.env`)."""
+    env = tmp_path / "release.env"
+    env.write_text(node_software.env_text({"GPU_SWARM_STEPS": steps}))
+    read = subprocess.run(["bash", "-c", f'. {env} && printf %s "$GPU_SWARM_STEPS"'], capture_output=True, text=True)
+    assert read.returncode == 0 and read.stdout == steps, read
 
 
 def test_min_versions_reads_versions_env():

@@ -10,6 +10,7 @@ import yaml
 from to_node import software as node_software
 from components import provider_facts, remote
 from components.cloud_config import USER_DATA_LIMIT
+from swarm.node_contract import CLOUD_INIT_RESULT
 from tests.conftest import (
     DEEP_LEARNING_AMI, FAKE_CLUSTER_ID, REPO, UBUNTU_AMI, VPC, is_secret, request_inputs, run_program, stack_config,
     unwrap,
@@ -374,7 +375,7 @@ def test_the_boot_wait_reports_and_the_upgrade_names_the_nodes_release(prod):
     waits = prod.commands("-wait")
     assert len(waits) == 6
     for name, cmd in waits.items():
-        assert "cloud-init status --wait" in cmd["create"] and "systemd-run" in cmd["create"], name
+        assert f"until [ -e {CLOUD_INIT_RESULT} ]" in cmd["create"] and "systemd-run" in cmd["create"], name
         node = name.replace("-boot-", "-").replace("-wait", "")
         (trigger,) = cmd["triggers"]
         if prod.requests[node].type == "aws:ec2/instance:Instance":
@@ -383,7 +384,8 @@ def test_the_boot_wait_reports_and_the_upgrade_names_the_nodes_release(prod):
             assert trigger.startswith("i-") and prod.run.monitor.ids[node].startswith("sir-"), name
     upgrades = prod.commands("-upgrade")
     training = inner(upgrades["gpu-swarm-rollout-training-0-upgrade"])
-    assert 'GPU_SWARM_STEPS="secure-imds install-docker install-nvidia-driver install-fabric-manager' in training
+    assert ('GPU_SWARM_STEPS="secure-imds install-agent-venv& install-docker install-nvidia-driver '
+            'install-fabric-manager') in training
     assert "GPU_SWARM_IMAGE=deep-learning" in training and "NVIDIA_KERNEL_MODULES=open" in training
     manager = inner(upgrades["gpu-swarm-rollout-managers-0-upgrade"])
     assert 'GPU_SWARM_STEPS="secure-imds install-docker apply-docker-config install-reconciler"' in manager

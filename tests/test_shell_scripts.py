@@ -84,8 +84,12 @@ class Node:
         """A fake step that, like the real ones, sources common.sh."""
         self.write(self.steps / f"{name}.sh", f'#!/usr/bin/env bash\n. "{COMMON}"\n{body}\n')
 
+    # Scripts a step runs from beside itself.
+    RUNS = {"install-gpu-agent": ["install-agent-venv"]}
+
     def real_step(self, name: str) -> None:
-        shutil.copy(NODE_SRC / f"{name}.sh", self.steps / f"{name}.sh")
+        for script in [name, *self.RUNS.get(name, [])]:
+            shutil.copy(NODE_SRC / f"{script}.sh", self.steps / f"{script}.sh")
         shutil.copy(COMMON, self.steps / "common.sh")
         for unit in NODE_SRC.glob("*.service"):  # steps install units from beside themselves
             shutil.copy(unit, self.steps / unit.name)
@@ -170,6 +174,44 @@ def test_runner_refuses_unknown_steps_before_running_any(node):
     assert not (node.state / "bootstrap-timings.json").exists()
 
 
+def test_runner_runs_a_background_step_beside_the_steps_after_it_and_waits_for_it(node):
+    """head& waits for a file that the next step makes: run in order, it could never finish."""
+    go, ended = node.root / "go", node.root / "head-ended"
+    node.step("head", f'echo "background=${{GPU_SWARM_STEP_BACKGROUND:-}}"; for _ in $(seq 100); do '
+                      f'[ -e "{go}" ] && break; sleep 0.05; done; [ -e "{go}" ]; sleep 0.3; touch "{ended}"')
+    node.step("next", f'echo "background=${{GPU_SWARM_STEP_BACKGROUND:-}}"; touch "{go}"')
+
+    result = node.bootstrap("head&", "next")
+
+    assert result.returncode == 0, node.log.read_text()
+    assert ended.exists() and (node.state / "bootstrap-done").exists()  # waited for before the boot ended
+    assert list(node.timings()) == ["head", "next"]  # the command line's order, whatever ended first
+    assert node.statuses() == {"head": "done", "next": "done"}
+    assert node.timings()["head"]["seconds"] >= 0.3
+    log = node.log.read_text()
+    assert "background=1" in log and "background=\n" in log  # the step knows where it runs
+
+
+def test_runner_records_a_failed_background_step_and_goes_on(node):
+    """Its work is a head start that a later step does again (bootstrap.sh): that step decides."""
+    node.step("head", "exit 3")
+    node.step("next", "true")
+    assert node.bootstrap("head&", "next").returncode == 0
+    assert node.statuses() == {"head": "failed", "next": "done"}
+    assert (node.state / "bootstrap-done").exists()
+
+
+def test_runner_waits_for_a_background_step_when_a_step_fails(node):
+    ended = node.root / "head-ended"
+    node.step("head", f'sleep 0.5; touch "{ended}"')
+    node.step("next", "exit 1")
+    result = node.bootstrap("head&", "next")
+    assert result.returncode == 1
+    assert ended.exists()  # its pip is not left running under the next install, which takes the lock
+    assert node.statuses() == {"head": "done", "next": "failed"}
+    assert (node.state / "bootstrap-failed").read_text() == "next\n"
+
+
 def test_runner_refuses_to_run_twice_at_once(node):
     node.step("first", "true")
     node.state.mkdir()
@@ -178,6 +220,30 @@ def test_runner_refuses_to_run_twice_at_once(node):
         result = node.bootstrap("first")
     assert result.returncode == 1
     assert "another bootstrap" in result.stderr
+
+
+@pytest.mark.parametrize("last, code", [("true", 0), ("exit 1", 1)])
+def test_runner_reloads_systemd_once_for_the_units_its_steps_enabled(node, last, code):
+    """Two new units: no reload before their starts (systemd loads a new unit when asked), one at
+    the end for the enables' links, also when a later step failed."""
+    shutil.copy(COMMON, node.steps / "common.sh")  # install_service takes units from beside common.sh
+    for name in ("one", "two"):
+        node.write(node.steps / f"{name}.service", "[Service]\nExecStart=/bin/true\n")
+        node.write(node.steps / f"{name}.sh", f'. "{node.steps}/common.sh"\ninstall_service {name}.service\n')
+    node.step("last", last)
+    node.fake("systemctl", 'if [ "$1" = show ]; then printf "LoadState=loaded\\nNeedDaemonReload=no\\n"; fi')
+    assert node.bootstrap("one", "two", "last").returncode == code
+    calls = node.called()
+    assert calls.count("systemctl daemon-reload") == 1 and calls[-1] == "systemctl daemon-reload", calls
+    assert calls.index("systemctl enable --no-reload two.service") < calls.index("systemctl daemon-reload")
+    assert not (node.state / "reload-pending").exists()
+
+
+def test_runner_needs_no_reload_when_no_step_enabled_a_unit(node):
+    node.step("first", "true")
+    node.fake("systemctl", "exit 0")
+    assert node.bootstrap("first").returncode == 0
+    assert node.called() == []
 
 
 def test_runner_paths_are_the_ones_cloud_config_exports(node):
@@ -350,14 +416,39 @@ PINNED = f"nvidia-ml-py=={PINNED_NVML} prometheus-client=={PINNED_PROMETHEUS}"  
 def test_gpu_agent_step_enables_and_runs_the_unit(node):
     node.real_step("install-gpu-agent")
     node.write(node.root / "venv" / "bin" / "python", f"#!/bin/sh\necho {PINNED}\n")  # pinned NVML installed
-    node.fake("systemctl", "exit 0")
+    # systemd never loaded the agent's unit (a first boot), and holds an older copy of the guard's.
+    node.fake("systemctl", """if [ "$1" = show ]; then
+  case $* in *agent*) printf 'LoadState=loaded\\nNeedDaemonReload=no\\n' ;; *) printf 'LoadState=loaded\\nNeedDaemonReload=yes\\n' ;; esac
+fi""")
     assert node.bootstrap("install-gpu-agent").returncode == 0, node.log.read_text()
-    assert node.called() == ["systemctl enable --no-reload gpu-swarm-agent.service", "systemctl daemon-reload",
-                             "systemctl start gpu-swarm-agent.service", "systemctl list-jobs --no-legend docker.service",
+    show = "systemctl show -p LoadState -p NeedDaemonReload"
+    assert node.called() == [f"{show} gpu-swarm-agent.service", "systemctl start gpu-swarm-agent.service",
+                             "systemctl enable --no-reload gpu-swarm-agent.service",
+                             f"{show} gpu-swarm-guard.service", "systemctl daemon-reload",
+                             "systemctl restart gpu-swarm-guard.service",
                              "systemctl enable --no-reload gpu-swarm-guard.service",
-                             "systemctl daemon-reload", "systemctl restart gpu-swarm-guard.service"]
+                             "systemctl list-jobs --no-legend docker.service",
+                             "systemctl daemon-reload"]  # bootstrap's one reload for the enables' links
     for unit in ("gpu-swarm-agent.service", "gpu-swarm-guard.service"):  # the guard's server: see guard_server.py
         assert (node.root / "units" / unit).read_text() == (NODE_SRC / unit).read_text()
+
+
+@pytest.mark.parametrize("shown, reloads", [
+    ("LoadState=loaded\nNeedDaemonReload=no", False),  # new: systemd loads it when it is asked for
+    ("LoadState=loaded\nNeedDaemonReload=yes", True),  # an older copy loaded (an upgrade)
+    ("LoadState=not-found\nNeedDaemonReload=no", True),  # found missing before, and not looked at since
+    ("", True),  # systemctl could not say
+])
+def test_install_service_reloads_systemd_only_when_it_held_an_older_unit(node, shown, reloads):
+    node.real_step("install-health-watcher")
+    node.fake("systemctl", f'if [ "$1" = show ]; then printf "{shown}\\n"; fi')
+    assert node.bootstrap("install-health-watcher").returncode == 0, node.log.read_text()
+    calls = node.called()
+    restart = calls.index("systemctl restart gpu-swarm-health.service")
+    assert ("systemctl daemon-reload" in calls[:restart]) is reloads
+    # Then the enable, and bootstrap's one reload at its end, which reads the enable's links.
+    assert calls[restart:] == ["systemctl restart gpu-swarm-health.service",
+                               "systemctl enable --no-reload gpu-swarm-health.service", "systemctl daemon-reload"]
 
 
 def test_gpu_agent_step_waits_for_the_docker_restart_the_agent_queued(node):
@@ -373,8 +464,10 @@ fi""")
     assert node.bootstrap("install-gpu-agent").returncode == 0, node.log.read_text()
     calls = node.called()
     assert calls.count("systemctl list-jobs --no-legend docker.service") == 4
+    # The guard's server, which needs no docker, is installed while docker restarts; the step ends after.
     assert calls.index("systemctl start gpu-swarm-agent.service") < calls.index(
-        "systemctl list-jobs --no-legend docker.service") < calls.index("systemctl restart gpu-swarm-guard.service")
+        "systemctl restart gpu-swarm-guard.service") < calls.index("systemctl list-jobs --no-legend docker.service")
+    assert calls[-2:] == ["systemctl list-jobs --no-legend docker.service", "systemctl daemon-reload"]  # bootstrap's
 
 
 def test_gpu_agent_step_installs_the_pinned_nvml_bindings(node):
@@ -410,6 +503,44 @@ def test_gpu_agent_step_installs_python3_venv_for_its_pip_wheel(node):
     assert f"venv {wheels}/pip-24.0-py3-none-any.whl -m pip install -q --disable-pip-version-check {PINNED}" in calls
 
 
+def test_agent_venv_in_the_background_leaves_apt_to_the_agent_step(node):
+    """Beside install-docker's apt, `apt-get update` would meet the package lists' lock, which apt
+    does not wait for: without a pip wheel, the background run skips, and the agent step installs
+    python3-venv in the foreground."""
+    node.real_step("install-agent-venv")
+    node.real_step("install-gpu-agent")
+    wheels = node.root / "wheels"
+    node.fake("apt-get", f'if [ "$*" != update ]; then mkdir -p {wheels} && : >{wheels}/pip-24.0-py3-none-any.whl; fi')
+    node.fake("python3", "exit 0")
+    node.fake("systemctl", "exit 0")
+    node.write(node.root / "venv" / "bin" / "python", '#!/bin/sh\n[ "$1" = -m ] && echo "venv $PYTHONPATH $*" >>"$FAKE_CALLS"\n')
+    result = node.bootstrap("install-agent-venv&", "install-gpu-agent", GPU_SWARM_PIP_WHEELS=str(wheels))
+    assert result.returncode == 0, node.log.read_text()
+    assert node.statuses() == {"install-agent-venv": "skipped", "install-gpu-agent": "done"}
+    calls = node.called()
+    apt = [c for c in calls if c.startswith("apt-get")]
+    assert len(apt) == 2 and apt[0].endswith(" update") and "python3-venv" in apt[1], calls  # the agent step's
+    assert f"venv {wheels}/pip-24.0-py3-none-any.whl -m pip install -q --disable-pip-version-check {PINNED}" in calls
+
+
+def test_agent_step_waits_for_the_background_venv_and_runs_no_second_pip(node):
+    """The background run holds the venv's lock while pip runs; the agent step then finds the pins."""
+    node.real_step("install-gpu-agent")
+    venv, installed = node.root / "venv", node.root / "installed"
+    wheels = node.root / "wheels"
+    node.write(wheels / "pip-25.1.1-py3-none-any.whl", "")
+    # pip takes 0.5 s, then the venv has the pins.
+    node.write(venv / "bin" / "python", f'#!/bin/sh\nif [ "$1" = -m ]; then echo "pip" >>"$FAKE_CALLS"; sleep 0.5; '
+               f'touch {installed}; elif [ -e {installed} ]; then echo {PINNED}; fi\n')
+    node.fake("python3", "exit 0")
+    node.fake("systemctl", "exit 0")
+    result = node.bootstrap("install-agent-venv&", "install-gpu-agent", GPU_SWARM_PIP_WHEELS=str(wheels))
+    assert result.returncode == 0, node.log.read_text()
+    assert node.called().count("pip") == 1
+    assert node.statuses() == {"install-agent-venv": "done", "install-gpu-agent": "done"}
+    assert "skipped: the venv has" in node.log.read_text()  # the agent step's run found it made
+
+
 def test_gpu_agent_step_fails_loudly_with_the_agents_journal(node):
     node.real_step("install-gpu-agent")
     node.write(node.root / "venv" / "bin" / "python", f"#!/bin/sh\necho {PINNED}\n")
@@ -428,7 +559,9 @@ def test_health_steps_install_enable_and_restart_their_unit(node, step, unit):
     node.real_step(step)
     node.fake("systemctl", "exit 0")
     assert node.bootstrap(step).returncode == 0, node.log.read_text()
-    assert node.called() == [f"systemctl enable --no-reload {unit}", "systemctl daemon-reload", f"systemctl restart {unit}"]
+    assert node.called() == [f"systemctl show -p LoadState -p NeedDaemonReload {unit}",
+                             "systemctl daemon-reload", f"systemctl restart {unit}",  # systemctl said nothing: reload
+                             f"systemctl enable --no-reload {unit}", "systemctl daemon-reload"]
     assert (node.root / "units" / unit).read_text() == (NODE_SRC / unit).read_text()
 
 

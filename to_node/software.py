@@ -51,7 +51,7 @@ _EXECUTABLE = re.compile(r"(\.sh|\.py|^gpu-swarm-runtime)$")
 _INSTANCE_TYPE_RE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+")
 _ENV_LINE_RE = re.compile(r"([A-Z][A-Z0-9_]*)=(\S*)")
 # Words of these characters, one space apart: nothing that bash or systemd would read differently.
-_ENV_VALUE_RE = re.compile(r"([A-Za-z0-9._:/,+=-]+( [A-Za-z0-9._:/,+=-]+)*)?")
+_ENV_VALUE_RE = re.compile(r"([A-Za-z0-9._:/,+=&-]+( [A-Za-z0-9._:/,+=&-]+)*)?")
 # Files that are not part of the software: Python's caches and editors' leftovers.
 _IGNORED = re.compile(r"(^|/)(__pycache__|\.[^/]*)(/|$)|(\.pyc|~)$")
 
@@ -147,12 +147,15 @@ def kernel_modules(instance_type: str) -> str:
 
 
 def bootstrap_steps(*, gpu: bool, instance_type: str, efa: bool = False) -> list[str]:
-    """The bootstrap steps for a node, in order; each is node/<step>.sh. efa: the pool's nodes have EFA interfaces.
+    """The bootstrap steps for a node, in order; each is node/<step>.sh, and <step>& runs in the background.
+    efa: the pool's nodes have EFA interfaces.
 
     secure-imds comes first on every node: its user data holds its SSH host key (node/imds-root-only.sh)."""
     if not gpu:  # a manager: it runs the health reconciler, which needs the engine up
         return ["secure-imds", "install-docker", "apply-docker-config", "install-reconciler"]
-    steps = ["secure-imds", "install-docker", "install-nvidia-driver"]
+    # The agent's venv starts in the background (a head start: bootstrap.sh), for pip needs nothing
+    # the steps before the agent make; install-gpu-agent waits for it.
+    steps = ["secure-imds", "install-agent-venv&", "install-docker", "install-nvidia-driver"]
     if needs_fabric_manager(instance_type):
         if _instance_family(instance_type)[0] in NVLINK5_FAMILIES:
             steps.append("install-nvlink-subnet-manager")
@@ -202,8 +205,9 @@ def env_text(env: dict[str, str]) -> str:
 
 def _quoted(value: str) -> str:
     # Words (the steps) in double quotes: bash and systemd both strip them; nothing inside
-    # is special to either (the value pattern above allows no $, quote or backslash).
-    return f'"{value}"' if " " in value else value
+    # is special to either (the value pattern above allows no $, quote or backslash). A space
+    # or a & (a background step) outside them would end or fork the line that bash sources.
+    return f'"{value}"' if " " in value or "&" in value else value
 
 
 def release(bundle_sha: str, env: dict[str, str], steps: list[str]) -> str:
@@ -238,7 +242,7 @@ class NodeRelease:
     def files(self) -> list[NodeFile]:
         """What cloud-init writes at first boot, and to_node/commands.py upgrade() writes later: the same files."""
         for step in self.steps:
-            if not re.fullmatch(r"[a-z0-9-]+", step) or not (SOURCE_DIR / f"{step}.sh").is_file():
+            if not re.fullmatch(r"[a-z0-9-]+&?", step) or not (SOURCE_DIR / f"{step.rstrip('&')}.sh").is_file():
                 raise ValueError(f"bootstrap step {step!r} is not a script in node/")
         if not re.fullmatch(r"https://[A-Za-z0-9.-]+(:\d+)?/[A-Za-z0-9._/-]+", self.bundle_url):
             raise ValueError(f"bundle URL {self.bundle_url!r} is not a plain https URL")
