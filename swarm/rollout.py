@@ -73,12 +73,8 @@ def wait_tasks_stopped(node: str, timeout_s: int, shown: str = "") -> list[str]:
     under a stack that asked for its time to checkpoint. shown: the node as the message names it."""
     return [
         f"limit=$(( grace > 0 && grace + {GRACE_SLACK_S} > {int(timeout_s)} ? grace + {GRACE_SLACK_S} : {int(timeout_s)} ))",
-        'end=$(( $(date +%s) + limit ))',
-        f"until {tasks_stopped(node)}; do",
-        f'  [ "$(date +%s)" -lt "$end" ] || {{ echo "gpu-swarm: tasks on node {shown or node} did not stop (gave up after '
-        '$limit s; the longest stop_grace_period among them is $grace s)" >&2; exit 1; }',
-        "  sleep 1",
-        "done",
+        *wait_until(tasks_stopped(node), "limit", f"tasks on node {shown or node} did not stop", interval_s=1,
+                    detail="the longest stop_grace_period among them is $grace s"),
     ]
 
 

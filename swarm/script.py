@@ -156,12 +156,22 @@ RETRY_TRANSIENT_SWARM_ERRORS = (
 )
 
 
-def wait_until(condition: str, timeout_s: int, message: str, interval_s: float = 2) -> list[str]:
-    """Lines that poll `condition` (a shell test) until it holds; exit 1 with `message` after timeout_s."""
+def wait_until(condition: str, timeout_s: int | str, message: str, interval_s: float = 2, detail: str = "") -> list[str]:
+    """Lines that poll `condition` (a shell test) until it holds; exit 1 with `message` after timeout_s.
+
+    timeout_s: seconds, or the name of a shell variable that the script computed ("limit");
+    detail: more for the message, after how long it waited."""
+    if isinstance(timeout_s, str):
+        if not re.fullmatch(r"[a-z_]+", timeout_s):
+            raise ValueError(f"timeout_s: expected seconds or a shell variable's name, found {timeout_s!r}")
+        limit, shown = timeout_s, f"${timeout_s}"
+    else:
+        limit = shown = str(int(timeout_s))
+    more = f"; {detail}" if detail else ""
     return [
-        f"end=$(( $(date +%s) + {int(timeout_s)} ))",
+        f"end=$(( $(date +%s) + {limit} ))",
         f"until {condition}; do",
-        f'  [ "$(date +%s)" -lt "$end" ] || {{ echo "gpu-swarm: {message} (gave up after {int(timeout_s)} s)" >&2; exit 1; }}',
+        f'  [ "$(date +%s)" -lt "$end" ] || {{ echo "gpu-swarm: {message} (gave up after {shown} s{more})" >&2; exit 1; }}',
         f"  sleep {interval_s:g}",
         "done",
     ]

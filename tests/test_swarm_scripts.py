@@ -822,3 +822,13 @@ def test_no_node_removed_means_no_stack_is_waited_for(fake, tmp_path):
     result = fake.run(reconcile.reconcile(nodes=[NODE_ID], stacks=["a", "b"]), **env)
     assert result.returncode == 0, result.stderr
     assert fake.get("settled") == ""
+
+
+def test_wait_until_takes_a_limit_the_script_computed():
+    """The drain's limit comes from its tasks' grace periods, on the node (wait_tasks_stopped)."""
+    from swarm.script import script, wait_until
+    text = script("limit=$(( 0 + 1 ))", *wait_until("false", "limit", "never held", interval_s=0.2, detail="why"))
+    result = subprocess.run(["bash", "-c", text], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1 and "gpu-swarm: never held (gave up after 1 s; why)" in result.stderr
+    with pytest.raises(ValueError, match="shell variable"):
+        wait_until("false", "$limit", "never held")
