@@ -14,7 +14,7 @@ install_service gpu-swarm-guard.service
 # A changed GPU configuration (the first boot's, MPS turned on, a new GPU) makes the agent's unit
 # queue a docker restart and return (--no-block: see the unit). The guard's server above needs no
 # docker, so it was installed while docker restarted. The steps after this one talk to docker
-# (build-check-image first): the restart must be over before they run, or they meet a docker that
+# (apply-docker-config first): the restart must be over before they run, or they meet a docker that
 # is going down. With no change, no job is queued.
 end=$((SECONDS + 180))
 while [ -n "$(systemctl list-jobs --no-legend docker.service 2>/dev/null)" ]; do

@@ -164,7 +164,10 @@ def bootstrap_steps(*, gpu: bool, instance_type: str, efa: bool = False) -> list
         steps.append("install-efa")
     # The health watcher last: it watches the GPUs that the agent made docker advertise.
     # install-mps before the agent: on an MPS pool the agent checks the compute mode its unit sets.
-    return steps + ["install-container-toolkit", "install-mps", "install-gpu-agent", "build-check-image",
+    # build-check-image before the agent: it needs docker and the driver's nvidia-smi, not the GPU
+    # configuration, so it runs while the agent's venv is still being made in the background,
+    # not after the docker restart that the agent's new configuration costs.
+    return steps + ["install-container-toolkit", "install-mps", "build-check-image", "install-gpu-agent",
                     "apply-docker-config", "install-health-watcher", "install-gpu-metrics"]
 
 
