@@ -63,7 +63,11 @@ def main() -> int:
     print(f"{args.runs} runs each, alternating, on {subprocess.getoutput('nproc')} cores")
     print(f"localswarm up --nodes 2 --gpus-per-node 1          {spread(fast)}")
     print(f"localswarm program up --stack dev (first up)       {spread(first)}   "
-          f"{statistics.median(first) / statistics.median(fast):.1f}x; {commands[0]} commands")
+          f"{statistics.median(first) / statistics.median(fast):.2f}x; {commands[0]} commands")
+    # Each first up against the fast up just before it: a drift of this machine's speed hits both.
+    pairs = [p / f for p, f in zip(first, fast)]
+    print(f"  each run's first up / its fast up: {' '.join(f'{r:.2f}' for r in pairs)}; "
+          f"median {statistics.median(pairs):.2f}x")
     print(f"  again, nothing changed                           {spread(again)}   commands run: {ran_again}")
     print(f"  again, new node software (--bump-node-software)  {spread(roll)}   commands run: {ran_roll}")
     median = boots[sorted(range(len(first)), key=first.__getitem__)[len(first) // 2]]
