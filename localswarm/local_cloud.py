@@ -72,9 +72,6 @@ class LocalCloud(pulumi_mocks.Mocks):
     doomed: list = field(default_factory=list)  # replaced resources, deleted at the end of the run
     lock: threading.Lock = field(default_factory=threading.Lock)
     options: threading.local = field(default_factory=threading.local)  # the registering request's options
-    # Waits for the rehearsal's services (registry, S3 stand-in), which start beside the program's own
-    # start: a machine needs them from its first boot step on, and a command may deploy a stack.
-    services_ready: Callable[[], None] = lambda: None
 
     # ------------------------------------------------------------------ the engine's part
 
@@ -128,8 +125,6 @@ class LocalCloud(pulumi_mocks.Mocks):
         with self.lock:
             self.pending[urn] = {"type": args.typ, "operation": "updating" if before else "creating"}
         try:
-            if args.typ in (INSTANCE, SPOT_REQUEST, COMMAND):
-                self.services_ready()
             rid, outputs = handler(args.name, inputs, before)
         except BaseException as e:
             # Pulumi prints every failed step's own error; whichever error reaches the program first,

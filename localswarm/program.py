@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -107,7 +107,7 @@ def up(*, stack: str = "dev", overrides: dict | None = None, parallel: int = 6, 
         raise RehearsalError(f"the rehearsal's state names resources by name, not URN (an older rehearsal); "
                              f"run `{CLI} down` first")
     node_image.ensure_image(say)
-    services = _infrastructure(config, say)
+    _infrastructure(config, say)
     known = dict(state.get("machines", {}))
     resources = state.get("resources", {})
     if state.get("pending_operations"):
@@ -122,8 +122,7 @@ def up(*, stack: str = "dev", overrides: dict | None = None, parallel: int = 6, 
     source = _bumped_software(bumps) if bumps else None
     cloud = LocalCloud(previous=resources, region=config["aws:region"], say=say,
                        clock=time.monotonic, machines_by_instance=known, next_index=state.get("next_index", 1),
-                       replace_targets=frozenset(replace), doomed=list(state.get("doomed", [])),
-                       services_ready=services.result)
+                       replace_targets=frozenset(replace), doomed=list(state.get("doomed", [])))
     error = None
     watcher = _DrainWatcher(cloud)
     watcher.start()
@@ -142,7 +141,6 @@ def up(*, stack: str = "dev", overrides: dict | None = None, parallel: int = 6, 
             node_software.SOURCE_DIR = REPO / "node"
             shutil.rmtree(source.parent, ignore_errors=True)
     if error is None:
-        services.result()  # a program that started no machine and ran no command never waited for them
         cloud.delete_the_rest()
     _save_state(_state_of(cloud, config, stack, bumps, failed=error is not None))
     ran = [a for a in cloud.actions if a.typ == COMMAND and a.action in ("create", "replace", "update")]
@@ -231,40 +229,25 @@ def _config(stack: str, overrides: dict) -> dict:
     return config
 
 
-def _infrastructure(config: dict, say: Progress) -> Future:
+def _infrastructure(config: dict, say: Progress) -> None:
     """The bridge, the registry (a Docker Hub mirror holding the stand-in under the stacks' image names)
-    and the S3 stand-in: what the machines reach, and nothing else.
-
-    The bridge is made now. The registry and the S3 stand-in start beside the program's own start
-    (its imports and lookups, 0.5 s). LocalCloud waits for the returned future before it launches a
-    machine or runs a command, and its result() raises what failed here."""
+    and the S3 stand-in: what the machines reach, and nothing else. All of it before the program runs:
+    its preview reads the stacks' images from this registry (their CUDA requirement)."""
     if run(["ip", "link", "show", network.BRIDGE], check=False).returncode != 0:
         network.create_bridge()
+    try:
+        urllib.request.urlopen(f"http://{REGISTRY}/v2/", timeout=2).close()
+    except OSError:
+        registry.start_registry()
+    object_store.start()
     images = sorted(_stack_images(config))
-
-    def start() -> None:
-        try:
-            urllib.request.urlopen(f"http://{REGISTRY}/v2/", timeout=2).close()
-        except OSError:
-            registry.start_registry()
-        object_store.start()
-        registry.push_standin_as(images)
-        say(f"local registry serves the stand-in as {', '.join(images) or 'nothing'}; S3 stand-in on the bridge")
-
+    registry.push_standin_as(images)
     if config.get("gpu-swarm:monitoring") == "true" and not json.loads(config.get("gpu-swarm:monitoringImages") or "{}"):
         # Docker Hub is out of reach and a local build cannot have the stack's pinned digests:
-        # the rehearsal's own Prometheus and Grafana stand-in, pinned by theirs (monitoring_stack.py),
-        # pushed to the registry before the program reads its config.
+        # the rehearsal's own Prometheus and Grafana stand-in, pinned by theirs (monitoring_stack.py).
         from localswarm import monitoring_stack
-        start()
         config["gpu-swarm:monitoringImages"] = json.dumps(monitoring_stack.hub_images(say))
-        done: Future = Future()
-        done.set_result(None)
-        return done
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="services")
-    services = pool.submit(start)
-    pool.shutdown(wait=False)  # its one thread ends with the task; nothing waits for it here
-    return services
+    say(f"local registry serves the stand-in as {', '.join(images) or 'nothing'}; S3 stand-in on the bridge")
 
 
 def _stack_images(config: dict) -> set[str]:
