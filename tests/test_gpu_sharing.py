@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -89,7 +90,9 @@ def test_the_program_boots_an_mps_pool_with_the_mode_and_its_step():
             user_data[inputs["tags"]["gpu-swarm:pool"]] = unwrap(inputs["userData"])
     assert f"{SHARING_MODE_ENV}=mps" in user_data["mps"] and SHARING_MODE_ENV not in user_data["sliced"]
     for pool in ("mps", "sliced"):  # every GPU node has the step: it removes the unit where MPS is off
-        assert "install-container-toolkit install-mps install-gpu-agent" in user_data[pool]
+        steps = re.search(r'GPU_SWARM_STEPS="([^"]+)"', user_data[pool])[1].split()
+        # Before the agent, which checks the compute mode the MPS unit sets.
+        assert steps.index("install-container-toolkit") < steps.index("install-mps") < steps.index("install-gpu-agent")
 
 
 # ---------------------------------------------------------------- spreading: the order of the slots
