@@ -489,14 +489,21 @@ def test_gpu_agent_step_installs_the_pinned_nvml_bindings(node):
             in node.called())
 
 
-def test_gpu_agent_step_installs_python3_venv_for_its_pip_wheel(node):
-    """An AMI without python3-venv has no pip wheel: the step installs the package, then uses its wheel."""
-    node.real_step("install-gpu-agent")
+def without_pip_wheel(node) -> Path:
+    """An image without python3-venv: no pip wheel until apt installs the package. Returns where
+    the wheel appears; the venv's python records each pip run in the calls."""
     wheels = node.root / "wheels"
     node.fake("apt-get", f'if [ "$*" != update ]; then mkdir -p {wheels} && : >{wheels}/pip-24.0-py3-none-any.whl; fi')
     node.fake("python3", "exit 0")
     node.fake("systemctl", "exit 0")
     node.write(node.root / "venv" / "bin" / "python", '#!/bin/sh\n[ "$1" = -m ] && echo "venv $PYTHONPATH $*" >>"$FAKE_CALLS"\n')
+    return wheels
+
+
+def test_gpu_agent_step_installs_python3_venv_for_its_pip_wheel(node):
+    """An AMI without python3-venv has no pip wheel: the step installs the package, then uses its wheel."""
+    node.real_step("install-gpu-agent")
+    wheels = without_pip_wheel(node)
     assert node.bootstrap("install-gpu-agent", GPU_SWARM_PIP_WHEELS=str(wheels)).returncode == 0, node.log.read_text()
     calls = node.called()
     assert any(c.startswith("apt-get") and "python3-venv" in c for c in calls), calls
@@ -509,11 +516,7 @@ def test_agent_venv_in_the_background_leaves_apt_to_the_agent_step(node):
     python3-venv in the foreground."""
     node.real_step("install-agent-venv")
     node.real_step("install-gpu-agent")
-    wheels = node.root / "wheels"
-    node.fake("apt-get", f'if [ "$*" != update ]; then mkdir -p {wheels} && : >{wheels}/pip-24.0-py3-none-any.whl; fi')
-    node.fake("python3", "exit 0")
-    node.fake("systemctl", "exit 0")
-    node.write(node.root / "venv" / "bin" / "python", '#!/bin/sh\n[ "$1" = -m ] && echo "venv $PYTHONPATH $*" >>"$FAKE_CALLS"\n')
+    wheels = without_pip_wheel(node)
     result = node.bootstrap("install-agent-venv&", "install-gpu-agent", GPU_SWARM_PIP_WHEELS=str(wheels))
     assert result.returncode == 0, node.log.read_text()
     assert node.statuses() == {"install-agent-venv": "skipped", "install-gpu-agent": "done"}
