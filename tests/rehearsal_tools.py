@@ -51,6 +51,18 @@ def status() -> dict:
     return cli_json("status")
 
 
+def until(condition, timeout: float, what: str, interval: float = 0.5):
+    """condition()'s first true value, asked every `interval` s; an AssertionError after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
 def wait_for(predicate, timeout: float, what: str) -> dict:
     deadline = time.monotonic() + timeout
     while True:

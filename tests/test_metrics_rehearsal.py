@@ -9,16 +9,16 @@ task's service name.
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
-import time
 
 import pytest
 
 from localswarm import metrics, monitoring_stack
 from localswarm.nodes import Node
 from localswarm.state import nodes_of, require_state
-from tests.rehearsal_tools import KIND, cli, cli_json, rehearsal_up, tasks_of
+from tests.rehearsal_tools import KIND, cli, cli_json, rehearsal_up, tasks_of, until
 from localswarm.host import REPO
 from swarm import monitoring
 
@@ -35,15 +35,7 @@ def rehearsal(engine, tmp_path_factory):
     yield from rehearsal_up("--nodes", "3", "--gpus-per-node", "2", "--stack", f"smoke={compose}", "--monitoring")
 
 
-def wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(1)
+wait = functools.partial(until, interval=1)  # the exporters and Prometheus move in seconds
 
 
 def top_json() -> dict | None:

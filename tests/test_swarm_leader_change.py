@@ -21,7 +21,7 @@ import pytest
 
 from localswarm.nodes import Node, docker, restart_dockerd
 from localswarm.state import nodes_of, require_state
-from tests.rehearsal_tools import rehearsal_up
+from tests.rehearsal_tools import rehearsal_up, until
 
 pytestmark = pytest.mark.integration
 STANDIN = "192.168.213.1:5000/gpu-swarm/standin:1"
@@ -31,17 +31,6 @@ KIND = "NVIDIA-GPU"
 @pytest.fixture(scope="module")
 def two_nodes(engine):
     yield from rehearsal_up("--nodes", "2", "--gpus-per-node", "2")
-
-
-def _until(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.5)
 
 
 def _tasks(manager: Node, engine, service: str) -> list[dict]:
@@ -70,13 +59,13 @@ def test_after_a_leader_change_swarm_gives_a_held_gpu_again_and_the_guard_refuse
     first, second = [g["NamedResourceSpec"]["Value"] for g in node_doc["Description"]["Resources"]["GenericResources"]]
 
     docker(manager, engine, "service", "scale", "--detach", "smoke_gpu=0")
-    _until(lambda: not _running_gpus(worker, engine), 60, f"{worker.name} without tasks")
+    until(lambda: not _running_gpus(worker, engine), 60, f"{worker.name} without tasks")
 
     def holder(name: str) -> str:
         docker(manager, engine, "service", "create", "--detach", "--name", name, "--constraint",
                f"node.hostname=={worker.name}", "--generic-resource", f"{KIND}=1", "--restart-delay", "1s",
                STANDIN, "sleep", "infinity")
-        return _until(lambda: next((t["gpus"][0] for t in _tasks(manager, engine, name) if t["state"] == "running"),
+        return until(lambda: next((t["gpus"][0] for t in _tasks(manager, engine, name) if t["state"] == "running"),
                                    None), 60, f"{name} running")
 
     # Two holders take both GPUs; the one on the node's first GPU goes. (Which holder gets which
@@ -84,20 +73,20 @@ def test_after_a_leader_change_swarm_gives_a_held_gpu_again_and_the_guard_refuse
     on = {holder("hold-a"): "hold-a", holder("hold-b"): "hold-b"}
     assert set(on) == {first, second}
     docker(manager, engine, "service", "rm", on[first])
-    _until(lambda: _running_gpus(worker, engine) == [second], 60, "one holder left, on the second GPU")
+    until(lambda: _running_gpus(worker, engine) == [second], 60, "one holder left, on the second GPU")
 
     # Control, with no leader change: the next task gets the free GPU.
     assert holder("control") == first
     docker(manager, engine, "service", "rm", "control")
-    _until(lambda: _running_gpus(worker, engine) == [second], 60, "one holder left again")
+    until(lambda: _running_gpus(worker, engine) == [second], 60, "one holder left again")
 
     restart_dockerd(manager, engine)  # the only manager: it becomes leader again and rebuilds its view
-    _until(lambda: docker(manager, engine, "node", "ls", check=False).returncode == 0, 60, "the manager back")
+    until(lambda: docker(manager, engine, "node", "ls", check=False).returncode == 0, 60, "the manager back")
 
     docker(manager, engine, "service", "create", "--detach", "--name", "after", "--constraint",
            f"node.hostname=={worker.name}", "--generic-resource", f"{KIND}=1", "--restart-delay", "1s",
            STANDIN, "sleep", "infinity")
-    tried = _until(lambda: [t for t in _tasks(manager, engine, "after") if t["gpus"] and t["state"] != "pending"],
+    tried = until(lambda: [t for t in _tasks(manager, engine, "after") if t["gpus"] and t["state"] != "pending"],
                    60, "a task of the new service assigned")
     time.sleep(3)  # a few more of its tries
     tried = [t for t in _tasks(manager, engine, "after") if t["gpus"]]
