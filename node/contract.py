@@ -68,6 +68,12 @@ EFA_COUNT_LABEL = "efa.count"  # EFA devices the kernel shows (/sys/class/infini
 # it assigned in DOCKER_RESOURCE_AWS-EFA, and the guard gives the task their /dev/infiniband devices.
 EFA_KIND = "AWS-EFA"
 
+# What the runtime guard says when it refuses a container a GPU (or slot) that a running container
+# holds: "gpu-swarm guard: GPU <uuid> is held by container <id> ...". gpu_guard.py spells it itself
+# (tests/test_gpu_guard_ledger.py keeps it equal); swarm/gpu_check.py and stack_tasks.py read it
+# in a task's error: swarm gave that GPU away, which its scheduler does after a leader change.
+GPU_HELD = "is held by container"
+
 # ---------------------------------------------------------------- labels on other swarm objects
 # The program's own; no node program reads them, but every gpu-swarm label lives here.
 STACK_NAMESPACE_LABEL = "com.docker.stack.namespace"  # Docker's, not ours: `docker stack deploy` puts it on

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from swarm.gpu_kind import validate_kind
 from swarm.labels import CHECK_SERVICE_LABEL, DRAINED_BY_GPU_CHECK, DRAINED_BY_LABEL, VERIFIED_LABEL
-from swarm.node_contract import CHECK_IMAGE
+from swarm.node_contract import CHECK_IMAGE, GPU_HELD
 from swarm.script import node_id, quote
 
 # CHECK_IMAGE is built on every GPU node by node/build-check-image.sh (busybox and the C
@@ -158,7 +158,7 @@ busy = sys.argv[4] == "true"
 why = sys.argv[5] if busy and len(sys.argv) > 5 else None
 # Swarm gave the job a GPU that a container still runs on, and the runtime guard refused it: the GPU is
 # busy, as the guard says, and that is no evidence about what a task of this node can see.
-holder = re.search(r"is held by container ([0-9a-f]+)", reserved) if "probe-end" not in reserved else None
+holder = re.search(r"{GPU_HELD} ([0-9a-f]+)", reserved) if "probe-end" not in reserved else None
 if holder and not busy:
     busy, why = True, f"the runtime guard refused the job: container {{holder.group(1)}} holds the GPU"
 values = [e["NamedResourceSpec"]["Value"] for e in want if e.get("NamedResourceSpec", {{}}).get("Kind") == {kind!r}]

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from swarm.node_contract import GPU_HELD
+
 REPO = Path(__file__).resolve().parent.parent
 FRONT = REPO / "node" / "gpu-swarm-runtime"
 A = "GPU-48f73d5c-653c-94b5-f00e-d5bba41a1cfb"
@@ -122,7 +124,7 @@ def node(tmp_path):
 
 
 def refused(result: subprocess.CompletedProcess, holder: str, what: str) -> bool:
-    return result.returncode == 1 and f"gpu-swarm guard: {what} is held by container {holder[:12]}" in result.stderr \
+    return result.returncode == 1 and f"gpu-swarm guard: {what} {GPU_HELD} {holder[:12]}" in result.stderr \
         and "never given to another" in result.stderr and "the container was not started" in result.stderr
 
 
