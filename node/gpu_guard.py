@@ -391,12 +391,15 @@ def check(config: str, args: list[str]) -> tuple[bool, str]:
                       absolute(bundle), time.time())
             except Held as held:
                 what = f"slot {held.key}" if slot_of(held.key) else f"GPU {held.key}"
+                # Swarm can give a GPU twice: its scheduler re-books running tasks after a leader change
+                # (docs/stacks/isolation.md). So the message names that cause beside a hand-set variable.
                 raise Refused(f"{what} is held by container {held.holder[:12]} (since "
                               f"{time.strftime('%H:%M:%S', time.gmtime(held.since))} UTC): a GPU that a running "
-                              "container holds is never given to another. If this task reserved it, the holder named "
-                              f"it in its own environment (docker ps --filter id={held.holder[:12]}); else remove "
-                              "DOCKER_RESOURCE_* from this service's environment and reserve GPUs with "
-                              "generic_resources")
+                              "container holds is never given to another. If both reserved it, swarm gave it twice, "
+                              "as its scheduler does after a leader change, and this task starts once the holder "
+                              "ends. If one set DOCKER_RESOURCE_* itself (this service, or the holder: docker ps "
+                              f"--filter id={held.holder[:12]}), remove it from that service's environment and "
+                              "reserve GPUs with generic_resources")
         if settings.get("LOG"):
             with open(settings["LOG"], "a", encoding="utf-8") as log:
                 log.write(f"{args[-1] if args else '?'}: {decision.text}\n")

@@ -18,8 +18,7 @@ from datetime import datetime, timezone
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.append(_HERE)  # the contract ships beside this file; appended, so it shadows nothing of a caller's
-from contract import (CONDITION_LABEL, CONDITION_REASON_LABEL, CONDITION_SINCE_LABEL, GPU_HELD,  # noqa: E402
-                      HEALTH_LAST_LABEL)
+from contract import CONDITION_LABEL, CONDITION_REASON_LABEL, CONDITION_SINCE_LABEL, HEALTH_LAST_LABEL  # noqa: E402
 
 
 # A task's process ended by itself, or never started (rejected): swarm may start another in its slot.
@@ -325,17 +324,9 @@ def stuck(view: dict) -> list[str]:
             runs = t.get("runs", {})
             restarting = not t.get("ended") and not (t["state"] == "running" and settled(t))
             if restarting and runs.get("completed", 0) == 0 and runs.get("failed", 0) >= CRASH_LOOP_FAILURES:
-                last = _last(t)
                 out.append(f"{svc['name']} task {t['slot']} failed {runs['failed']} times and never completed "
-                           f"({last}); swarm keeps restarting it" + (HELD_HINT if GPU_HELD in last else ""))
+                           f"({_last(t)}); swarm keeps restarting it")
     return out
-
-
-# The guard refused a GPU that a running container holds: swarm gave it away, which its scheduler
-# does after a leader change (docs/stacks/isolation.md), or a container named it itself.
-HELD_HINT = ("; swarm gave it a GPU that a running container holds, as swarm's scheduler does after a leader "
-             "change (docs/stacks/isolation.md), or as it does when a container set DOCKER_RESOURCE_* itself: "
-             "the task starts once that container ends")
 
 
 def _last(task: dict) -> str:

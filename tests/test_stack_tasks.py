@@ -21,9 +21,8 @@ import pytest
 
 from localswarm import task_runs
 from localswarm.placement import render_table, services_view
-from localswarm.task_runs import (CRASH_LOOP_FAILURES, HELD_HINT, converged, failing, outcome, releasing, settled,
-                                  stuck, unsettled)
-from swarm.node_contract import GPU_HELD
+from localswarm.task_runs import (CRASH_LOOP_FAILURES, converged, failing, outcome, releasing, settled, stuck,
+                                  unsettled)
 
 DATA = json.loads((Path(__file__).resolve().parent / "data" / "swarm-tasks-that-end.json").read_text())
 
@@ -177,21 +176,6 @@ def test_a_crash_loop_is_stuck_from_the_third_failure():
     # once one run completed, restarts are what the restart policy asks for
     done = doc(state="complete", desired="shutdown", exit_code=0, created="2026-01-01T00:00:08Z")
     assert stuck(one(REPLICATED, *fails, done, restart)) == []
-
-
-def test_a_crash_loop_on_a_gpu_a_container_holds_says_why_swarm_gave_it():
-    held = ("starting container failed: failed to create task for container: OCI runtime create failed: "
-            f"gpu-swarm guard: GPU GPU-0a {GPU_HELD} 9af6af45f48f (since 04:50:17 UTC): a GPU that a running "
-            "container holds is never given to another")
-    fails = [doc(state="failed", desired="shutdown", exit_code=128, err=held, created=f"2026-01-01T00:00:0{i}Z")
-             for i in range(CRASH_LOOP_FAILURES)]
-    (why,) = stuck(one(REPLICATED, *fails, doc(state="ready", desired="ready", created="2026-01-01T00:00:09Z")))
-    assert why.endswith(HELD_HINT) and "after a leader change (docs/stacks/isolation.md)" in why
-    # any other crash loop says only what it was
-    other = [doc(state="failed", desired="shutdown", exit_code=1, created=f"2026-01-01T00:00:0{i}Z")
-             for i in range(CRASH_LOOP_FAILURES)]
-    (why,) = stuck(one(REPLICATED, *other, doc(state="ready", desired="ready", created="2026-01-01T00:00:09Z")))
-    assert HELD_HINT not in why
 
 
 def test_runs_the_engine_lost_are_no_crash_loop():
