@@ -517,9 +517,11 @@ def test_agent_venv_in_the_background_leaves_apt_to_the_agent_step(node):
     node.real_step("install-agent-venv")
     node.real_step("install-gpu-agent")
     wheels = without_pip_wheel(node)
-    result = node.bootstrap("install-agent-venv&", "install-gpu-agent", GPU_SWARM_PIP_WHEELS=str(wheels))
+    # In a boot, steps stand between the two: here one that waits until the background run has skipped.
+    node.step("between", f'for _ in $(seq 500); do grep -q "no pip wheel" "{node.log}" && exit 0; sleep 0.02; done; exit 1')
+    result = node.bootstrap("install-agent-venv&", "between", "install-gpu-agent", GPU_SWARM_PIP_WHEELS=str(wheels))
     assert result.returncode == 0, node.log.read_text()
-    assert node.statuses() == {"install-agent-venv": "skipped", "install-gpu-agent": "done"}
+    assert node.statuses() == {"install-agent-venv": "skipped", "between": "done", "install-gpu-agent": "done"}
     calls = node.called()
     apt = [c for c in calls if c.startswith("apt-get")]
     assert len(apt) == 2 and apt[0].endswith(" update") and "python3-venv" in apt[1], calls  # the agent step's
@@ -537,10 +539,12 @@ def test_agent_step_waits_for_the_background_venv_and_runs_no_second_pip(node):
                f'touch {installed}; elif [ -e {installed} ]; then echo {PINNED}; fi\n')
     node.fake("python3", "exit 0")
     node.fake("systemctl", "exit 0")
-    result = node.bootstrap("install-agent-venv&", "install-gpu-agent", GPU_SWARM_PIP_WHEELS=str(wheels))
+    # In a boot, steps stand between the two: here one that waits until the background pip runs.
+    node.step("between", f'for _ in $(seq 500); do grep -qx pip "{node.calls}" 2>/dev/null && exit 0; sleep 0.02; done; exit 1')
+    result = node.bootstrap("install-agent-venv&", "between", "install-gpu-agent", GPU_SWARM_PIP_WHEELS=str(wheels))
     assert result.returncode == 0, node.log.read_text()
     assert node.called().count("pip") == 1
-    assert node.statuses() == {"install-agent-venv": "done", "install-gpu-agent": "done"}
+    assert node.statuses() == {"install-agent-venv": "done", "between": "done", "install-gpu-agent": "done"}
     assert "skipped: the venv has" in node.log.read_text()  # the agent step's run found it made
 
 
