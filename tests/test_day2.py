@@ -54,48 +54,46 @@ def test_a_second_pulumi_up_changes_nothing(three_managers, engine):
     assert {n["availability"] for n in view["nodes"]} == {"active"}
 
 
-def test_scaling_down_drains_the_node_and_removes_it(three_managers, engine):
-    """Before any leader change: after one, swarm's scheduler can book GPUs wrongly and leave one idle
-    while a task waits (tests/test_swarm_leader_change.py), which this test's first wait once met."""
-    view = wait_for(lambda v: len(running_pairs(v, "smoke_gpu")) == 5, 60, "5 smoke tasks running")
-    cli_json("node", "remove", "node-5")
-    view = wait_for(lambda v: "node-5" not in swarm_members(v) and len(running_pairs(v, "smoke_gpu")) == 4,
-                    90, "node-5 gone and its task on another GPU")
-    assert all(n != "node-5" for n, _ in running_pairs(view, "smoke_gpu"))
-
-
 def test_replacing_the_first_manager_joins_the_swarm_the_others_hold(three_managers, engine):
     before = status()
     gpus_before = {n: g for n, g in advertised(before).items() if n != "node-1"}
     cluster = json.loads((STATE_ROOT / "state.json").read_text())["cluster_id"]
     result = cli_json("node", "replace", "node-1")
     assert result["cluster_id"] == cluster  # no second swarm
-    new = next(name for name in result["node_ids"] if name not in ("node-2", "node-3", "node-4"))
+    new = next(name for name in result["node_ids"] if name not in ("node-2", "node-3", "node-4", "node-5"))
     view = wait_for(lambda v: all(n["state"] == "ready" for n in v["nodes"]), 60, "every member ready")
-    assert set(swarm_members(view)) == {new, "node-2", "node-3", "node-4"}  # node-1 removed
+    assert set(swarm_members(view)) == {new, "node-2", "node-3", "node-4", "node-5"}  # node-1 removed
     assert node_of(view, new)["role"] == "manager"
     assert sum(n["role"] == "manager" for n in view["nodes"]) == 3
-    assert cluster_ids([new, "node-2", "node-3", "node-4"], engine) == {cluster}
+    assert cluster_ids([new, "node-2", "node-3", "node-4", "node-5"], engine) == {cluster}
     for name, gpus in gpus_before.items():
         assert advertised(view)[name] == gpus
-    wait_for(lambda v: len(running_pairs(v, "smoke_gpu")) == 4, 90, "the smoke tasks on the four GPUs")
+    wait_for(lambda v: len(running_pairs(v, "smoke_gpu")) == 5, 90, "the smoke tasks on the five GPUs")
 
 
 def test_rolling_new_software_drains_one_node_per_pool_at_a_time(three_managers, engine):
     result = cli_json("roll")
     assert result["peak_drained_per_pool"] == {"managers": 1, "rehearsal": 1}
     view = wait_for(lambda v: {n["availability"] for n in v["nodes"]} == {"active"}
-                    and len(running_pairs(v, "smoke_gpu")) == 4, 90, "every node active again")
+                    and len(running_pairs(v, "smoke_gpu")) == 5, 90, "every node active again")
     assert not any(n["drained_by"] or n["maintenance"] for n in view["nodes"])
 
 
 def test_an_operator_drain_survives_a_roll(three_managers, engine):
     manager = _first_manager()
-    docker(manager, engine, "node", "update", "--availability", "drain", "node-4")
+    docker(manager, engine, "node", "update", "--availability", "drain", "node-5")
     cli_json("roll")
     view = status()
-    assert node_of(view, "node-4")["availability"] == "drain"  # the program gives back only what it took
-    docker(manager, engine, "node", "update", "--availability", "active", "node-4")
+    assert node_of(view, "node-5")["availability"] == "drain"  # the program gives back only what it took
+    docker(manager, engine, "node", "update", "--availability", "active", "node-5")
+
+
+def test_scaling_down_drains_the_node_and_removes_it(three_managers, engine):
+    view = wait_for(lambda v: len(running_pairs(v, "smoke_gpu")) == 5, 60, "5 smoke tasks running")
+    cli_json("node", "remove", "node-5")
+    view = wait_for(lambda v: "node-5" not in swarm_members(v) and len(running_pairs(v, "smoke_gpu")) == 4,
+                    90, "node-5 gone and its task on another GPU")
+    assert all(n != "node-5" for n, _ in running_pairs(view, "smoke_gpu"))
 
 
 def test_removing_a_stack_removes_it_from_the_swarm(three_managers, engine):
