@@ -161,6 +161,14 @@ def test_after_a_failure_no_new_step_starts_and_the_state_keeps_what_finished(mo
     rec = Recorder(monkeypatch)
     rec.fail.add("setup")
     rec.slow["wait"] = 0.5
+    # The two steps are independent, so the SDK may start "wait" after "setup" has failed, when no
+    # new step may start: "setup" fails only once "wait" is in flight.
+    def once_wait_runs():
+        deadline = time.monotonic() + 5
+        while ("ssh", "wait") not in rec.events and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    rec.during["setup"] = once_wait_runs
     cloud = cloud_after()
     with pytest.raises(Exception, match="run-setup"):
         up(cloud, scripts=("setup", "late"), after_slow="wait")
