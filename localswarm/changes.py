@@ -110,9 +110,12 @@ def set_stacks(files: list[str], *, progress: Progress = print) -> dict:
 def roll(*, progress: Progress = print) -> dict:
     """New node software reaches every node as `pulumi up` rolls it: each pool's nodes one after
     the other (drained, "upgraded", admitted), the pools side by side, as the program's graph
-    chains them (components/node_rollout.py). Upgrading here is what an install does when it
-    changes daemon.json: the engine restarts. Returns the most nodes of each pool the swarm had
-    drained at once."""
+    chains them (components/node_rollout.py). Upgrading here is what the installer's GPU agent
+    step does: it writes daemon.json again, and the engine restarts only if that changed
+    (node/gpu-swarm-agent.service, node/apply-docker-config.sh). A release that changes no node's
+    configuration restarts no engine, so no manager's restart hands the swarm a new leader; what a
+    leader change does to GPU bookings is tests/test_swarm_leader_change.py's. Returns the most
+    nodes of each pool the swarm had drained at once, and the nodes whose engine restarted."""
     state = require_state()
     engine = find_engine()
     state["rolls"] = state.get("rolls", 0) + 1
@@ -123,7 +126,8 @@ def roll(*, progress: Progress = print) -> dict:
     def one(node: Node) -> None:
         node_id = nodes_mod.docker(node, engine, "info", "--format", "{{.Swarm.NodeID}}").stdout.strip()
         nodes_mod.run_script(first, engine, rollout.cordon_node(node_id, pool=node.pool, software=want.release))
-        nodes_mod.restart_dockerd(node, engine)
+        if redetect(node, state, engine)["engine_restarted"]:
+            restarted.append(node.name)
         admit(want, engine, node, node_id)
         progress(f"{node.name}: software applied and admitted")
 
@@ -132,6 +136,7 @@ def roll(*, progress: Progress = print) -> dict:
             one(node)
 
     peak: dict[str, int] = {}
+    restarted: list[str] = []
     done = threading.Event()
 
     def watch() -> None:  # what the swarm itself says: drained nodes per pool
@@ -155,7 +160,7 @@ def roll(*, progress: Progress = print) -> dict:
         done.set()
         watcher.join()
     converge(want, engine, progress)
-    return {"peak_drained_per_pool": peak, "view": status()}
+    return {"peak_drained_per_pool": peak, "engines_restarted": sorted(restarted), "view": status()}
 
 
 def placement_nodes(manager: Node, engine, ids: list[str]) -> list[dict]:
@@ -178,16 +183,21 @@ def node_engine(name: str, action: str, *, gpus: int | None = None) -> dict:
         nodes_mod.wait_ready(node, engine)
         return {"node": name, "running": True}
     if action == "redetect":
-        # The same hardware keeps its GPUs (a reboot); another count is other hardware.
-        current = json.loads(node.inventory.read_text()) if node.inventory.exists() else []
-        inventory = current if gpus is None or gpus == len(current) else nodes_mod.simulated_gpus(gpus)
-        report = nodes_mod.run_agent(node, inventory, state["kind"], agent_args(node, state))
-        # As the agent's unit does on a real node: dockerd reads its resources only at start.
-        report["engine_restarted"] = bool(report["changed"]) and nodes_mod.is_running(node)
-        if report["engine_restarted"]:
-            nodes_mod.restart_dockerd(node, engine)
-        return report
+        return redetect(node, state, engine, gpus)
     raise ValueError(action)
+
+
+def redetect(node: Node, state: dict, engine, gpus: int | None = None) -> dict:
+    """The agent run again on the node's GPUs, as its unit runs at boot and the installer at a roll."""
+    # The same hardware keeps its GPUs (a reboot); another count is other hardware.
+    current = json.loads(node.inventory.read_text()) if node.inventory.exists() else []
+    inventory = current if gpus is None or gpus == len(current) else nodes_mod.simulated_gpus(gpus)
+    report = nodes_mod.run_agent(node, inventory, state["kind"], agent_args(node, state))
+    # As the agent's unit does on a real node: dockerd reads its resources only at start.
+    report["engine_restarted"] = bool(report["changed"]) and nodes_mod.is_running(node)
+    if report["engine_restarted"]:
+        nodes_mod.restart_dockerd(node, engine)
+    return report
 
 
 def node_health(name: str, action: str, *, gpu: str | None = None, xid: int = health.DEFAULT_XID) -> dict:

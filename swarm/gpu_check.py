@@ -11,7 +11,8 @@ the check exits 1 with the evidence, so `pulumi up` fails for that node. It drai
 evidence: when other tasks hold the node's GPUs and the reserving job cannot start, that half
 is skipped ("gpus_busy"), the node stays in, and the next `pulumi up` checks again. The node's
 tasks say so within a second ("busy_because": "held"); a job pending for another reason is
-given busy_after_s.
+given busy_after_s. A job that completed but whose output never reached the manager is no
+evidence either ("unread"): the node stays in, unverified, and the next `pulumi up` checks again.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ class GpuCheck:
     shared_kind: str = ""  # set when the node advertises slots of shared GPUs
     timeout_s: int = 180
     busy_after_s: int = 30  # a reserving job still pending for GPUs after this: they are busy
+    logs_wait_s: int = 20  # how long a finished job's output may take to reach the manager
 
 
 def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuCheck, units: int = 0) -> list[str]:
@@ -102,11 +104,12 @@ def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuChe
         "    sleep 0.25",
         "  done",
         # A job's whole output ends with probe-end. `docker service logs` can answer before the node has
-        # sent what a task that just ended printed, so it is asked again, for up to 10 s, before
+        # sent what a task that just ended printed, so it is asked again, for up to logs_wait_s, before
         # an output without probe-end counts. A job that never ran prints nothing: its state and error say why.
         "  output() {",
         "    local out tries=0",
-        '    until out=$(docker service logs --raw "$1" 2>&1); [[ $out == *probe-end* ]] || [ "$tries" -ge 40 ]; do',
+        '    until out=$(docker service logs --raw "$1" 2>&1); [[ $out == *probe-end* ]] || '
+        f'[ "$tries" -ge {4 * int(check.logs_wait_s)} ]; do',
         "      tries=$((tries + 1)); sleep 0.25",
         "    done",
         '    printf \'%s\\n\' "$out"',
@@ -125,8 +128,15 @@ def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuChe
         '  if printf \'%s\' "$check" | grep -q \'"verified": true\'; then',
         f"    docker node update --label-add {VERIFIED_LABEL}={release} {node} >/dev/null",
         '  elif printf \'%s\' "$check" | grep -q \'"verified": null\'; then',
-        f'    echo "gpu-swarm: node {node}: its GPUs are busy, so only the unreserved half of the GPU check ran; '
+        '    if printf \'%s\' "$check" | grep -q \'"unread": \\[\\]\'; then',
+        f'      echo "gpu-swarm: node {node}: its GPUs are busy, so only the unreserved half of the GPU check ran; '
         'it passed. The next pulumi up checks again" >&2',
+        "    else",
+        f'      echo "gpu-swarm: node {node}: a GPU check job completed, but its output never reached this manager '
+        f'(docker service logs, {int(check.logs_wait_s)} s), so the node is not verified. That is no evidence '
+        'against it: it stays in, and the next pulumi up checks again. Evidence:" >&2',
+        '      printf \'%s\n\' "$check" >&2',
+        "    fi",
         "  else",
         f"    docker node update --availability drain --label-add {DRAINED_BY_LABEL}={DRAINED_BY_GPU_CHECK} {node} "
         ">/dev/null",
@@ -172,9 +182,19 @@ else:
     ok = got == advertised and len(got) == {reserve}
 # A probe that did not print its last line did not run to the end: what it printed proves nothing.
 ok = ok and (not devices or got_devices == len(got)) and "probe-end" in reserved
-clean = not leak and not leak_devices and "probe-end" in none
+leaked = bool(leak or leak_devices)
+clean = not leaked and "probe-end" in none
+# A job that completed printed probe-end last, so a completed job's output without it is output that never
+# reached the manager (CI: `docker service logs` answered empty for 10 s after a roll): no evidence either way.
+unread = [half for half, log in (("reserved", reserved), ("unreserved", none))
+          if "probe-end" not in log and "(task Complete " in log]
 # Busy GPUs are no evidence either way: then only the unreserved half counts, and only against.
-verified = (None if clean else False) if busy else (ok and clean)
-print(json.dumps({{"verified": verified, "gpus_busy": busy, "busy_because": why, "expected": advertised, "reserved_saw": got, "reserved_devices": got_devices,
+if leaked:
+    verified = False
+elif unread:
+    verified = None
+else:
+    verified = (None if clean else False) if busy else (ok and clean)
+print(json.dumps({{"verified": verified, "gpus_busy": busy, "busy_because": why, "unread": unread, "expected": advertised, "reserved_saw": got, "reserved_devices": got_devices,
                   "unreserved_saw": leak, "unreserved_devices": leak_devices,
                   "evidence": {{"reserved": reserved[-600:], "unreserved": none[-600:]}}}}))'''

@@ -563,7 +563,9 @@ case "$1 $2" in
       *) echo "" ;;  # no label: never verified
     esac ;;
   "service ps")
-    case "$*" in *--no-trunc*) echo "(task Failed 1 second ago \"starting container failed: gpu-swarm guard\")"; exit ;; esac
+    case "$*" in *--no-trunc*)
+      if [ "${RESERVED:-}" = Complete ]; then echo "(task Complete 1 second ago )"
+      else echo "(task Failed 1 second ago \"starting container failed: gpu-swarm guard\")"; fi; exit ;; esac
     for s in "${@:5}"; do
       case $s in *-none) echo "$s.1 Complete 1 second ago" ;; *-reserved) echo "$s.1 ${RESERVED:-Pending} 2 seconds ago" ;; esac
     done ;;
@@ -585,7 +587,7 @@ esac
 
 
 def run_check(tmp_path, held: list[list[str]], *, units: int, shared: str = "", busy_after_s: int = 60,
-              env: dict | None = None, ok: bool = True) -> dict:
+              env: dict | None = None, ok: bool = True, logs_wait_s: int = 20) -> dict:
     """verify_gpus on a node whose other tasks hold `held` (one list of resource values per task)."""
     from swarm.gpu_check import GpuCheck, verify_gpus
     from swarm.labels import node_label_function
@@ -599,13 +601,15 @@ def run_check(tmp_path, held: list[list[str]], *, units: int, shared: str = "", 
     for i, values in enumerate(held):
         (tmp_path / f"task-task{i}").write_text(json.dumps(
             [{"NamedResourceSpec": {"Kind": kind, "Value": v}} for v in values], separators=(",", ":")))
-    check = GpuCheck(devices=False, shared_kind=shared, busy_after_s=busy_after_s, timeout_s=120)
+    check = GpuCheck(devices=False, shared_kind=shared, busy_after_s=busy_after_s, timeout_s=120,
+                     logs_wait_s=logs_wait_s)
     lines = verify_gpus(NODE_ID, kind=KIND, count=1 if shared else units, release=SOFTWARE, check=check,
                         units=units)
     text = script(node_label_function(), *lines, 'printf "%s\\n" "$check"')
     proc = subprocess.run(["bash", "-c", text], capture_output=True, text=True, timeout=30,
                           env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "DIR": str(tmp_path), **(env or {})})
     assert (proc.returncode == 0) == ok, proc.stderr
+    (tmp_path / "stderr").write_text(proc.stderr)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -627,6 +631,25 @@ def test_a_job_the_guard_refused_for_a_held_gpu_finds_the_gpu_busy_not_the_node_
     assert result["verified"] is None and result["gpus_busy"] is True
     assert "container 2f9aecd8164d holds the GPU" in result["busy_because"]
     assert verdict(refused, smi(A))["verified"] is False  # a leak is still evidence
+
+
+def test_a_completed_job_whose_output_never_comes_leaves_the_node_in_unverified(tmp_path):
+    """CI, in a roll: the unreserved job completed and `docker service logs` answered empty for 10 s;
+    the check took that for a failed probe and drained a healthy node."""
+    result = run_check(tmp_path, [], units=1, env={"RESERVED": "Complete", "EMPTY": "1000"}, logs_wait_s=1)
+    assert result["verified"] is None and result["unread"] == ["reserved"]
+    calls = (tmp_path / "calls").read_text()
+    assert "--availability drain" not in calls and "--label-add" not in calls  # neither drained nor verified
+    assert "its output never reached this manager (docker service logs, 1 s)" in (tmp_path / "stderr").read_text()
+    assert int((tmp_path / "asked").read_text()) >= 4  # asked again for the second it was given
+
+
+def test_output_that_never_came_is_no_evidence_but_a_leak_still_is():
+    unread = "\n(task Complete 11 seconds ago )"
+    assert verdict(smi(A, B, devices=2), unread)["verified"] is None
+    assert verdict(unread, "No devices were found\nprobe-end\n")["unread"] == ["reserved"]
+    assert verdict(unread, smi(A))["verified"] is False
+    assert verdict(smi(A, B, devices=2), "\n(task Failed 3 seconds ago \"exit 1\")")["verified"] is False
 
 
 def test_a_reserving_job_that_never_ran_fails_the_check_with_its_tasks_error(tmp_path):
