@@ -70,7 +70,7 @@ EFA_KIND = "AWS-EFA"
 
 # What the runtime guard says when it refuses a container a GPU (or slot) that a running container
 # holds: "gpu-swarm guard: GPU <uuid> is held by container <id> ...". gpu_guard.py spells it itself
-# (tests/test_gpu_guard_ledger.py keeps it equal); swarm/gpu_check.py and stack_tasks.py read it
+# (tests/test_gpu_guard_ledger.py keeps it equal); swarm/gpu_check.py reads it
 # in a task's error: swarm gave that GPU away, which its scheduler does after a leader change.
 GPU_HELD = "is held by container"
 
