@@ -99,7 +99,8 @@ def form_swarm(desired: Desired, engine: Engine, say: Callable[[str], None] = la
     checks = {}
     for node, (resources, check) in zip(desired.nodes, results):
         checks[node.name] = check
-        verified = "" if check is None else ", GPUs proven" if check.get("verified") else ", GPU check FAILED"
+        verified = "" if check is None else {True: ", GPUs proven", False: ", GPU check FAILED"}.get(
+            check.get("verified"), ", GPUs not proven this time (busy, or the check's output unread)")
         say(f"{node.name} is in as {node.role}, advertising {len(resources)} GPU resource(s){verified}")
     lap("admit_and_gpu_check")
     run_script(first, engine, reconcile.reconcile(nodes=list(node_ids.values()), stacks=list(desired.stacks)))

@@ -156,7 +156,10 @@ def _build(state: dict, engine, say, clock: _Clock, converge_timeout: float) -> 
     save_state(state)
     swarm_ready = clock.now()
     managers = sum(n.role == "manager" for n in nodes)
-    say(f"swarm formed: {managers} manager(s), {len(nodes) - managers} worker(s), every node's GPUs proven")
+    proven = sum(v is True for v in state["gpus_verified"].values())
+    checked = sum(check is not None for check in formed["checks"].values())
+    say(f"swarm formed: {managers} manager(s), {len(nodes) - managers} worker(s), "
+        f"GPUs proven on {proven} of {checked} GPU node(s)")
     try:
         # Each deploy command waits, on the manager, until its stack has settled (node/stack_settle.py):
         # the same wait, and the same failures, as the program's.
