@@ -104,12 +104,13 @@ def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuChe
         "    sleep 0.25",
         "  done",
         # A job's whole output ends with probe-end. `docker service logs` can answer before the node has
-        # sent what a task that just ended printed, so it is asked again, for up to logs_wait_s, before
-        # an output without probe-end counts. A job that never ran prints nothing: its state and error say why.
+        # sent what a task that just ended printed, so a job that completed ($2) is asked again, for up
+        # to logs_wait_s, before an output without probe-end counts. A job that failed is asked once:
+        # one that never ran (the guard refused it) prints nothing, and its state and error say why.
         "  output() {",
-        "    local out tries=0",
+        f'    local out tries=0 limit=0; [ "$2" != Complete ] || limit={4 * int(check.logs_wait_s)}',
         '    until out=$(docker service logs --raw "$1" 2>&1); [[ $out == *probe-end* ]] || '
-        f'[ "$tries" -ge {4 * int(check.logs_wait_s)} ]; do',
+        '[ "$tries" -ge "$limit" ]; do',
         "      tries=$((tries + 1)); sleep 0.25",
         "    done",
         '    printf \'%s\\n\' "$out"',
@@ -117,8 +118,8 @@ def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuChe
         '      docker service ps --no-trunc --format \'(task {{.CurrentState}} {{.Error}})\' "$1" 2>&1 | head -n 1 || true',
         "    fi",
         "  }",
-        '  reserved=""; if ! "$busy"; then reserved=$(output "$jobs-reserved"); fi',
-        '  none=$(output "$jobs-none")',
+        '  reserved=""; if ! "$busy"; then reserved=$(output "$jobs-reserved" "$reserved_state"); fi',
+        '  none=$(output "$jobs-none" "$none_state")',
         f"  want=$(docker node inspect {node} --format '{{{{json .Description.Resources.GenericResources}}}}')",
         "  check=$(python3 - \"$reserved\" \"$none\" \"$want\" \"$busy\" \"$why\" <<'PY'",
         *judge(kind, check, reserve).splitlines(),
