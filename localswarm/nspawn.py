@@ -6,6 +6,7 @@ systemd for a unit: localswarm/machines.py calls these with a Machine (its name,
 """
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -102,33 +103,73 @@ def init_pid(m) -> int | None:
     return children[0] if children else None
 
 
-def kill(m) -> None:
-    """SIGKILL to the launcher, nspawn and every process left in the machine's cgroups."""
-    for pid in filter(None, (launcher_pid(m), nspawn_pid(m))):
+def procs(m) -> list[int]:
+    """The pids in any of the machine's cgroups (deepest ones included)."""
+    pids: set[int] = set()
+    for cgroup in cgroups_of(m):
+        for listing in cgroup.rglob("cgroup.procs") if cgroup.exists() else []:
+            try:
+                pids.update(int(p) for p in listing.read_text().split())
+            except (OSError, ValueError):
+                pass  # the cgroup was removed meanwhile
+    return sorted(pids)
+
+
+def _sigkill(pids) -> None:
+    for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def kill(m, timeout: float = 30) -> None:
+    """SIGKILL to the launcher, nspawn and every process in the machine's cgroups, and a wait until
+    they have exited. A killed process stays in its cgroup until its exit is done, which for one
+    with a lot of memory (a machine's dockerd) takes a while under load: 0.15 s for 1 GiB here."""
+    _sigkill(filter(None, (launcher_pid(m), nspawn_pid(m))))
     for cgroup in cgroups_of(m):
         if (cgroup / "cgroup.kill").exists():
             (cgroup / "cgroup.kill").write_text("1")
-        for procs in cgroup.rglob("cgroup.procs") if cgroup.exists() else []:
-            for pid in procs.read_text().split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-    deadline = time.monotonic() + 10
-    while launcher_pid(m) and time.monotonic() < deadline:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = procs(m)
+        if not left and not launcher_pid(m):
+            return
+        _sigkill(left)  # v1 has no cgroup.kill; and one forked after the last listing
         time.sleep(0.05)
 
 
-def remove_cgroups(m) -> None:
-    for cgroup in cgroups_of(m):
-        if cgroup.exists():
-            for d in sorted((p for p in cgroup.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-                d.rmdir()
-            cgroup.rmdir()
+def describe(pids) -> str:
+    """pid (comm, state) for each, as /proc tells, for an error that says what is stuck."""
+    out = []
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            out.append(f"{pid} ({stat[stat.index('(') + 1:stat.rindex(')')]}, state {stat.rsplit(')', 1)[1].split()[0]})")
+        except (OSError, ValueError):
+            out.append(f"{pid} (gone)")
+    return ", ".join(out) or "no process listed"
+
+
+def remove_cgroups(m, timeout: float = 10) -> None:
+    """Every cgroup of the machine removed, deepest first. A cgroup whose last process is still
+    exiting refuses (EBUSY) for a moment, so this tries again until timeout; then the error names
+    what is still in it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            for cgroup in cgroups_of(m):
+                if cgroup.exists():
+                    for d in sorted((p for p in cgroup.rglob("*") if p.is_dir()), key=lambda p: len(p.parts),
+                                    reverse=True):
+                        d.rmdir()
+                    cgroup.rmdir()
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY or time.monotonic() >= deadline:
+                raise OSError(e.errno, f"{e.strerror}; in it: {describe(procs(m))}", e.filename) from e
+        time.sleep(0.05)
 
 
 def mounted(path: Path) -> bool:
