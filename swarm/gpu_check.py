@@ -136,7 +136,7 @@ def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuChe
         f'      echo "gpu-swarm: node {node}: a GPU check job completed, but its output never reached this manager '
         f'(docker service logs, {int(check.logs_wait_s)} s), so the node is not verified. That is no evidence '
         'against it: it stays in, and the next pulumi up checks again. Evidence:" >&2',
-        '      printf \'%s\n\' "$check" >&2',
+        '      printf \'%s\\n\' "$check" >&2',
         "    fi",
         "  else",
         f"    docker node update --availability drain --label-add {DRAINED_BY_LABEL}={DRAINED_BY_GPU_CHECK} {node} "
