@@ -125,9 +125,9 @@ elif [ -e {result} ]; then echo "status: done"; else echo "status: running"; fi"
     def run(self, script: str, **extra: str) -> subprocess.CompletedProcess:
         return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=self.env(**extra), timeout=60)
 
-    def wait(self, **extra: str) -> subprocess.CompletedProcess:
+    def wait(self, ask_every_s: int = 30, **extra: str) -> subprocess.CompletedProcess:
         return self.run(node_commands.wait_for_boot(env=ENV, expected_gpus=0, root=str(self.root),
-                                                    install_timeout_s=2), **extra)
+                                                    install_timeout_s=2, ask_every_s=ask_every_s), **extra)
 
     def upgrade(self, release: NodeRelease, **extra: str) -> subprocess.CompletedProcess:
         return self.run(node_commands.upgrade(release, expected_gpus=0, root=str(self.root), timeout_s=2), **extra)
@@ -258,9 +258,27 @@ def test_the_wait_ends_when_cloud_init_ends_its_last_stage(node):
 
 
 def test_a_cloud_init_that_will_never_end_its_last_stage_ends_the_wait(node):
-    """Disabled (or crashed): no result file ever; cloud-init itself is asked every 5 s."""
-    result = node.wait(FAKE_CLOUD_INIT_STATUS="disabled")
+    """Disabled (or crashed): no result file ever; cloud-init itself is asked every ask_every_s (30 s)."""
+    started = time.monotonic()
+    result = node.wait(ask_every_s=2, FAKE_CLOUD_INIT_STATUS="disabled")
     assert result.returncode == 1 and "the gpu-swarm install never ran" in result.stderr
+    assert 1 <= time.monotonic() - started < 10  # bash's SECONDS ticks with the wall clock's whole seconds
+
+
+def test_the_wait_asks_cloud_init_itself_only_every_ask_every_s(node):
+    """One `cloud-init status` took 0.3-0.65 CPU-s of the boot the wait waits for: not every 0.1 s, nor every 5 s."""
+    assert node.install().returncode == 0
+    waiting = subprocess.Popen(["bash", "-c", node_commands.wait_for_boot(env=ENV, expected_gpus=0, root=str(node.root),
+                                                                          ask_every_s=2)],
+                               env=node.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(5)
+    node.cloud_init_ended()
+    out, err = waiting.communicate(timeout=30)
+    assert waiting.returncode == 0, err
+    asked = [line for line in node.calls.read_text().splitlines() if line.startswith("cloud-init status")]
+    assert 1 <= len(asked) <= 3, asked  # at 2 s and 4 s (bash's SECONDS counts whole seconds)
+    default = node_commands.wait_for_boot(env=ENV, expected_gpus=0)
+    assert "ask=$((SECONDS + 30))" in default
 
 
 def test_a_failed_boot_fails_with_the_nodes_log_and_the_next_up_installs_again(node):
