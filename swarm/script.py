@@ -140,6 +140,11 @@ JOIN_WITH_TOKEN = "printf '%s\\n' \"$token\" | swarm_join"
 # For scripts that talk to a manager: while a manager's engine restarts (its software rolls)
 # the swarm elects a leader, and calls fail for seconds with "context deadline exceeded" or
 # "rpc error". Those, and only those, are tried again, for up to a minute.
+# One of them is no outage: `docker node update` sends the node's version as it read it, and
+# swarm refuses the write ("update out of sequence") when the node changed in between. Swarm
+# writes a node itself whenever its agent registers again, which an agent does each time its
+# engine's labels change (a node's condition labels, on every condition change). Named here
+# on its own, as it is a race to read again, not a swarm to wait for.
 RETRY_TRANSIENT_SWARM_ERRORS = (
     "docker() {\n"
     "  local try=0 rc err\n"
@@ -147,7 +152,7 @@ RETRY_TRANSIENT_SWARM_ERRORS = (
     "  while :; do\n"
     '    rc=0; command docker "$@" 2>"$err" || rc=$?\n'
     "    if [ \"$rc\" -eq 0 ] || [ \"$try\" -ge 30 ] ||\n"
-    "       ! grep -qiE 'deadline exceeded|rpc error|no leader|cannot connect to the docker daemon|unavailable' \"$err\"; then\n"
+    "       ! grep -qiE 'deadline exceeded|rpc error|no leader|cannot connect to the docker daemon|unavailable|update out of sequence' \"$err\"; then\n"
     '      cat "$err" >&2; rm -f "$err"; return "$rc"\n'
     "    fi\n"
     "    try=$((try + 1)); sleep 2\n"

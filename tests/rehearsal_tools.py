@@ -10,6 +10,9 @@ import time
 import pytest
 
 from localswarm.host import REPO, RehearsalError, find_engine
+from localswarm.nodes import Node, docker
+from localswarm.registry import STANDIN_IMAGE
+from localswarm.state import find_node, nodes_of, require_state
 
 KIND = "NVIDIA-GPU"
 
@@ -88,3 +91,60 @@ def advertised(view: dict) -> dict[str, set[str]]:
 
 def running_pairs(view: dict, service: str) -> set[tuple[str, str]]:
     return {(t["node"], g) for t in tasks_of(view, service) if t["state"] == "running" for g in t["gpus"]}
+
+
+def manager() -> Node:
+    return next(n for n in nodes_of(require_state()) if n.role == "manager")
+
+
+def node_update(engine, node: str, *args: str) -> None:
+    """An operator's `docker node update`, tried again, as an operator would, when swarm answers
+    "update out of sequence": the node changed between the CLI's read and its write, as it does
+    when its agent registers again after its engine's labels changed (swarm/script.py)."""
+    for attempt in range(10):
+        done = docker(manager(), engine, "node", "update", *args, node, check=False)
+        if done.returncode == 0:
+            return
+        if "update out of sequence" not in done.stderr:
+            break
+        time.sleep(0.5)
+    raise RehearsalError(f"docker node update {' '.join(args)} {node} failed (exit {done.returncode}): {done.stderr.strip()}")
+
+
+def task_output(engine, service: str) -> str:
+    """What a service's tasks printed (stdout, then stderr), read from the engine of the node that ran each.
+
+    Not `docker service logs`: swarm's log broker reaches a node only while that node's agent is
+    subscribed to it, and an agent starts a new session (and so a new subscription) whenever its
+    engine's labels change, as a node's condition labels do. Meanwhile it answers "incomplete log
+    stream ... node ... is not available", which failed a CI run."""
+    state = require_state()
+    tasks = docker(manager(), engine, "service", "ps", "--no-trunc", "--format", "{{.ID}} {{.Node}}", service).stdout
+    out = []
+    for task, _, host in (line.partition(" ") for line in tasks.splitlines()):
+        if not host:
+            continue  # never scheduled: it has no output
+        node = find_node(state, host)
+        for container in docker(node, engine, "ps", "-aq", "--filter", f"label=com.docker.swarm.task.id={task}").stdout.split():
+            logs = docker(node, engine, "logs", container)
+            out.append(logs.stdout + logs.stderr)
+    return "".join(out)
+
+
+def one_off(engine, name: str, node: str, *extra: str) -> str:
+    """A one-shot job on `node` that prints what nvidia-smi -L sees; its final state and error, then its output."""
+    lead = manager()
+    docker(lead, engine, "service", "create", "--detach", "--mode", "replicated-job", "--name", name,
+           "--restart-condition", "none", "--constraint", f"node.hostname=={node}", *extra, STANDIN_IMAGE,
+           "sh", "-c", "nvidia-smi -L; echo done")
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            states = docker(lead, engine, "service", "ps", "--no-trunc", "--format", "{{.CurrentState}} {{.Error}}",
+                            name).stdout
+            if states.startswith(("Complete", "Failed", "Rejected")):
+                return states + task_output(engine, name)
+            time.sleep(0.5)
+        raise AssertionError(f"{name} did not finish: {states}")
+    finally:
+        docker(lead, engine, "service", "rm", name, check=False)

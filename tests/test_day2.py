@@ -13,8 +13,8 @@ import pytest
 
 from localswarm.nodes import STATE_ROOT, Node, docker, run_script
 from swarm import formation
-from tests.rehearsal_tools import (advertised, cli, cli_json, node_of, rehearsal_up, running_pairs, status,
-                                   tasks_of, wait_for)
+from tests.rehearsal_tools import (advertised, cli, cli_json, manager, node_of, node_update, rehearsal_up,
+                                   running_pairs, status, tasks_of, wait_for)
 
 pytestmark = pytest.mark.integration
 
@@ -82,12 +82,11 @@ def test_rolling_new_software_drains_one_node_per_pool_at_a_time(three_managers,
 
 
 def test_an_operator_drain_survives_a_roll(three_managers, engine):
-    manager = _first_manager()
-    docker(manager, engine, "node", "update", "--availability", "drain", "node-5")
+    node_update(engine, "node-5", "--availability", "drain")
     cli_json("roll")
     view = status()
     assert node_of(view, "node-5")["availability"] == "drain"  # the program gives back only what it took
-    docker(manager, engine, "node", "update", "--availability", "active", "node-5")
+    node_update(engine, "node-5", "--availability", "active")
 
 
 def test_scaling_down_drains_the_node_and_removes_it(three_managers, engine):
@@ -100,14 +99,14 @@ def test_scaling_down_drains_the_node_and_removes_it(three_managers, engine):
 
 def test_removing_a_stack_removes_it_from_the_swarm(three_managers, engine):
     cli_json("stacks")  # the program lists no stack any more
-    manager = _first_manager()
-    assert docker(manager, engine, "stack", "ls", "--format", "{{.Name}}").stdout.strip() == ""
-    assert docker(manager, engine, "config", "ls", "-q", "--filter", "name=gpu-swarm.stack.").stdout.strip() == ""
+    lead = manager()
+    assert docker(lead, engine, "stack", "ls", "--format", "{{.Name}}").stdout.strip() == ""
+    assert docker(lead, engine, "config", "ls", "-q", "--filter", "name=gpu-swarm.stack.").stdout.strip() == ""
     # A stack someone deployed by hand is not the program's to remove.
     hand = "services:\n  web:\n    image: 192.168.213.1:5000/gpu-swarm/standin:1\n"
-    run_script(manager, engine, "docker stack deploy --detach=true -c - handmade >/dev/null", stdin=hand)
+    run_script(lead, engine, "docker stack deploy --detach=true -c - handmade >/dev/null", stdin=hand)
     cli_json("converge")
-    assert "handmade" in docker(manager, engine, "stack", "ls", "--format", "{{.Name}}").stdout
+    assert "handmade" in docker(lead, engine, "stack", "ls", "--format", "{{.Name}}").stdout
 
 
 def test_destroy_leaves_no_swarm(three_managers, engine):
@@ -117,11 +116,6 @@ def test_destroy_leaves_no_swarm(three_managers, engine):
     for node in [n for n in nodes if n.role == "worker"] + [n for n in nodes if n.role == "manager"][::-1]:
         assert run_script(node, engine, formation.leave_swarm()).strip() == "left the swarm"
         assert run_script(node, engine, formation.leave_swarm()).strip() == "not in a swarm"
-
-
-def _first_manager() -> Node:
-    state = json.loads((STATE_ROOT / "state.json").read_text())
-    return next(Node(**n) for n in state["nodes"] if n["role"] == "manager")
 
 
 def test_replacing_the_only_manager_makes_a_new_swarm_and_every_node_moves_to_it(engine):

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import collections
 import json
-import time
 
 import pytest
 
 from localswarm import changes
 from localswarm.host import RehearsalError
 from localswarm.nodes import STATE_ROOT, Node, docker, restart_dockerd
-from tests.rehearsal_tools import cli_json, node_of, rehearsal_up, status, tasks_of, wait_for
+from tests.rehearsal_tools import cli_json, node_of, node_update, one_off, rehearsal_up, status, task_output, tasks_of, wait_for
 
 pytestmark = pytest.mark.integration
-STANDIN = "192.168.213.1:5000/gpu-swarm/standin:1"
 MANAGER = Node("node-1", 1, "manager", "managers")
 
 
@@ -27,28 +25,6 @@ MANAGER = Node("node-1", 1, "manager", "managers")
 @pytest.fixture(scope="module")
 def shared(engine):
     yield from rehearsal_up("--nodes", "3", "--gpus-per-node", "2", "--slots-per-gpu", "4", "--shared-nodes", "2")
-
-
-def logs_of(service: str, engine) -> str:
-    return docker(MANAGER, engine, "service", "logs", "--raw", service).stdout
-
-
-def one_off(engine, name: str, node: str, *extra: str) -> str:
-    """A one-shot job on `node` that prints what nvidia-smi -L sees; returns its log."""
-    docker(MANAGER, engine, "service", "create", "--detach", "--mode", "replicated-job", "--name", name,
-           "--restart-condition", "none", "--constraint", f"node.hostname=={node}", *extra, STANDIN,
-           "sh", "-c", "nvidia-smi -L; echo done")
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            states = docker(MANAGER, engine, "service", "ps", "--no-trunc", "--format", "{{.CurrentState}} {{.Error}}",
-                            name).stdout
-            if states.startswith(("Complete", "Failed", "Rejected")):
-                return states + logs_of(name, engine)
-            time.sleep(0.5)
-        raise AssertionError(f"{name} did not finish: {states}")
-    finally:
-        docker(MANAGER, engine, "service", "rm", name, check=False)
 
 
 def test_every_node_proved_its_gpus_when_it_joined(shared, engine):
@@ -92,7 +68,7 @@ def test_whole_gpu_tasks_stay_on_the_pool_without_sharing_and_never_share(shared
 
 
 def test_each_whole_gpu_task_lists_the_gpu_swarm_gave_it(shared, engine):
-    logs = logs_of("smoke_gpu", engine)
+    logs = task_output(engine, "smoke_gpu")
     seen = sorted(line.split("UUID: ")[1].rstrip(")") for line in logs.splitlines() if "UUID: " in line)
     assert seen == sorted(t["gpus"][0] for t in tasks_of(status(), "smoke_gpu") if t["state"] == "running")
 
@@ -117,7 +93,7 @@ def test_a_node_whose_runtime_lets_gpus_leak_fails_its_check_and_is_drained(shar
     del config["default-runtime"], config["runtimes"]["gpu-swarm"]  # as if the guard were lost
     daemon_json.write_text(json.dumps(config))
     restart_dockerd(node, engine)
-    docker(MANAGER, engine, "node", "update", "--label-rm", "gpu-swarm.gpus-verified", "node-2")
+    node_update(engine, "node-2", "--label-rm", "gpu-swarm.gpus-verified")
     try:
         with pytest.raises(RehearsalError) as err:
             changes.converge_again(progress=lambda _: None)

@@ -13,10 +13,11 @@ import time
 import pytest
 
 from localswarm.nodes import Node, docker
-from tests.rehearsal_tools import rehearsal_up, status, tasks_of, wait_for
+from localswarm.registry import STANDIN_IMAGE
+from tests.rehearsal_tools import one_off, rehearsal_up, status, tasks_of, wait_for
 
 pytestmark = pytest.mark.integration
-STANDIN = "192.168.213.1:5000/gpu-swarm/standin:1"
+STANDIN = STANDIN_IMAGE
 MANAGER = Node("node-1", 1, "manager", "managers")
 STACK = """\
 services:
@@ -55,24 +56,6 @@ def running(view: dict, service: str) -> list[dict]:
 
 def per_gpu(view: dict, service: str) -> collections.Counter:
     return collections.Counter(t["gpus"][0] for t in running(view, service))
-
-
-def one_off(engine, name: str, node: str, *extra: str, wait: bool = True) -> str:
-    """A one-shot job on `node` that prints what nvidia-smi -L sees; its final state and log."""
-    docker(MANAGER, engine, "service", "create", "--detach", "--mode", "replicated-job", "--name", name,
-           "--restart-condition", "none", "--constraint", f"node.hostname=={node}", *extra, STANDIN,
-           "sh", "-c", "nvidia-smi -L; echo done")
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        states = docker(MANAGER, engine, "service", "ps", "--no-trunc", "--format", "{{.CurrentState}} {{.Error}}",
-                        name).stdout
-        if states.startswith(("Complete", "Failed", "Rejected")):
-            logs = docker(MANAGER, engine, "service", "logs", "--raw", name).stdout
-            docker(MANAGER, engine, "service", "rm", name, check=False)
-            return states + logs
-        time.sleep(0.5)
-    docker(MANAGER, engine, "service", "rm", name, check=False)
-    raise AssertionError(f"{name} did not finish: {states}")
 
 
 def scale(engine, replicas: int) -> dict:
