@@ -90,6 +90,16 @@ def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuChe
         "    { docker inspect --type task --format '{{json (index . \"GenericResources\")}}' $ids 2>/dev/null || true; } |",
         f"      grep -o {quote(chr(34) + 'Kind' + chr(34) + ':' + chr(34) + kind + chr(34))} | wc -l",
         "  }",
+        # A check that never ends says where its job stopped, and what swarm makes of the node (a node
+        # that swarm has down takes no task, even while its engine answers).
+        "  stuck() {",
+        "    local task state",
+        "    task=$(docker service ps --no-trunc --format '{{.CurrentState}} {{.Error}}' \"$jobs-none\" 2>&1 | head -n 1)",
+        f"    state=$(docker node inspect --format '{{{{.Status.State}}}} {{{{.Status.Message}}}}' {node} 2>&1)",
+        f'    echo "gpu-swarm: the GPU check jobs on node {node} did not finish in {int(check.timeout_s)} s: the job '
+        'that reserves nothing is ${task:-not a task yet}, and swarm has the node ${state% }; see docker service ps '
+        '$jobs-none" >&2',
+        "  }",
         f"  busy=false; busy_at=$((SECONDS + {int(check.busy_after_s)})); end=$((SECONDS + {int(check.timeout_s)}))",
         f"  probe_at=$SECONDS; why='still pending after {int(check.busy_after_s)} s'",
         '  until poll; ended "$none_state" && { "$busy" || ended "$reserved_state"; }; do',
@@ -99,8 +109,7 @@ def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuChe
         '    if ! "$busy" && [ "$SECONDS" -ge "$busy_at" ] && [ "$reserved_state" = Pending ]; then',
         '      busy=true; docker service rm "$jobs-reserved" >/dev/null  # its GPUs are in use: skip that half',
         "    fi",
-        f'    [ "$SECONDS" -lt "$end" ] || {{ echo "gpu-swarm: the GPU check jobs on node {node} did not finish in '
-        f'{int(check.timeout_s)} s; see docker service ps $jobs-none" >&2; exit 1; }}',
+        f'    [ "$SECONDS" -lt "$end" ] || {{ stuck; exit 1; }}',
         "    sleep 0.25",
         "  done",
         # A job's whole output ends with probe-end. `docker service logs` can answer before the node has

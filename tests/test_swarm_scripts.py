@@ -560,14 +560,17 @@ case "$1 $2" in
     case "$*" in
       *GenericResources*) cat "$DIR/advertised" ;;
       *Availability*) echo active ;;
+      *Status.State*) echo "${NODE_STATUS:-ready }" ;;
       *) echo "" ;;  # no label: never verified
     esac ;;
   "service ps")
+    case "$*" in *--no-trunc*-none)
+      echo "${NONE:-Complete} 3 minutes ago ${NONE_ERROR:-}"; exit ;; esac
     case "$*" in *--no-trunc*)
       if [ "${RESERVED:-}" = Complete ]; then echo "(task Complete 1 second ago )"
       else echo "(task Failed 1 second ago \"starting container failed: gpu-swarm guard\")"; fi; exit ;; esac
     for s in "${@:5}"; do
-      case $s in *-none) echo "$s.1 Complete 1 second ago" ;; *-reserved) echo "$s.1 ${RESERVED:-Pending} 2 seconds ago" ;; esac
+      case $s in *-none) echo "$s.1 ${NONE:-Complete} 1 second ago" ;; *-reserved) echo "$s.1 ${RESERVED:-Pending} 2 seconds ago" ;; esac
     done ;;
   "service logs")
     case "$*" in
@@ -587,7 +590,7 @@ esac
 
 
 def run_check(tmp_path, held: list[list[str]], *, units: int, shared: str = "", busy_after_s: int = 60,
-              env: dict | None = None, ok: bool = True, logs_wait_s: int = 20) -> dict:
+              env: dict | None = None, ok: bool = True, logs_wait_s: int = 20, timeout_s: int = 120) -> dict:
     """verify_gpus on a node whose other tasks hold `held` (one list of resource values per task)."""
     from swarm.gpu_check import GpuCheck, verify_gpus
     from swarm.labels import node_label_function
@@ -601,7 +604,7 @@ def run_check(tmp_path, held: list[list[str]], *, units: int, shared: str = "", 
     for i, values in enumerate(held):
         (tmp_path / f"task-task{i}").write_text(json.dumps(
             [{"NamedResourceSpec": {"Kind": kind, "Value": v}} for v in values], separators=(",", ":")))
-    check = GpuCheck(devices=False, shared_kind=shared, busy_after_s=busy_after_s, timeout_s=120,
+    check = GpuCheck(devices=False, shared_kind=shared, busy_after_s=busy_after_s, timeout_s=timeout_s,
                      logs_wait_s=logs_wait_s)
     lines = verify_gpus(NODE_ID, kind=KIND, count=1 if shared else units, release=SOFTWARE, check=check,
                         units=units)
@@ -610,7 +613,7 @@ def run_check(tmp_path, held: list[list[str]], *, units: int, shared: str = "", 
                           env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "DIR": str(tmp_path), **(env or {})})
     assert (proc.returncode == 0) == ok, proc.stderr
     (tmp_path / "stderr").write_text(proc.stderr)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else {}
 
 
 def test_the_check_asks_again_for_logs_that_a_finished_job_has_not_sent_yet(tmp_path):
@@ -665,6 +668,19 @@ def test_gpus_that_other_tasks_hold_end_the_checks_wait_at_once(tmp_path):
     assert result["gpus_busy"] is True and result["busy_because"] == "held" and result["verified"] is None
     calls = (tmp_path / "calls").read_text()
     assert f"service rm gpu-swarm-check-{NODE_ID[:12]}-reserved" in calls
+
+
+def test_a_check_that_never_ends_says_where_its_job_stopped_and_what_swarm_makes_of_the_node(tmp_path):
+    """The rehearsal once saw the unreserved job on a node whose engine had just restarted never start;
+    `up` then said only "did not finish in 180 s"."""
+    run_check(tmp_path, [], units=1, ok=False, timeout_s=2, busy_after_s=1,
+              env={"RESERVED": "Pending", "NONE": "Pending", "NONE_ERROR": "no suitable node (1 node not available)",
+                   "NODE_STATUS": "down heartbeat failure"})
+    stderr = (tmp_path / "stderr").read_text()
+    assert (f"the GPU check jobs on node {NODE_ID} did not finish in 2 s: the job that reserves nothing is "
+            "Pending 3 minutes ago no suitable node (1 node not available), and swarm has the node down heartbeat "
+            f"failure; see docker service ps gpu-swarm-check-{NODE_ID[:12]}-none") in stderr
+    assert "--availability drain" not in (tmp_path / "calls").read_text()  # no evidence against the node
 
 
 def test_a_reserving_job_pending_with_nothing_held_waits_out_busy_after(tmp_path):
