@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -10,9 +11,11 @@ import time
 import pytest
 
 from localswarm.host import REPO, RehearsalError, find_engine
-from localswarm.nodes import Node, docker
+from localswarm.nodes import Node, docker, run_script
 from localswarm.registry import STANDIN_IMAGE
 from localswarm.state import find_node, nodes_of, require_state
+from node.contract import DOCKER_TASK_ID
+from swarm.script import RETRY_TRANSIENT_SWARM_ERRORS, script
 
 KIND = "NVIDIA-GPU"
 
@@ -98,17 +101,10 @@ def manager() -> Node:
 
 
 def node_update(engine, node: str, *args: str) -> None:
-    """An operator's `docker node update`, tried again, as an operator would, when swarm answers
-    "update out of sequence": the node changed between the CLI's read and its write, as it does
-    when its agent registers again after its engine's labels changed (swarm/script.py)."""
-    for attempt in range(10):
-        done = docker(manager(), engine, "node", "update", *args, node, check=False)
-        if done.returncode == 0:
-            return
-        if "update out of sequence" not in done.stderr:
-            break
-        time.sleep(0.5)
-    raise RehearsalError(f"docker node update {' '.join(args)} {node} failed (exit {done.returncode}): {done.stderr.strip()}")
+    """An operator's `docker node update`, through the retry every manager-side script of the program
+    uses (swarm/script.py): swarm answers "update out of sequence" when the node changed between the
+    CLI's read and its write, as it does when its agent registers again after its labels changed."""
+    run_script(manager(), engine, script(RETRY_TRANSIENT_SWARM_ERRORS, shlex.join(["docker", "node", "update", *args, node])))
 
 
 def task_output(engine, service: str) -> str:
@@ -125,7 +121,7 @@ def task_output(engine, service: str) -> str:
         if not host:
             continue  # never scheduled: it has no output
         node = find_node(state, host)
-        for container in docker(node, engine, "ps", "-aq", "--filter", f"label=com.docker.swarm.task.id={task}").stdout.split():
+        for container in docker(node, engine, "ps", "-aq", "--filter", f"label={DOCKER_TASK_ID}={task}").stdout.split():
             logs = docker(node, engine, "logs", container)
             out.append(logs.stdout + logs.stderr)
     return "".join(out)
