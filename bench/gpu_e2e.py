@@ -41,10 +41,8 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -60,165 +58,11 @@ import yaml  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
 import gpu_standins  # noqa: E402  (--smoke)
+from gpu_bench import (CUDA_IMAGE, KIND, PROBE_IMAGE, SHARED_KIND, UUID, Engine, agent, check,  # noqa: E402
+                       gpus_of_host, print_results, run, sample_starts, start_guard_server, wait)
 
-KIND, SHARED_KIND = "NVIDIA-GPU", "NVIDIA-GPU-SHARED"
-ROOT = Path("/var/lib/gpu-swarm-e2e")
-RUN = Path("/run/gpu-swarm-e2e")
-SOCK = f"unix://{RUN}/docker.sock"
-CUDA_IMAGE = "nvidia/cuda:12.6.3-base-ubuntu24.04"  # what the smoke stack names: built here, offline
-PROBE_IMAGE = "gpu-swarm.invalid/cuda-probe:1"
-UUID = re.compile(r"UUID: (GPU-[0-9a-f-]{36})")
-results: list[tuple[str, bool, str]] = []
-
-
-def check(name: str, ok: bool, detail: str = "") -> bool:
-    results.append((name, bool(ok), detail))
-    print(f"{'PASS' if ok else 'FAIL'}  {name}  {detail}", flush=True)
-    return bool(ok)
-
-
-def print_results(out: Path) -> int:
-    """The table of every check, results.json beside it; the exit status: 1 when one failed."""
-    print("\n| check | result | detail |\n|---|---|---|")
-    for name, ok, detail in results:
-        print(f"| {name} | {'PASS' if ok else 'FAIL'} | {detail.replace('|', '/')} |")
-    (out / "results.json").write_text(json.dumps([{"check": n, "ok": ok, "detail": d} for n, ok, d in results],
-                                                 indent=2))
-    failed = [n for n, ok, _ in results if not ok]
-    print(f"\n{len(results) - len(failed)} of {len(results)} checks passed" + (f"; FAILED: {failed}" if failed else ""))
-    return 1 if failed else 0
-
-
-def run(cmd: list[str], *, input: str | None = None, check_rc: bool = True, env: dict | None = None,
-        timeout: float = 300) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, input=input, capture_output=True, text=True, env=env, timeout=timeout)
-    if check_rc and proc.returncode:
-        shown = "a swarm/ script" if cmd[:2] == ["bash", "-c"] else " ".join(cmd)
-        raise RuntimeError(f"{shown} failed ({proc.returncode}): {(proc.stderr or proc.stdout).strip()[-600:]}")
-    return proc
-
-
-def engine_env() -> dict:
-    # GPU_SWARM_SOFTWARE: the node software the swarm/ scripts run (the stack deploy's waiter) is
-    # this checkout's node/, as in the rehearsal, not a node's installed copy.
-    return {**os.environ, "DOCKER_HOST": SOCK, "PATH": f"/usr/local/bin:{os.environ.get('PATH', '/usr/bin:/bin')}",
-            "GPU_SWARM_SOFTWARE": str(REPO / "node")}
-
-
-def docker(*args: str, **kw) -> subprocess.CompletedProcess:
-    return run(["docker", *args], env=engine_env(), **kw)
-
-
-def script(text: str, stdin: str = "") -> str:
-    """Run one of swarm/'s scripts on this node, as the program does over SSH."""
-    return run(["bash", "-c", text], input=stdin, env=engine_env(), timeout=600).stdout
-
-
-def gpus_of_host() -> list[str]:
-    if not shutil.which("nvidia-smi"):
-        sys.exit("nvidia-smi is not on PATH: this needs a machine with NVIDIA GPUs and their driver")
-    return UUID.findall(run(["nvidia-smi", "-L"]).stdout)
-
-
-def agent(out: Path, slots: int) -> dict:
-    cmd = [sys.executable, str(REPO / "node" / "gpu_agent.py"), "--json", "--daemon-json", str(ROOT / "daemon.json"),
-           "--runtime-config", str(ROOT / "runtime.env"), "--guard", str(REPO / "node" / "gpu-swarm-runtime"),
-           "--guard-server", str(RUN / "guard"), "--runtime-delegate", shutil.which("nvidia-container-runtime") or "/usr/bin/nvidia-container-runtime"]
-    if slots:
-        cmd += ["--slots-per-gpu", str(slots), "--shared-kind", SHARED_KIND]
-    report = json.loads(run(cmd).stdout)
-    (out / f"agent-report{'-shared' if slots else ''}.json").write_text(json.dumps(report, indent=2))
-    return report
-
-
-def start_guard_server(out: Path, runtime_env: Path) -> subprocess.Popen:
-    """The guard's server, as gpu-swarm-guard.service runs it before docker on a node, where the
-    agent's runtime.env points the runtime; so the containers here take a node's real path."""
-    settings = dict(line.split("=", 1) for line in runtime_env.read_text().splitlines()
-                    if "=" in line and not line.startswith("#"))
-    directory = Path(settings["GUARD_SERVER"])
-    (directory / "server.pid").unlink(missing_ok=True)
-    proc = subprocess.Popen(["/usr/bin/python3", "-I", "-S", str(REPO / "node" / "guard_server.py"), str(directory)],
-                            stdout=open(out / "guard-server.log", "ab"), stderr=subprocess.STDOUT)
-    started = (directory / "server.pid").exists
-    try:
-        wait(lambda: started() or proc.poll() is not None, 10, "the guard's server")
-    except RuntimeError:
-        pass  # said below, with where its log is
-    if proc.poll() is not None or not started():
-        proc.kill()
-        raise RuntimeError(f"the guard's server did not start in {directory}; see {out / 'guard-server.log'}")
-    return proc
-
-
-def start_engine(out: Path) -> subprocess.Popen:
-    RUN.mkdir(parents=True, exist_ok=True)
-    cmd = ["dockerd", "--config-file", str(ROOT / "daemon.json"), "--data-root", str(ROOT / "docker"),
-           "--exec-root", str(RUN / "exec"), "--pidfile", str(RUN / "dockerd.pid"), "-H", SOCK,
-           # No iptables on the test machine; these must not be in daemon.json as well.
-           "--iptables=false", "--ip6tables=false"]
-    env = {**engine_env(), "DOCKER_SERVICE_PREFER_OFFLINE_IMAGE": "1"}  # no registry here: use local images
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=open(out / "dockerd.log", "ab"),
-                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    STARTED.append(proc)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if docker("version", "--format", "{{.Server.Version}}", check_rc=False).returncode == 0:
-            return proc
-        time.sleep(0.2)
-    raise RuntimeError(f"dockerd did not start; see {out / 'dockerd.log'}")
-
-
-STARTED: list[subprocess.Popen] = []  # every engine this run started: all are stopped at the end, whatever failed
-
-
-def clear_root() -> None:
-    """What an earlier run left (on a machine kept warm between runs): its engine, its mounts, then its files."""
-    try:
-        stale = int((RUN / "dockerd.pid").read_text())
-        if str(ROOT) in Path(f"/proc/{stale}/cmdline").read_text():
-            os.kill(stale, signal.SIGTERM)
-            wait(lambda: not Path(f"/proc/{stale}").exists(), 30, f"the engine an earlier run left (pid {stale})")
-    except (OSError, ValueError):
-        pass  # none left
-    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
-              if line.split()[4].startswith(f"{ROOT}/")]
-    for point in sorted(mounts, key=len, reverse=True):
-        subprocess.run(["umount", "-l", point], capture_output=True)
-    shutil.rmtree(ROOT, ignore_errors=True)
-    if ROOT.exists():
-        sys.exit(f"{ROOT} is left from an earlier run and cannot be removed; remove it and run again")
-
-
-def stop_engine(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-
-
-def build_images(out: Path, probe: str) -> None:
-    env = {**engine_env(), "GPU_SWARM_VERSIONS": str(REPO / "node" / "versions.env"),
-           "GPU_SWARM_LOG": str(out / "build.log"), "GPU_SWARM_STATE": str(ROOT / "state"),
-           "GPU_SWARM_NODE_ENV": "/nonexistent"}
-    run(["bash", str(REPO / "node" / "build-check-image.sh")], env={**env, "GPU_SWARM_CHECK_IMAGE": CHECK_IMAGE})
-    # The stand-in for nvidia/cuda (its environment, and cuda-probe for real CUDA work), built
-    # as bench/gpu_session.sh builds it for the other benches.
-    run(["bash", str(REPO / "bench" / "cuda_standin.sh"), CUDA_IMAGE, probe], env=env)
-    docker("tag", CUDA_IMAGE, PROBE_IMAGE)
-
-
-def wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+ENGINE = Engine("gpu-swarm-e2e")
+docker, script = ENGINE.docker, ENGINE.script
 
 
 def remove_stack(name: str) -> None:
@@ -241,42 +85,14 @@ def container_env(task: dict) -> dict:
     return dict(e.split("=", 1) for e in env)
 
 
-def job(name: str, image: str, command: str, *extra: str) -> str:
-    """A one-shot job on this node; returns its state line and log."""
-    docker("service", "create", "--detach", "--mode", "replicated-job", "--restart-condition", "none", "--name", name,
-           *extra, image, "sh", "-c", command)
-    def finished():
-        state = docker("service", "ps", "--no-trunc", "--format", "{{.CurrentState}} {{.Error}}", name).stdout.strip()
-        return state if state.startswith(("Complete", "Failed", "Rejected")) else None
-
-    try:
-        state = wait(finished, 120, name)
-        return state + "\n" + docker("service", "logs", "--raw", name, check_rc=False).stdout
-    finally:
-        docker("service", "rm", name, check_rc=False)
-
-
 START_RUNS = 15  # --start-runs
 START_LIMIT_MS = 30  # issue 8: the guard's median overhead per container start
-
-
-def sample_starts(docker, image: str, variants: dict[str, list[str]], runs: int) -> dict[str, list[float]]:
-    """Seconds of `docker run --rm` per variant on the engine `docker` runs, interleaved so that
-    drift hits each alike."""
-    samples: dict[str, list[float]] = {name: [] for name in variants}
-    for i in range(runs + 1):
-        for name, args in variants.items():
-            t0 = time.perf_counter()
-            docker("run", "--rm", *args, image, "true")
-            if i:  # the first round warms caches
-                samples[name].append(time.perf_counter() - t0)
-    return samples
 
 
 def start_times(variants: dict[str, list[str]], keep: Path) -> dict[str, float]:
     """Median seconds of `docker run --rm` per variant, interleaved so drift hits each alike.
     Every sample goes to `keep`: a median of ~20 starts of ~0.5 s moves by some 10 ms between runs."""
-    samples = sample_starts(docker, CUDA_IMAGE, variants, START_RUNS)
+    samples = sample_starts(ENGINE, variants, START_RUNS)
     keep.write_text(json.dumps(samples, indent=1))
     return {name: statistics.median(s) for name, s in samples.items()}
 
@@ -342,12 +158,12 @@ def whole_gpus(out: Path, host: list[str], node: str) -> None:
               f"assigned {assigned}, nvidia-smi -L saw {saw}, /dev has {devices}")
     check("no GPU held twice", sorted(seen_all) == sorted(host), f"{len(set(seen_all))} of {n} GPUs in use")
 
-    log = job("nores", CUDA_IMAGE, "nvidia-smi -L 2>&1; ls /dev | grep -E '^nvidia[0-9]+$' || true; echo end")
+    log = ENGINE.job("nores", CUDA_IMAGE, "nvidia-smi -L 2>&1; ls /dev | grep -E '^nvidia[0-9]+$' || true; echo end")
     (out / "no-reservation.log").write_text(log)
     check("a task that reserved nothing sees no GPU (image says NVIDIA_VISIBLE_DEVICES=all)",
           log.startswith("Complete") and not UUID.search(log) and not re.search(r"^nvidia\d", log, re.M),
           " | ".join(line for line in log.splitlines()[1:3]))
-    log = job("sneaky", CUDA_IMAGE, "nvidia-smi -L", "--env", "DOCKER_RESOURCE_NVIDIA-GPU=all")
+    log = ENGINE.job("sneaky", CUDA_IMAGE, "nvidia-smi -L", "--env", "DOCKER_RESOURCE_NVIDIA-GPU=all")
     check("a service that sets the swarm's GPU variable does not start",
           log.startswith(("Failed", "Rejected")) and "gpu-swarm guard" in log, log.splitlines()[0][:160])
     guarded = docker("run", "--rm", "--gpus", "all", CUDA_IMAGE, "nvidia-smi", "-L", check_rc=False)
@@ -398,12 +214,12 @@ def sentinel(out: Path, node: str) -> None:
         check("the sentinel runs with no GPU and a read-only root", devices == [] and wrote != 0,
               f"/dev has {devices or 'no nvidia device'}; a write exits {wrote}")
         previous = {k: os.environ.get(k) for k in ("DOCKER_HOST", "PATH")}
-        os.environ.update({k: engine_env()[k] for k in previous})  # the reconciler's CLI, on this engine
+        os.environ.update({k: ENGINE.env()[k] for k in previous})  # the reconciler's CLI, on this engine
         try:
             engine = reconciler.Engine("docker")
             watch, nodes = reconciler.Sentinel(), engine.nodes()
             learned = watch.signalled(engine, nodes, print)  # what is there already is history
-            said = node_sentinel.signal_sentinel(SOCK.removeprefix("unix://"))
+            said = node_sentinel.signal_sentinel(ENGINE.sock.removeprefix("unix://"))
             try:  # every task swarm keeps: the one that failed is no longer desired running
                 failed = wait(lambda: [t for t in tasks(reconciler.SENTINEL_SERVICE, desired="")
                                        if "non-zero exit (75)" in t["Status"].get("Err", "")], 30, "the sentinel's exit")
@@ -421,13 +237,12 @@ def sentinel(out: Path, node: str) -> None:
         docker("service", "rm", reconciler.SENTINEL_SERVICE, check_rc=False)
 
 
-def shared_gpus(out: Path, host: list[str], node: str, slots: int, engine: subprocess.Popen) -> subprocess.Popen:
-    report = agent(out, slots)
+def shared_gpus(out: Path, host: list[str], node: str, slots: int) -> None:
+    report = agent(ENGINE, out, slots)
     check("the agent advertises slots only", all(r.startswith(f"{SHARED_KIND}=") for r in report["resources"])
           and len(report["resources"]) == len(host) * slots, f"{len(report['resources'])} slots, "
           f"labels {report['labels'].get(GPU_SHARING_LABEL)} x{report['labels'].get(GPU_REPLICAS_LABEL)}")
-    stop_engine(engine)  # dockerd reads its resources only at start, as the agent's unit knows
-    engine = start_engine(out)
+    ENGINE.restart()
     admit(out, "shared", node, len(host), release()[::-1], slots_per_gpu=slots, shared_kind=SHARED_KIND)
 
     doc = yaml.safe_load((REPO / "stacks" / "inference-shared.yml").read_text())
@@ -474,7 +289,6 @@ def shared_gpus(out: Path, host: list[str], node: str, slots: int, engine: subpr
     extra = (times["slot of a GPU"] - times["whole GPU"]) * 1000
     check("slot mapping's cost per container start", extra <= START_LIMIT_MS,
           f"{times['slot of a GPU'] * 1000:.0f} ms vs {times['whole GPU'] * 1000:.0f} ms: {extra:+.0f} ms")
-    return engine
 
 
 class Stopped(Exception):
@@ -509,21 +323,20 @@ def main() -> int:
     print(f"host GPUs ({len(host)}): {', '.join(host)}", flush=True)
     if not host:
         sys.exit("nvidia-smi -L lists no GPU: this needs a machine with one or more NVIDIA GPUs")
-    clear_root()  # every run starts from a bare engine: no image or swarm left over
-    ROOT.mkdir(parents=True)
-    probe = args.cuda_probe or str(ROOT / "cuda-probe")
+    ENGINE.clear()
+    probe = args.cuda_probe or str(ENGINE.root / "cuda-probe")
     if not args.cuda_probe:
         run(["cc", "-O2", "-o", probe, str(REPO / "bench" / "cuda_probe.c"), "-ldl"])
 
     signal.signal(signal.SIGTERM, stopped)  # so that the engine below is stopped and the table printed
-    report = agent(out, 0)
+    report = agent(ENGINE, out)
     check("the agent advertises every GPU by its full UUID", sorted(g["uuid"] for g in report["gpus"]) == sorted(host),
           f"{len(report['gpus'])} GPUs, default runtime gpu-swarm")
-    server = start_guard_server(out, ROOT / "runtime.env")
-    check("the guard's server answers the runtime's creates", server.poll() is None, str(RUN / "guard"))
-    engine = start_engine(out)
+    server = start_guard_server(out, ENGINE.root / "runtime.env")
+    check("the guard's server answers the runtime's creates", server.poll() is None, str(ENGINE.run_dir / "guard"))
     try:
-        build_images(out, probe)
+        ENGINE.start(out)
+        ENGINE.build_images(out, probe)
         init = json.loads(script(formation.init_swarm(run(["hostname", "-I"]).stdout.split()[0])))
         node = docker("info", "--format", "{{.Swarm.NodeID}}").stdout.strip()
         check("swarm formed by swarm/formation.py", init["created"] is True, f"cluster {init['cluster_id']}")
@@ -542,13 +355,12 @@ def main() -> int:
         except Exception as e:
             check("the run itself (the sentinel)", False, f"{type(e).__name__}: {e}"[:400])
         if args.slots_per_gpu:
-            engine = shared_gpus(out, host, node, args.slots_per_gpu, engine)
+            shared_gpus(out, host, node, args.slots_per_gpu)
     except Exception as e:  # a broken step is a failed check, with its reason in the table
         check("the run itself", False, f"{type(e).__name__}: {e}"[:400])
     finally:
         docker("swarm", "leave", "--force", check_rc=False)
-        for proc in STARTED:  # the shared phase restarts the engine: a failure there must not leave one running
-            stop_engine(proc)
+        ENGINE.stop()  # the one running now: the shared phase restarts it
         server.kill()
         server.wait()
     return print_results(out)

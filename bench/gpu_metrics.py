@@ -5,7 +5,7 @@
     bash bench/gpu_session.sh 'metrics:150=bench/gpu_metrics.py'               # on a bare GPU machine, with .kit
     python3 bench/gpu_metrics.py --smoke [--gpus 2]    # no GPU: stand-in GPUs (bench/gpu_standins.py), as root
 
-Needs what bench/gpu_e2e.py needs, and sets up the same way with its functions: root, an NVIDIA
+Needs what bench/gpu_e2e.py needs, and sets up the same way (bench/gpu_bench.py): root, an NVIDIA
 GPU and its driver, Docker Engine >= 25.0.3 and nvidia-container-toolkit >= 1.19 on PATH, python3
 with nvidia-ml-py, PyYAML and prometheus_client (bench/gpu_session.sh's venv has all three), and
 a built bench/cuda_probe.c (--cuda-probe, else $CUDA_PROBE as gpu_session.sh sets it, else built
@@ -34,8 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -46,44 +44,22 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
-import gpu_e2e as e2e  # noqa: E402  (its engine, agent and image steps, proven on real GPUs)
 import gpu_standins  # noqa: E402  (--smoke)
+from gpu_bench import (KIND, PROBE_IMAGE, SHARED_KIND, Engine, agent, check, gpus_of_host,  # noqa: E402
+                       print_results, run, samples, wait)
 from swarm import formation  # noqa: E402  (pure Python: no Pulumi needed here)
 
 # An engine of its own, beside (never instead of) gpu_e2e.py's: its own data and socket.
-e2e.ROOT, e2e.RUN = Path("/var/lib/gpu-swarm-metrics"), Path("/run/gpu-swarm-metrics")
-e2e.SOCK = f"unix://{e2e.RUN}/docker.sock"
-
-KIND = "NVIDIA-GPU"
+ENGINE = Engine("gpu-swarm-metrics")
+docker = ENGINE.docker
 SERVICE = "gpu-metrics-probe"
 SHARERS = "gpu-metrics-sharers"
-results: list[dict] = []
-
-
-def check(name: str, ok: bool, detail: str = "") -> bool:
-    results.append({"check": name, "ok": bool(ok), "detail": detail})
-    print(f"{'PASS' if ok else 'FAIL'}  {name}  {detail}", flush=True)
-    return bool(ok)
-
-
-def docker(*args: str, check_rc: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-    return e2e.docker(*args, check_rc=check_rc, timeout=timeout)
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def samples(text: str) -> list[tuple[str, dict, float]]:
-    out = []
-    for line in text.splitlines():
-        match = re.match(r"^([a-zA-Z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)$", line)
-        if match:
-            labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match[2] or ""))
-            out.append((match[1], labels, float(match[3])))
-    return out
 
 
 def value(text: str, name: str, **labels) -> tuple[dict, float] | None:
@@ -93,31 +69,19 @@ def value(text: str, name: str, **labels) -> tuple[dict, float] | None:
     return None
 
 
-def wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        found = predicate()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(1)
-
-
-def time_sliced(out: Path, host: list[str], slots: int, mib: int, scrape, engine):
+def time_sliced(out: Path, host: list[str], slots: int, mib: int, scrape) -> None:
     """Time-slicing: every slot of every GPU held by a task of its own size (1 to 4 times mib, by its
     slot in the service); each sharer's memory and utilization series must carry its own service,
-    task, container and slot, and its own size, never a neighbour's. Returns the engine (restarted)."""
-    report = e2e.agent(out, slots)
+    task, container and slot, and its own size, never a neighbour's."""
+    report = agent(ENGINE, out, slots)
     check("the agent advertises every GPU's time-slicing slots", len(report["resources"]) == len(host) * slots,
           f"{len(report['resources'])} slots")
-    e2e.stop_engine(engine)  # dockerd reads its resources only at start
-    engine = e2e.start_engine(out)
-    wait(lambda: e2e.SHARED_KIND in docker("node", "inspect", "self", "--format",
+    ENGINE.restart()
+    wait(lambda: SHARED_KIND in docker("node", "inspect", "self", "--format",
                                            "{{json .Description.Resources.GenericResources}}").stdout, 60, "the slots")
     every = len(host) * slots
     docker("service", "create", "--detach", "--name", SHARERS, "--replicas", str(every), "--generic-resource",
-           f"{e2e.SHARED_KIND}=1", "--env", "SIZE={{.Task.Slot}}", e2e.PROBE_IMAGE, "sh", "-c",
+           f"{SHARED_KIND}=1", "--env", "SIZE={{.Task.Slot}}", PROBE_IMAGE, "sh", "-c",
            f"exec cuda-probe $(({mib} * (1 + SIZE % 4)))")
 
     def running():
@@ -130,7 +94,7 @@ def time_sliced(out: Path, host: list[str], slots: int, mib: int, scrape, engine
     for c in logs:
         env = dict(e.split("=", 1) for e in json.loads(docker("inspect", "--format", "{{json .Config.Env}}",
                                                               c).stdout) if "=" in e)
-        own[c] = (env[f"DOCKER_RESOURCE_{e2e.SHARED_KIND}"], mib * (1 + int(env["SIZE"]) % 4))
+        own[c] = (env[f"DOCKER_RESOURCE_{SHARED_KIND}"], mib * (1 + int(env["SIZE"]) % 4))
 
     def named():
         text = scrape() or ""
@@ -164,7 +128,6 @@ def time_sliced(out: Path, host: list[str], slots: int, mib: int, scrape, engine
     rss = (value(scrape() or "", "process_resident_memory_bytes") or ({}, 0))[1] / 2**20
     check(f"the exporter's RSS with real NVML and {every} sharers", 0 < rss <= 60, f"{rss:.1f} MiB")
     docker("service", "rm", SHARERS, check_rc=False)
-    return engine
 
 
 def main() -> int:
@@ -187,22 +150,21 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
         sys.exit("run as root: it makes a swarm and reads every process's cgroup")
-    made_swarm, exporter, log, engine = False, None, None, None
-    sock = str(e2e.RUN / "docker.sock")
+    made_swarm, exporter, log = False, None, None
+    sock = str(ENGINE.run_dir / "docker.sock")
     try:
-        host = e2e.gpus_of_host()
-        e2e.clear_root()  # a bare engine every run: no engine, image or swarm left over
-        e2e.ROOT.mkdir(parents=True)
-        probe = args.cuda_probe or str(e2e.ROOT / "cuda-probe")
+        host = gpus_of_host()
+        ENGINE.clear()
+        probe = args.cuda_probe or str(ENGINE.root / "cuda-probe")
         if not args.cuda_probe:
-            e2e.run(["cc", "-O2", "-o", probe, str(REPO / "bench" / "cuda_probe.c"), "-ldl"])
-        report = e2e.agent(out, 0)
+            run(["cc", "-O2", "-o", probe, str(REPO / "bench" / "cuda_probe.c"), "-ldl"])
+        report = agent(ENGINE, out)
         check("the agent advertises every GPU", sorted(g["uuid"] for g in report["gpus"]) == sorted(host),
               f"{len(host)} GPU(s): {', '.join(host)}")
-        engine = e2e.start_engine(out)
-        e2e.build_images(out, probe)
+        ENGINE.start(out)
+        ENGINE.build_images(out, probe)
         address = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()[0]
-        e2e.script(formation.init_swarm(address))
+        ENGINE.script(formation.init_swarm(address))
         made_swarm = True
         advertised = docker("node", "inspect", "self", "--format",
                             "{{json .Description.Resources.GenericResources}}").stdout
@@ -212,7 +174,7 @@ def main() -> int:
         log = open(out / "exporter.log", "w")
         exporter = subprocess.Popen([sys.executable, str(REPO / "node" / "gpu_metrics.py"), "--address", "127.0.0.1",
                                      "--port", str(port), "--kind", KIND, "--docker-socket", sock,
-                                     "--daemon-json", str(e2e.ROOT / "daemon.json")], stdout=log,
+                                     "--daemon-json", str(ENGINE.root / "daemon.json")], stdout=log,
                                     stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}/metrics"
 
@@ -230,7 +192,7 @@ def main() -> int:
             (value(before, "gpu_swarm_gpu_up", gpu=g) or ({}, 0))[1] == 1 for g in gpus), f"{len(gpus)} GPU(s)")
 
         docker("service", "create", "--detach", "--name", SERVICE, "--generic-resource", f"{KIND}=1",
-               "--restart-condition", "none", e2e.PROBE_IMAGE, "cuda-probe", str(args.mib))
+               "--restart-condition", "none", PROBE_IMAGE, "cuda-probe", str(args.mib))
         started = time.monotonic()
 
         def allocated():
@@ -291,7 +253,7 @@ def main() -> int:
         check("the exporter's scrape on real NVML (its own timing, median of 20)", figures["scrape_ms_median"] <= 50,
               f"{figures['scrape_ms_median']} ms for {len(gpus)} GPU(s), RSS {figures['rss_mib']} MiB")
         docker("service", "rm", SERVICE, check_rc=False)
-        engine = time_sliced(out, host, args.slots, args.slots_mib, scrape, engine)
+        time_sliced(out, host, args.slots, args.slots_mib, scrape)
     except Exception as e:  # a broken step is a failed check, with its reason in the table
         check("the run itself", False, f"{type(e).__name__}: {e}"[:400])
     finally:
@@ -307,15 +269,8 @@ def main() -> int:
             log.close()
         if made_swarm:
             docker("swarm", "leave", "--force", check_rc=False)
-        for proc in e2e.STARTED:
-            e2e.stop_engine(proc)
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    print("\n| check | result | detail |\n|---|---|---|")
-    for r in results:
-        print(f"| {r['check']} | {'PASS' if r['ok'] else 'FAIL'} | {r['detail'].replace('|', '/')} |")
-    failed = [r["check"] for r in results if not r["ok"]]
-    print(f"\n{len(results) - len(failed)} of {len(results)} checks passed" + (f"; FAILED: {failed}" if failed else ""))
-    return 1 if failed else 0
+        ENGINE.stop()
+    return print_results(out)
 
 
 if __name__ == "__main__":

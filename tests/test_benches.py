@@ -23,6 +23,9 @@ BENCH = REPO / "bench"
 # What bench/ holds that is not a bench, and what runs it.
 NOT_BENCHES = {
     "gpu_standins.py": "the stand-in GPUs of the GPU benches' smoke modes, which run it",
+    "gpu_bench.py": "what the GPU benches share (checks, their engine, jobs): gpu_e2e, gpu_mps and gpu_metrics import it",
+    "gpu_mps_node.py": "the MPS bench's engine, tasks and exporter reader: gpu_mps.py imports it",
+    "gpu_mps_escapes.py": "what an MPS slot task may try to get more than its share: gpu_mps.py runs it",
     "cuda_standin.sh": "builds the stand-in CUDA image: every GPU bench's smoke runs it",
     "cuda_probe.c": "built and run by build_gpu_kit.sh --smoke (and by the kit on a GPU machine)",
 }
