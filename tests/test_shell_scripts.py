@@ -67,7 +67,7 @@ class Node:
         self.calls = tmp_path / "calls"
         self.daemon_json = tmp_path / "docker" / "daemon.json"
         self.node_env = tmp_path / "node.env"
-        for folder in (self.steps, self.bin, tmp_path / "units"):
+        for folder in (self.steps, self.bin, tmp_path / "units", tmp_path / "run"):
             folder.mkdir()
         self.env = {
             **os.environ,
@@ -76,7 +76,7 @@ class Node:
             "GPU_SWARM_VERSIONS": str(NODE_SRC / "versions.env"), "GPU_SWARM_NODE_ENV": str(self.node_env),
             "GPU_SWARM_STEPS": str(self.steps), "GPU_SWARM_VENV": str(tmp_path / "venv"),
             "DOCKER_DAEMON_JSON": str(self.daemon_json), "FAKE_CALLS": str(self.calls),
-            "GPU_SWARM_UNIT_DIR": str(tmp_path / "units"),
+            "GPU_SWARM_UNIT_DIR": str(tmp_path / "units"), "GPU_SWARM_PIP_UNPACK": str(tmp_path / "run"),
         }
         self.env.pop("STEP_STATUS_FILE", None)
 
@@ -485,8 +485,18 @@ def test_gpu_agent_step_installs_the_pinned_nvml_bindings(node):
     result = node.bootstrap("install-gpu-agent", GPU_SWARM_PIP_WHEELS=str(wheels))
     assert result.returncode == 0, node.log.read_text()
     assert f"python3 -m venv --without-pip {venv}" in node.called()
-    assert (f"venv {wheels}/pip-25.1.1-py3-none-any.whl -m pip install -q --disable-pip-version-check {PINNED}"
-            in node.called())
+    assert ran_pip_from(node, wheels / "pip-25.1.1-py3-none-any.whl"), node.called()
+
+
+def ran_pip_from(node, wheel: Path) -> bool:
+    """pip ran from `wheel` unpacked (python3 -m zipfile -e), into the pinned versions, and the unpacked
+    copy is gone afterwards."""
+    calls = node.called()
+    unpacked = [c.split()[-1] for c in calls if c.startswith(f"python3 -m zipfile -e {wheel} ")]
+    return (len(unpacked) == 1 and unpacked[0].startswith(f"{node.root}/run/gpu-swarm-pip.") and
+            f"venv {unpacked[0]} -m pip install -q --disable-pip-version-check {PINNED}" in calls and
+            calls.index(f"python3 -m zipfile -e {wheel} {unpacked[0]}") < calls.index(
+                f"python3 -m venv --without-pip {node.root / 'venv'}") and not Path(unpacked[0]).exists())
 
 
 def without_pip_wheel(node) -> Path:
@@ -507,7 +517,7 @@ def test_gpu_agent_step_installs_python3_venv_for_its_pip_wheel(node):
     assert node.bootstrap("install-gpu-agent", GPU_SWARM_PIP_WHEELS=str(wheels)).returncode == 0, node.log.read_text()
     calls = node.called()
     assert any(c.startswith("apt-get") and "python3-venv" in c for c in calls), calls
-    assert f"venv {wheels}/pip-24.0-py3-none-any.whl -m pip install -q --disable-pip-version-check {PINNED}" in calls
+    assert ran_pip_from(node, wheels / "pip-24.0-py3-none-any.whl"), calls
 
 
 def test_agent_venv_in_the_background_leaves_apt_to_the_agent_step(node):
@@ -525,7 +535,7 @@ def test_agent_venv_in_the_background_leaves_apt_to_the_agent_step(node):
     calls = node.called()
     apt = [c for c in calls if c.startswith("apt-get")]
     assert len(apt) == 2 and apt[0].endswith(" update") and "python3-venv" in apt[1], calls  # the agent step's
-    assert f"venv {wheels}/pip-24.0-py3-none-any.whl -m pip install -q --disable-pip-version-check {PINNED}" in calls
+    assert ran_pip_from(node, wheels / "pip-24.0-py3-none-any.whl"), calls
 
 
 def test_agent_step_waits_for_the_background_venv_and_runs_no_second_pip(node):
