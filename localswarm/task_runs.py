@@ -6,21 +6,9 @@ contract, so "settled" has one copy. Import the names from here: `from localswar
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from swarm.node_module import NODE_DIR, load
 
-RULES_PATH = Path(__file__).resolve().parent.parent / "node" / "stack_tasks.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("gpu_swarm_stack_tasks", RULES_PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_rules = _load()
+RULES_PATH = NODE_DIR / "stack_tasks.py"
+_rules = load(RULES_PATH.name, "gpu_swarm_stack_tasks")
 __all__ = sorted(name for name in vars(_rules) if not name.startswith("__") and name not in ("annotations",))
 globals().update({name: getattr(_rules, name) for name in __all__})

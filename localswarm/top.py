@@ -8,14 +8,13 @@ the provisioned dashboard (swarm/monitoring.py), never written here.
 """
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 
 from localswarm import metrics, monitoring_stack
 from localswarm.host import CLI, REPO, RehearsalError
 from localswarm.state import nodes_of, require_state
-from swarm import monitoring
+from swarm import monitoring, node_module
 
 
 def _gpu_top():
@@ -23,10 +22,7 @@ def _gpu_top():
     node_dir = str(REPO / "node")
     if node_dir not in sys.path:
         sys.path.insert(0, node_dir)
-    spec = importlib.util.spec_from_file_location("gpu_swarm_gpu_top", REPO / "node" / "gpu_top.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return node_module.load("gpu_top.py", "gpu_swarm_gpu_top")
 
 
 gpu_top = _gpu_top()

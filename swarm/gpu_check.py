@@ -109,7 +109,7 @@ def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuChe
         '    if ! "$busy" && [ "$SECONDS" -ge "$busy_at" ] && [ "$reserved_state" = Pending ]; then',
         '      busy=true; docker service rm "$jobs-reserved" >/dev/null  # its GPUs are in use: skip that half',
         "    fi",
-        f'    [ "$SECONDS" -lt "$end" ] || {{ stuck; exit 1; }}',
+        '    [ "$SECONDS" -lt "$end" ] || { stuck; exit 1; }',
         "    sleep 0.25",
         "  done",
         # A job's whole output ends with probe-end. `docker service logs` can answer before the node has

@@ -6,20 +6,10 @@ daemon.json, the task's DOCKER_RESOURCE_<KIND> variable and the shared slots.
 """
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from swarm.node_module import NODE_DIR, load
 
-RULES_PATH = Path(__file__).resolve().parent.parent / "node" / "gpu_resources.py"
-
-
-def _load_rules():
-    spec = importlib.util.spec_from_file_location("gpu_resources", RULES_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_rules = _load_rules()
+RULES_PATH = NODE_DIR / "gpu_resources.py"
+_rules = load(RULES_PATH.name, "gpu_resources")
 
 DEFAULT_KIND: str = _rules.DEFAULT_KIND
 MAX_SLOTS_PER_GPU: int = _rules.MAX_SLOTS_PER_GPU

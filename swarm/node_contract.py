@@ -6,20 +6,10 @@ copy. Import the names from here: `from swarm.node_contract import NODE_ENV_PATH
 """
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from swarm.node_module import NODE_DIR, load
 
-CONTRACT_PATH = Path(__file__).resolve().parent.parent / "node" / "contract.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("gpu_swarm_node_contract", CONTRACT_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_contract = _load()
+CONTRACT_PATH = NODE_DIR / "contract.py"
+_contract = load(CONTRACT_PATH.name, "gpu_swarm_node_contract")
 # Every public name of the contract, as this module's own.
 __all__ = sorted(name for name in vars(_contract) if name.isupper())
 globals().update({name: getattr(_contract, name) for name in __all__})
