@@ -38,7 +38,7 @@ PACKAGES = (
     "systemd", "systemd-sysv", "dbus",  # PID 1, as on an instance
     "cloud-init", "openssh-server", "sudo",  # how the program reaches a node
     "docker.io", "docker-cli", "iptables",  # Docker 26.1.5; trixie puts the CLI in its own package
-    "python3", "python3-venv",  # the GPU agent's venv (install-gpu-agent.sh)
+    "python3",  # the GPU agent's venv; no python3-venv, which a venv without pip does not need (install-agent-venv.sh)
     "curl", "ca-certificates", "openssl",  # the node bundle's download from the S3 stand-in
     "busybox-static",  # the post-join check image (node/build-check-image.sh)
     "iproute2", "procps", "netbase", "less",
@@ -106,9 +106,11 @@ def base_dir() -> Path:
 def pypi_wheels(download: bool, progress=print) -> dict[str, tuple[bytes, int]] | None:
     """The wheels the node software installs from PyPI that are no stand-in: prometheus_client at
     node/versions.env's pin (the metrics exporter's), for the image's wheelhouse. Downloaded from
-    PyPI once, into CACHE; None when it is not there and download is False."""
+    PyPI once, into CACHE, and checked against the pin's sha256 as a node checks it; None when it is
+    not there and download is False."""
     version = min_versions()["PROMETHEUS_CLIENT_VERSION"]
-    wheel = WHEELS / f"prometheus_client-{version}-py3-none-any.whl"
+    url, _, sha256 = min_versions()["PROMETHEUS_CLIENT_WHEEL"].partition("#sha256=")
+    wheel = WHEELS / url.rsplit("/", 1)[1]
     if not wheel.exists():
         if not download:
             return None
@@ -120,6 +122,9 @@ def pypi_wheels(download: bool, progress=print) -> dict[str, tuple[bytes, int]] 
         if done.returncode != 0 or not wheel.exists():
             raise RehearsalError(f"could not download prometheus_client {version} from PyPI for the node image's "
                                  f"wheelhouse: {done.stderr.strip()[-300:]}")
+    if hashlib.sha256(wheel.read_bytes()).hexdigest() != sha256:
+        raise RehearsalError(f"{wheel} is not the wheel node/versions.env pins (PROMETHEUS_CLIENT_WHEEL's sha256 "
+                             f"{sha256}): remove it, and the next build downloads it again")
     return {f"{standins.WHEELHOUSE}/{wheel.name}": (wheel.read_bytes(), 0o644)}
 
 

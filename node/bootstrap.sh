@@ -6,8 +6,8 @@
 #
 # A STEP written NAME& is a head start: it runs in the background, and the next step starts at
 # once. It is for work that needs nothing the steps before it make, and that a later step does
-# again in the foreground, waiting for it (install-agent-venv: pip's download and install, which
-# install-gpu-agent needs). So its failure is recorded and fails nothing by itself. Bootstrap waits
+# again in the foreground, waiting for it (install-agent-venv: the agent's wheels, downloaded and
+# installed, which install-gpu-agent needs). So its failure is recorded and fails nothing by itself. Bootstrap waits
 # for it before it ends, either way.
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -73,7 +73,7 @@ mkdir -p "$records"
 for step in "$@"; do
   name=${step%&}
   if [ "$name" != "$step" ]; then
-    (export GPU_SWARM_STEP_BACKGROUND=1; run_step "$name" "$steps_dir/$name.sh") &
+    run_step "$name" "$steps_dir/$name.sh" &
     background+=("$!")
     continue
   fi

@@ -4,9 +4,9 @@ set -euo pipefail
 : "${GPU_SWARM_LOG:=/var/log/gpu-swarm/bootstrap.log}" "${GPU_SWARM_STATE:=/var/lib/gpu-swarm}"
 : "${GPU_SWARM_VERSIONS:=/opt/gpu-swarm/software/versions.env}" "${GPU_SWARM_NODE_ENV:=/etc/gpu-swarm/node.env}"
 : "${GPU_SWARM_VENV:=/opt/gpu-swarm/venv}" "${DOCKER_DAEMON_JSON:=/etc/docker/daemon.json}"
-: "${GPU_SWARM_UNIT_DIR:=/etc/systemd/system}"
+: "${GPU_SWARM_UNIT_DIR:=/etc/systemd/system}" "${GPU_SWARM_WHEELHOUSE:=/opt/gpu-swarm/wheels}"
 export GPU_SWARM_LOG GPU_SWARM_STATE GPU_SWARM_VERSIONS GPU_SWARM_NODE_ENV GPU_SWARM_VENV DOCKER_DAEMON_JSON \
-  GPU_SWARM_UNIT_DIR
+  GPU_SWARM_UNIT_DIR GPU_SWARM_WHEELHOUSE
 # shellcheck source=versions.env
 . "$GPU_SWARM_VERSIONS"
 # shellcheck source=/dev/null

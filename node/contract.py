@@ -140,6 +140,8 @@ TOP_PATH = f"{SOFTWARE_DIR}/gpu_top.py"  # an operator runs it on a manager (REA
 GUARD_PATH = f"{SOFTWARE_DIR}/gpu-swarm-runtime"  # the agent makes it dockerd's default runtime (daemon.json)
 AGENT_VENV = f"{NODE_DIR}/venv"  # install-gpu-agent.sh creates it (pynvml, prometheus_client); the agent's, the
 # watcher's and the exporter's units run it
+WHEELHOUSE = f"{NODE_DIR}/wheels"  # an image may carry the venv's pinned wheels here (by their PyPI file names):
+# install-agent-venv.sh then installs them without a download. The rehearsal's image does (localswarm/standins)
 CONFIG_DIR = "/etc/gpu-swarm"  # the node's settings
 NODE_ENV_PATH = f"{CONFIG_DIR}/node.env"  # the program writes (see node.env above); steps and units read
 HEALTH_ENV_PATH = f"{CONFIG_DIR}/health.env"  # the program writes (see health.env above); the health units read
@@ -226,6 +228,7 @@ SCRIPT_PATH_VARS = {
     "GPU_SWARM_VERSIONS": NODE_VERSIONS_ENV,
     "GPU_SWARM_NODE_ENV": NODE_ENV_PATH,
     "GPU_SWARM_VENV": AGENT_VENV,
+    "GPU_SWARM_WHEELHOUSE": WHEELHOUSE,
     "DOCKER_DAEMON_JSON": DOCKER_DAEMON_JSON,
 }
 CHECK_IMAGE_VAR = "GPU_SWARM_CHECK_IMAGE"  # build-check-image.sh: the image to build (default CHECK_IMAGE)

@@ -1,40 +1,61 @@
 #!/usr/bin/env bash
 # The GPU agent's venv: NVML's bindings and the metrics exporter's Prometheus client, both pinned
-# in versions.env. A step of its own so that the boot can start it first, in the background
-# (install-agent-venv& in the steps: see bootstrap.sh), since pip needs nothing the steps before
-# the agent make. install-gpu-agent.sh runs it again in the foreground: it waits for the
-# background run, then finds the pins in place, or does the work itself.
+# in versions.env by version, wheel and sha256. A step of its own so that the boot can start it
+# first, in the background (install-agent-venv& in the steps: see bootstrap.sh), since it needs
+# nothing the steps before the agent make. install-gpu-agent.sh runs it again in the foreground:
+# it waits for the background run, then finds the pins in place, or does the work itself.
+#
+# No pip: both pins are pure-Python wheels (py3-none-any, Root-Is-Purelib, no .data folder), and
+# such a wheel is installed by unpacking it into site-packages (PEP 427). pip's own start-up, not
+# the two wheels, was the cost: 1.3-2.0 s of CPU on a 2-core node, against 0.1 s here. It also
+# spares the image python3-venv, which a venv without pip does not need.
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 mkdir -p "$GPU_SWARM_STATE"
 exec 8>"$GPU_SWARM_STATE/agent-venv.lock"
 flock 8  # one run at a time: the foreground one waits for the background one
 want="nvidia-ml-py==$NVIDIA_ML_PY_VERSION prometheus-client==$PROMETHEUS_CLIENT_VERSION"
-have=$("$GPU_SWARM_VENV/bin/python" -c 'from importlib.metadata import version as v
-print("nvidia-ml-py==" + v("nvidia-ml-py"), "prometheus-client==" + v("prometheus-client"))' 2>/dev/null || :)
-[ "$have" != "$want" ] || skip "the venv has $want"
-# The pip wheel python3-venv ships for ensurepip (Debian's and Ubuntu's python3-pip-whl).
-wheels=${GPU_SWARM_PIP_WHEELS:-/usr/share/python-wheels}
-pip_wheel() { compgen -G "$wheels/pip-*.whl" | sort -V | tail -n 1; }
-# pip runs from that wheel, unpacked: the venv needs no pip of its own, and making one (ensurepip
-# installs and byte-compiles pip) took 1.3 of the step's 2.3 CPU seconds. Unpacked, because run from
-# the zip (as ensurepip runs it) Python's zipimport compiles each of the ~370 modules pip imports
-# twice, once to name its file and once to load it: 2.6 of pip's 3.8 s in a profile (Python 3.11;
-# 3.12's and 3.13's zipimport do the same). Unpacked in /run, a tmpfs on every systemd host: its
-# 434 files took 0.65 s to unpack and remove on a slow disk, 0.19 s on tmpfs.
-wheel=$(pip_wheel || :)
-if [ -z "$wheel" ]; then
-  # In the background, the steps beside this one use apt: dpkg's lock is waited for, but
-  # `apt-get update`'s lock on the package lists is not. So python3-venv is installed only in the
-  # foreground (install-gpu-agent.sh's run), and the head start is lost on an image without it.
-  [ -z "${GPU_SWARM_STEP_BACKGROUND:-}" ] || skip "no pip wheel in $wheels: install-gpu-agent installs python3-venv"
-  retry apt_get update
-  apt_install python3-venv
-  wheel=$(pip_wheel) || die "python3-venv is installed, but there is no pip wheel in $wheels"
-fi
-pip_dir=$(mktemp -d "${GPU_SWARM_PIP_UNPACK:-/run}/gpu-swarm-pip.XXXXXX")
-trap 'rm -rf "$pip_dir"' EXIT
-python3 -m zipfile -e "$wheel" "$pip_dir"
-python3 -m venv --without-pip "$GPU_SWARM_VENV"
-# shellcheck disable=SC2086 # two requirements, one word each
-retry env PYTHONPATH="$pip_dir" "$GPU_SWARM_VENV/bin/python" -m pip install -q --disable-pip-version-check $want
+installed() {
+  "$GPU_SWARM_VENV/bin/python" -c 'from importlib.metadata import version as v
+print("nvidia-ml-py==" + v("nvidia-ml-py"), "prometheus-client==" + v("prometheus-client"))' 2>/dev/null || :
+}
+[ "$(installed)" != "$want" ] || skip "the venv has $want"
+tmp=$(mktemp -d "${GPU_SWARM_WHEEL_TMP:-/run}/gpu-swarm-wheels.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+wheels=()
+for pin in "$NVIDIA_ML_PY_WHEEL" "$PROMETHEUS_CLIENT_WHEEL"; do
+  url=${pin%%#sha256=*} sha=${pin##*#sha256=}
+  name=${url##*/}
+  if [ -f "$GPU_SWARM_WHEELHOUSE/$name" ]; then
+    # An image that carries the wheel (a baked AMI, the rehearsal's image) vouches for it as it
+    # does for its Python: no download, and no sha256 to match.
+    log "$name from the image's wheelhouse ($GPU_SWARM_WHEELHOUSE)"
+    wheels+=("$GPU_SWARM_WHEELHOUSE/$name")
+    continue
+  fi
+  retry curl -fsSL -o "$tmp/$name" "$url"
+  echo "$sha  $tmp/$name" | sha256sum -c --quiet - || die "$url does not have the sha256 pinned in versions.env ($sha)"
+  wheels+=("$tmp/$name")
+done
+# Made anew (--clear): a pin bump leaves no file of the old version behind. The units that run
+# from it are restarted by the steps after this one.
+python3 -m venv --without-pip --clear "$GPU_SWARM_VENV"
+"$GPU_SWARM_VENV/bin/python" - "${wheels[@]}" <<'PY' || die "could not install the agent's wheels into $GPU_SWARM_VENV"
+import sys, sysconfig, zipfile
+site = sysconfig.get_path("purelib")
+for path in sys.argv[1:]:
+    with zipfile.ZipFile(path) as wheel:
+        names = wheel.namelist()
+        info = [n for n in names if n.count("/") == 1 and n.endswith(".dist-info/WHEEL")]
+        pure = len(info) == 1 and b"Root-Is-Purelib: true" in wheel.read(info[0])
+        if not pure or any(n.split("/")[0].endswith(".data") for n in names):
+            sys.exit(f"{path}: not a pure-Python wheel, so unpacking it is no install (PEP 427); "
+                     "pin a py3-none-any wheel in versions.env")
+        wheel.extractall(site)
+# Compiled here, as pip compiles what it installs: else the agent, the watcher and the exporter
+# each compile pynvml (270 kB) at their first start, in the boot's foreground.
+import compileall
+sys.exit(0 if compileall.compile_dir(site, quiet=1) else f"could not compile {site}")
+PY
+[ "$(installed)" = "$want" ] || die "the venv has '$(installed)' after installing ${wheels[*]}, not $want"
+log "the venv has $want"

@@ -6,6 +6,7 @@ and /proc by a folder of cgroup files: the same answers a node gives, without a 
 from __future__ import annotations
 
 import importlib.util
+import hashlib
 import json
 import socket
 import subprocess
@@ -413,25 +414,23 @@ def test_the_real_gpu_proof_reads_the_exporters_own_output(node):
 
 
 def test_the_node_images_wheelhouse_gets_prometheus_client_at_the_pin_from_pypi(tmp_path, monkeypatch):
-    """`localswarm program up`'s machines install the node software offline: install-gpu-agent.sh's
-    pip finds prometheus_client at versions.env's pin in the image's wheelhouse, or fails."""
+    """`localswarm program up`'s machines install the node software offline: install-agent-venv.sh finds
+    prometheus_client under the pinned wheel's name in the image's wheelhouse; it is PyPI's wheel, with the
+    pin's sha256, and a cached file without it is refused."""
     from localswarm import node_image, standins
+    from localswarm.host import RehearsalError
     from to_node import software as node_software
     monkeypatch.setattr(node_image, "WHEELS", tmp_path / "wheels")
     assert node_image.pypi_wheels(download=False) is None  # not there: the image counts as not built
     wheels = node_image.pypi_wheels(download=True, progress=lambda _: None)
-    version = node_software.min_versions()["PROMETHEUS_CLIENT_VERSION"]
+    url, _, sha256 = node_software.min_versions()["PROMETHEUS_CLIENT_WHEEL"].partition("#sha256=")
     (path, (data, mode)), = wheels.items()
-    assert path == f"{standins.WHEELHOUSE}/prometheus_client-{version}-py3-none-any.whl" and mode == 0o644
+    assert path == f"{standins.WHEELHOUSE}/{url.rsplit('/', 1)[1]}" and mode == 0o644
+    assert hashlib.sha256(data).hexdigest() == sha256
     assert node_image.pypi_wheels(download=False) == wheels  # kept: no second download
-    house = tmp_path / "house"
-    house.mkdir()
-    (house / Path(path).name).write_bytes(data)
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(house),
-                           "--target", str(tmp_path / "site"), "--disable-pip-version-check",
-                           f"prometheus-client=={version}"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert (tmp_path / "site" / "prometheus_client" / "__init__.py").exists()
+    (tmp_path / "wheels" / Path(path).name).write_bytes(data + b"\0")
+    with pytest.raises(RehearsalError, match="PROMETHEUS_CLIENT_WHEEL's sha256"):
+        node_image.pypi_wheels(download=False)
 
 
 @pytest.mark.parametrize("bench", ["metrics_sample.py", "metrics_budget.py", "gpu_metrics.py"])

@@ -4,11 +4,14 @@ node's paths pointed at a temp dir and fake nvidia-smi/dockerd/systemctl on PATH
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import io
 import json
 import os
 import shutil
 import subprocess
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -76,7 +79,8 @@ class Node:
             "GPU_SWARM_VERSIONS": str(NODE_SRC / "versions.env"), "GPU_SWARM_NODE_ENV": str(self.node_env),
             "GPU_SWARM_STEPS": str(self.steps), "GPU_SWARM_VENV": str(tmp_path / "venv"),
             "DOCKER_DAEMON_JSON": str(self.daemon_json), "FAKE_CALLS": str(self.calls),
-            "GPU_SWARM_UNIT_DIR": str(tmp_path / "units"), "GPU_SWARM_PIP_UNPACK": str(tmp_path / "run"),
+            "GPU_SWARM_UNIT_DIR": str(tmp_path / "units"), "GPU_SWARM_WHEEL_TMP": str(tmp_path / "run"),
+            "GPU_SWARM_WHEELHOUSE": str(tmp_path / "wheelhouse"),
         }
         self.env.pop("STEP_STATUS_FILE", None)
 
@@ -177,9 +181,9 @@ def test_runner_refuses_unknown_steps_before_running_any(node):
 def test_runner_runs_a_background_step_beside_the_steps_after_it_and_waits_for_it(node):
     """head& waits for a file that the next step makes: run in order, it could never finish."""
     go, ended = node.root / "go", node.root / "head-ended"
-    node.step("head", f'echo "background=${{GPU_SWARM_STEP_BACKGROUND:-}}"; for _ in $(seq 100); do '
+    node.step("head", f'for _ in $(seq 100); do '
                       f'[ -e "{go}" ] && break; sleep 0.05; done; [ -e "{go}" ]; sleep 0.3; touch "{ended}"')
-    node.step("next", f'echo "background=${{GPU_SWARM_STEP_BACKGROUND:-}}"; touch "{go}"')
+    node.step("next", f'touch "{go}"')
 
     result = node.bootstrap("head&", "next")
 
@@ -188,8 +192,6 @@ def test_runner_runs_a_background_step_beside_the_steps_after_it_and_waits_for_i
     assert list(node.timings()) == ["head", "next"]  # the command line's order, whatever ended first
     assert node.statuses() == {"head": "done", "next": "done"}
     assert node.timings()["head"]["seconds"] >= 0.3
-    log = node.log.read_text()
-    assert "background=1" in log and "background=\n" in log  # the step knows where it runs
 
 
 def test_runner_records_a_failed_background_step_and_goes_on(node):
@@ -470,92 +472,146 @@ fi""")
     assert calls[-2:] == ["systemctl list-jobs --no-legend docker.service", "systemctl daemon-reload"]  # bootstrap's
 
 
-def test_gpu_agent_step_installs_the_pinned_nvml_bindings(node):
-    """Another version (an AMI's, or last release's pin) is replaced by the pinned one."""
-    node.real_step("install-gpu-agent")
-    venv = node.root / "venv"
-    # The venv's Python: the old pins when asked, and what pip runs with, from which wheel.
-    node.write(venv / "bin" / "python", '#!/bin/sh\nif [ "$1" = -m ]; then echo "venv $PYTHONPATH $*" >>"$FAKE_CALLS"; '
-               f'else echo nvidia-ml-py==12.535.77 prometheus-client=={PINNED_PROMETHEUS}; fi\n')
-    wheels = node.root / "wheels"
-    for version in ("9.0.1", "25.1.1"):  # the newest is taken
-        node.write(wheels / f"pip-{version}-py3-none-any.whl", "")
-    node.fake("python3", "exit 0")
-    node.fake("systemctl", "exit 0")
-    result = node.bootstrap("install-gpu-agent", GPU_SWARM_PIP_WHEELS=str(wheels))
-    assert result.returncode == 0, node.log.read_text()
-    assert f"python3 -m venv --without-pip {venv}" in node.called()
-    assert ran_pip_from(node, wheels / "pip-25.1.1-py3-none-any.whl"), node.called()
+def wheel(dist: str, version: str, *, module: str, purelib: bool = True, extra: dict | None = None) -> bytes:
+    """A real wheel of one module, as setuptools writes one: the module, and its .dist-info."""
+    info = f"{dist.replace('-', '_')}-{version}.dist-info"
+    files = {module: b"LOADED = True\n", f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n".encode(),
+             f"{info}/WHEEL": f"Wheel-Version: 1.0\nRoot-Is-Purelib: {str(purelib).lower()}\nTag: py3-none-any\n".encode(),
+             **(extra or {})}
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"]).encode()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as whl:
+        for name, data in files.items():
+            whl.writestr(name, data)
+    return buf.getvalue()
 
 
-def ran_pip_from(node, wheel: Path) -> bool:
-    """pip ran from `wheel` unpacked (python3 -m zipfile -e), into the pinned versions, and the unpacked
-    copy is gone afterwards."""
-    calls = node.called()
-    unpacked = [c.split()[-1] for c in calls if c.startswith(f"python3 -m zipfile -e {wheel} ")]
-    return (len(unpacked) == 1 and unpacked[0].startswith(f"{node.root}/run/gpu-swarm-pip.") and
-            f"venv {unpacked[0]} -m pip install -q --disable-pip-version-check {PINNED}" in calls and
-            calls.index(f"python3 -m zipfile -e {wheel} {unpacked[0]}") < calls.index(
-                f"python3 -m venv --without-pip {node.root / 'venv'}") and not Path(unpacked[0]).exists())
+AGENT_WHEELS = {  # versions.env's prefix -> the distribution and the module its wheel installs
+    "NVIDIA_ML_PY": ("nvidia-ml-py", "pynvml.py"), "PROMETHEUS_CLIENT": ("prometheus-client", "prometheus_client/__init__.py")}
 
 
-def without_pip_wheel(node) -> Path:
-    """An image without python3-venv: no pip wheel until apt installs the package. Returns where
-    the wheel appears; the venv's python records each pip run in the calls."""
-    wheels = node.root / "wheels"
-    node.fake("apt-get", f'if [ "$*" != update ]; then mkdir -p {wheels} && : >{wheels}/pip-24.0-py3-none-any.whl; fi')
-    node.fake("python3", "exit 0")
-    node.fake("systemctl", "exit 0")
-    node.write(node.root / "venv" / "bin" / "python", '#!/bin/sh\n[ "$1" = -m ] && echo "venv $PYTHONPATH $*" >>"$FAKE_CALLS"\n')
-    return wheels
+def pinned_wheels(**versions: str) -> dict[str, bytes]:
+    """versions.env's wheel file name -> a real wheel of that distribution at that version (the pin unless given)."""
+    pins = node_software.min_versions()
+    return {pins[f"{prefix}_WHEEL"].partition("#")[0].rsplit("/", 1)[1]:
+            wheel(dist, versions.get(prefix, pins[f"{prefix}_VERSION"]), module=module)
+            for prefix, (dist, module) in AGENT_WHEELS.items()}
 
 
-def test_gpu_agent_step_installs_python3_venv_for_its_pip_wheel(node):
-    """An AMI without python3-venv has no pip wheel: the step installs the package, then uses its wheel."""
-    node.real_step("install-gpu-agent")
-    wheels = without_pip_wheel(node)
-    assert node.bootstrap("install-gpu-agent", GPU_SWARM_PIP_WHEELS=str(wheels)).returncode == 0, node.log.read_text()
-    calls = node.called()
-    assert any(c.startswith("apt-get") and "python3-venv" in c for c in calls), calls
-    assert ran_pip_from(node, wheels / "pip-24.0-py3-none-any.whl"), calls
+def venv_has(node) -> str:
+    """What the venv's own Python says is installed, as the step asks it."""
+    return subprocess.run([str(node.root / "venv" / "bin" / "python"), "-c",
+                           "from importlib.metadata import version as v; import pynvml, prometheus_client; "
+                           "print(f'nvidia-ml-py=={v(\"nvidia-ml-py\")} prometheus-client=={v(\"prometheus-client\")}')"],
+                          capture_output=True, text=True).stdout.strip()
 
 
-def test_agent_venv_in_the_background_leaves_apt_to_the_agent_step(node):
-    """Beside install-docker's apt, `apt-get update` would meet the package lists' lock, which apt
-    does not wait for: without a pip wheel, the background run skips, and the agent step installs
-    python3-venv in the foreground."""
+def serve_wheels(node, served: dict[str, bytes], *, delay: float = 0) -> Path:
+    """curl, as `curl -fsSL -o FILE URL` runs: FILE gets the served wheel of URL's file name, or curl exits
+    22 as for an HTTP 404. Returns a versions.env whose wheel pins are those URLs, with the served bytes' sha256."""
+    folder = node.root / "pypi"
+    for name, data in served.items():
+        node.write(folder / name, "")
+        (folder / name).write_bytes(data)
+    node.fake("curl", f'sleep {delay}; out=$3 url=$4; [ -f "{folder}/${{url##*/}}" ] || exit 22; cp "{folder}/${{url##*/}}" "$out"')
+    text = (NODE_SRC / "versions.env").read_text()
+    for prefix in AGENT_WHEELS:
+        pin = node_software.min_versions()[f"{prefix}_WHEEL"]
+        name = pin.partition("#")[0].rsplit("/", 1)[1]
+        sha = hashlib.sha256(served.get(name, b"")).hexdigest()
+        text = text.replace(pin, f"https://files.pythonhosted.org/packages/aa/bb/cc/{name}#sha256={sha}")
+    versions = node.root / "versions.env"
+    versions.write_text(text)
+    return versions
+
+
+def test_agent_venv_installs_the_images_wheels_without_pip_or_a_download(node):
+    """An image that carries the pinned wheels (the rehearsal's): unpacked into a new venv, no curl, no apt,
+    and no pip: the venv's Python finds both at their pins, and the step's scratch folder is gone."""
     node.real_step("install-agent-venv")
-    node.real_step("install-gpu-agent")
-    wheels = without_pip_wheel(node)
-    # In a boot, steps stand between the two: here one that waits until the background run has skipped.
-    node.step("between", f'for _ in $(seq 500); do grep -q "no pip wheel" "{node.log}" && exit 0; sleep 0.02; done; exit 1')
-    result = node.bootstrap("install-agent-venv&", "between", "install-gpu-agent", GPU_SWARM_PIP_WHEELS=str(wheels))
+    for name, data in pinned_wheels().items():
+        node.write(node.root / "wheelhouse" / name, "")
+        (node.root / "wheelhouse" / name).write_bytes(data)
+    for tool in ("curl", "apt-get", "pip"):
+        node.fake(tool, "exit 1")
+    assert node.bootstrap("install-agent-venv").returncode == 0, node.log.read_text()
+    assert node.statuses() == {"install-agent-venv": "done"}
+    # Compiled by the step, as pip compiles, not by the units' first imports (asked before any import here).
+    assert list((node.root / "venv").glob("lib/python3*/site-packages/__pycache__/pynvml.cpython-*.pyc"))
+    assert venv_has(node) == PINNED
+    assert node.called() == []
+    assert not (node.root / "venv" / "bin" / "pip").exists()
+    assert list((node.root / "run").iterdir()) == []
+    assert "from the image's wheelhouse" in node.log.read_text()
+
+
+def test_agent_venv_downloads_each_pinned_wheel_and_checks_its_sha256(node):
+    """No wheelhouse (the Deep Learning AMI, plain Ubuntu): each wheel from its pinned URL, checked, then unpacked."""
+    node.real_step("install-agent-venv")
+    versions = serve_wheels(node, pinned_wheels())
+    result = node.bootstrap("install-agent-venv", GPU_SWARM_VERSIONS=str(versions))
     assert result.returncode == 0, node.log.read_text()
-    assert node.statuses() == {"install-agent-venv": "skipped", "between": "done", "install-gpu-agent": "done"}
-    calls = node.called()
-    apt = [c for c in calls if c.startswith("apt-get")]
-    assert len(apt) == 2 and apt[0].endswith(" update") and "python3-venv" in apt[1], calls  # the agent step's
-    assert ran_pip_from(node, wheels / "pip-24.0-py3-none-any.whl"), calls
+    assert venv_has(node) == PINNED
+    calls = [c.split() for c in node.called()]
+    assert [c[-1] for c in calls] == [f"https://files.pythonhosted.org/packages/aa/bb/cc/{name}" for name in pinned_wheels()]
+    assert all(c[:3] == ["curl", "-fsSL", "-o"] and c[3].startswith(f"{node.root}/run/gpu-swarm-wheels.") for c in calls)
+    assert list((node.root / "run").iterdir()) == []
 
 
-def test_agent_step_waits_for_the_background_venv_and_runs_no_second_pip(node):
-    """The background run holds the venv's lock while pip runs; the agent step then finds the pins."""
+def test_agent_venv_refuses_a_download_whose_sha256_is_not_the_pinned_one(node):
+    node.real_step("install-agent-venv")
+    versions = serve_wheels(node, pinned_wheels())
+    served = node.root / "pypi" / next(iter(pinned_wheels()))
+    served.write_bytes(pinned_wheels(NVIDIA_ML_PY="99.0.0")[served.name])  # another wheel under the pinned name
+    assert node.bootstrap("install-agent-venv", GPU_SWARM_VERSIONS=str(versions)).returncode == 1
+    assert node.statuses() == {"install-agent-venv": "failed"}
+    assert f"/{served.name} does not have the sha256 pinned in versions.env" in node.log.read_text()
+    assert not (node.root / "venv").exists()  # nothing made from it
+
+
+def test_agent_venv_replaces_another_version_and_leaves_no_file_of_it(node):
+    """Last release's pin (or an AMI's venv): the venv is made anew with the pins, nothing of the old one left."""
+    node.real_step("install-agent-venv")
+    subprocess.run(["python3", "-m", "venv", "--without-pip", str(node.root / "venv")], check=True)
+    old = wheel("nvidia-ml-py", "12.535.77", module="pynvml.py", extra={"pynvml_old_only.py": b""})
+    site = subprocess.run([str(node.root / "venv" / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    zipfile.ZipFile(io.BytesIO(old)).extractall(site)
+    for name, data in pinned_wheels().items():
+        node.write(node.root / "wheelhouse" / name, "")
+        (node.root / "wheelhouse" / name).write_bytes(data)
+    assert node.bootstrap("install-agent-venv").returncode == 0, node.log.read_text()
+    assert venv_has(node) == PINNED
+    assert not Path(site, "pynvml_old_only.py").exists() and not Path(site, "nvidia_ml_py-12.535.77.dist-info").exists()
+
+
+def test_agent_venv_refuses_a_wheel_that_unpacking_would_not_install(node):
+    """A pin bumped to a wheel with compiled parts (Root-Is-Purelib: false) or a .data folder: unpacked, it
+    would be half installed, so the step fails and says what to pin."""
+    node.real_step("install-agent-venv")
+    wheels = pinned_wheels()
+    name = next(iter(wheels))
+    wheels[name] = wheel("nvidia-ml-py", PINNED_NVML, module="pynvml.py", purelib=False)
+    for file, data in wheels.items():
+        node.write(node.root / "wheelhouse" / file, "")
+        (node.root / "wheelhouse" / file).write_bytes(data)
+    assert node.bootstrap("install-agent-venv").returncode == 1
+    assert f"{name}: not a pure-Python wheel" in node.log.read_text()
+
+
+def test_agent_step_waits_for_the_background_venv_and_downloads_nothing_again(node):
+    """The background run holds the venv's lock while it downloads; the agent step then finds the pins."""
     node.real_step("install-gpu-agent")
-    venv, installed = node.root / "venv", node.root / "installed"
-    wheels = node.root / "wheels"
-    node.write(wheels / "pip-25.1.1-py3-none-any.whl", "")
-    # pip takes 0.5 s, then the venv has the pins.
-    node.write(venv / "bin" / "python", f'#!/bin/sh\nif [ "$1" = -m ]; then echo "pip" >>"$FAKE_CALLS"; sleep 0.5; '
-               f'touch {installed}; elif [ -e {installed} ]; then echo {PINNED}; fi\n')
-    node.fake("python3", "exit 0")
+    versions = serve_wheels(node, pinned_wheels(), delay=0.3)
     node.fake("systemctl", "exit 0")
-    # In a boot, steps stand between the two: here one that waits until the background pip runs.
-    node.step("between", f'for _ in $(seq 500); do grep -qx pip "{node.calls}" 2>/dev/null && exit 0; sleep 0.02; done; exit 1')
-    result = node.bootstrap("install-agent-venv&", "between", "install-gpu-agent", GPU_SWARM_PIP_WHEELS=str(wheels))
+    # In a boot, steps stand between the two: here one that waits until the background run downloads.
+    node.step("between", f'for _ in $(seq 500); do grep -q "^curl" "{node.calls}" 2>/dev/null && exit 0; sleep 0.02; done; exit 1')
+    result = node.bootstrap("install-agent-venv&", "between", "install-gpu-agent", GPU_SWARM_VERSIONS=str(versions))
     assert result.returncode == 0, node.log.read_text()
-    assert node.called().count("pip") == 1
+    assert len([c for c in node.called() if c.startswith("curl")]) == 2  # one per wheel, once
     assert node.statuses() == {"install-agent-venv": "done", "between": "done", "install-gpu-agent": "done"}
     assert "skipped: the venv has" in node.log.read_text()  # the agent step's run found it made
+    assert venv_has(node) == PINNED
 
 
 def test_gpu_agent_step_fails_loudly_with_the_agents_journal(node):

@@ -15,11 +15,13 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from swarm import node_contract
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 LIB = "/usr/lib/gpu-swarm-rehearsal"  # the stand-ins' own folder in the image; nothing of node/ writes there
 HARDWARE_FILE = f"{LIB}/hardware.json"
-WHEELHOUSE = f"{LIB}/wheelhouse"
+WHEELHOUSE = node_contract.WHEELHOUSE  # the image carries the venv's wheels, as a baked AMI may (no index here)
 
 
 @dataclass(frozen=True)
@@ -36,8 +38,8 @@ class Standin:
 STANDINS = (
     Standin("NVML: pynvml, as the wheel nvidia-ml-py at node/versions.env's pin",
             "no driver here: NVML answers from the hardware file, so the GPU agent and the health watcher run "
-            "unchanged in NVML mode; install-gpu-agent.sh's `pip install nvidia-ml-py==<pin>` gets it from the "
-            "image's wheelhouse (/etc/pip.conf: no index)",
+            "unchanged in NVML mode; install-agent-venv.sh finds it under the pinned wheel's file name in the image's "
+            "wheelhouse (node/contract.py's WHEELHOUSE), which spares it the download",
             files=("pynvml.py",)),
     Standin("nvidia-smi",
             "the driver's tool, which the node scripts and the agent's fallback ask: lists the hardware file's GPUs "
@@ -120,9 +122,6 @@ def image_files() -> dict[str, tuple[bytes, int]]:
             files[path] = ((HERE / name).read_bytes(), 0o644)
     wheel, data = nvml_wheel()
     files[f"{WHEELHOUSE}/{wheel}"] = (data, 0o644)
-    files["/etc/pip.conf"] = (f"# gpu-swarm rehearsal: no package index is reachable; the only wheels are the\n"
-                              f"# stand-ins' (localswarm/standins).\n[global]\nno-index = true\n"
-                              f"find-links = {WHEELHOUSE}\n").encode(), 0o644
     return files
 
 
