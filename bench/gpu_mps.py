@@ -66,17 +66,15 @@ sys.path.insert(0, str(REPO / "node"))
 import guard_files  # noqa: E402  (the guard's own test of an MPS daemon)
 from swarm.node_contract import GPU_SHARING_LABEL, MPS_DIR, MPS_RELAY_LOG, RUNTIME_ENV_PATH  # noqa: E402
 
-ROOT = ENGINE.root
-
 
 def agent(out: Path, name: str, *extra: str) -> dict:
-    cmd = [sys.executable, str(REPO / "node" / "gpu_agent.py"), "--json", "--daemon-json", str(ROOT / "daemon.json"),
+    cmd = [sys.executable, str(REPO / "node" / "gpu_agent.py"), "--json", "--daemon-json", str(ENGINE.root / "daemon.json"),
            "--runtime-config", RUNTIME_ENV_PATH, "--guard", str(REPO / "node" / "gpu-swarm-runtime"),
            "--runtime-delegate", shutil.which("nvidia-container-runtime") or "/usr/bin/nvidia-container-runtime",
            *extra]
     report = json.loads(run(cmd).stdout)
     (out / f"agent-{name}.json").write_text(json.dumps(report, indent=2))
-    shutil.copy(ROOT / "daemon.json", out / f"daemon-{name}.json")
+    shutil.copy(ENGINE.root / "daemon.json", out / f"daemon-{name}.json")
     shutil.copy(RUNTIME_ENV_PATH, out / f"runtime-{name}.env")
     return report
 
@@ -245,7 +243,7 @@ def main() -> int:
     server = None
     try:
         report = agent(out, "whole")
-        daemon = json.loads((ROOT / "daemon.json").read_text())
+        daemon = json.loads((ENGINE.root / "daemon.json").read_text())
         check("the agent advertises every GPU and makes the guard the default runtime, as on a node",
               sorted(report["resources"]) == sorted(f"{KIND}={g}" for g in gpus) and daemon["runtimes"]["gpu-swarm"] == {
                   "path": str(REPO / "node" / "gpu-swarm-runtime")}, "no runtimeArgs: no /bin/sh wrapper")

@@ -14,7 +14,7 @@ from localswarm.host import REPO, RehearsalError, find_engine
 from localswarm.nodes import Node, docker, run_script
 from localswarm.registry import STANDIN_IMAGE
 from localswarm.state import find_node, nodes_of, require_state
-from node.contract import DOCKER_TASK_ID
+from swarm.node_contract import DOCKER_TASK_ID
 from swarm.script import RETRY_TRANSIENT_SWARM_ERRORS, script
 
 KIND = "NVIDIA-GPU"

@@ -30,7 +30,7 @@ import pytest
 from localswarm import api, engine, machines, network, nspawn, object_store, program, ssh
 from localswarm.fake_aws import CUSTOM_AMI, CUSTOM_AMI_NEXT
 from localswarm.local_cloud import EC2_SUBNET
-from node.contract import MONITORING_STACK, MPS_DIR
+from swarm.node_contract import MONITORING_STACK, MPS_DIR
 from tests.rehearsal_tools import cli, cli_json, require_engine, tasks_of
 
 pytestmark = pytest.mark.integration
