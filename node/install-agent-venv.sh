@@ -7,8 +7,10 @@
 #
 # No pip: both pins are pure-Python wheels (py3-none-any, Root-Is-Purelib, no .data folder), and
 # such a wheel is installed by unpacking it into site-packages (PEP 427). pip's own start-up, not
-# the two wheels, was the cost: 1.3-2.0 s of CPU on a 2-core node, against 0.1 s here. It also
-# spares the image python3-venv, which a venv without pip does not need.
+# the two wheels, was the cost: pip took 1.3-2.0 s a run in a rehearsal GPU node, where this whole
+# step, compile included, takes 0.7 s of CPU on the project's 2-core VM, and 0.3 s on a GPU
+# machine (bench/results/agent-venv-2xH200). It also spares the image python3-venv, which a venv
+# without pip does not need.
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 mkdir -p "$GPU_SWARM_STATE"
