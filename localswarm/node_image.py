@@ -27,7 +27,7 @@ from pathlib import Path
 
 from localswarm import object_store, standins
 from localswarm.host import SETUP_HINT, RehearsalError, run
-from to_node.software import min_versions
+from to_node.software import min_versions, pinned_wheel
 from localswarm.network import BRIDGE_ADDR
 
 CACHE = Path(os.environ.get("GPU_SWARM_IMAGE_CACHE", "/var/cache/gpu-swarm/node-image"))
@@ -109,8 +109,8 @@ def pypi_wheels(download: bool, progress=print) -> dict[str, tuple[bytes, int]] 
     PyPI once, into CACHE, and checked against the pin's sha256 as a node checks it; None when it is
     not there and download is False."""
     version = min_versions()["PROMETHEUS_CLIENT_VERSION"]
-    url, _, sha256 = min_versions()["PROMETHEUS_CLIENT_WHEEL"].partition("#sha256=")
-    wheel = WHEELS / url.rsplit("/", 1)[1]
+    _, name, sha256 = pinned_wheel("PROMETHEUS_CLIENT")
+    wheel = WHEELS / name
     if not wheel.exists():
         if not download:
             return None

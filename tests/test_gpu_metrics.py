@@ -423,9 +423,9 @@ def test_the_node_images_wheelhouse_gets_prometheus_client_at_the_pin_from_pypi(
     monkeypatch.setattr(node_image, "WHEELS", tmp_path / "wheels")
     assert node_image.pypi_wheels(download=False) is None  # not there: the image counts as not built
     wheels = node_image.pypi_wheels(download=True, progress=lambda _: None)
-    url, _, sha256 = node_software.min_versions()["PROMETHEUS_CLIENT_WHEEL"].partition("#sha256=")
+    _, name, sha256 = node_software.pinned_wheel("PROMETHEUS_CLIENT")
     (path, (data, mode)), = wheels.items()
-    assert path == f"{standins.WHEELHOUSE}/{url.rsplit('/', 1)[1]}" and mode == 0o644
+    assert path == f"{standins.WHEELHOUSE}/{name}" and mode == 0o644
     assert hashlib.sha256(data).hexdigest() == sha256
     assert node_image.pypi_wheels(download=False) == wheels  # kept: no second download
     (tmp_path / "wheels" / Path(path).name).write_bytes(data + b"\0")

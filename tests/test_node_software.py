@@ -253,7 +253,7 @@ def test_each_agent_wheel_pin_is_its_versions_pure_python_wheel_on_pypi_with_a_s
     """install-agent-venv.sh downloads <PREFIX>_WHEEL and unpacks it: it must be the pinned version's
     py3-none-any wheel (what unpacking installs, PEP 427), from PyPI over https, with the hash to check."""
     versions = node_software.min_versions()
-    url, _, sha = versions[f"{prefix}_WHEEL"].partition("#sha256=")
+    url, name, sha = node_software.pinned_wheel(prefix)
     assert url.startswith("https://files.pythonhosted.org/packages/"), url
-    assert url.rsplit("/", 1)[1] == f"{dist}-{versions[f'{prefix}_VERSION']}-py3-none-any.whl", url
+    assert name == f"{dist}-{versions[f'{prefix}_VERSION']}-py3-none-any.whl", url
     assert re.fullmatch(r"[0-9a-f]{64}", sha), versions[f"{prefix}_WHEEL"]

@@ -493,9 +493,14 @@ AGENT_WHEELS = {  # versions.env's prefix -> the distribution and the module its
 def pinned_wheels(**versions: str) -> dict[str, bytes]:
     """versions.env's wheel file name -> a real wheel of that distribution at that version (the pin unless given)."""
     pins = node_software.min_versions()
-    return {pins[f"{prefix}_WHEEL"].partition("#")[0].rsplit("/", 1)[1]:
-            wheel(dist, versions.get(prefix, pins[f"{prefix}_VERSION"]), module=module)
+    return {node_software.pinned_wheel(prefix)[1]: wheel(dist, versions.get(prefix, pins[f"{prefix}_VERSION"]), module=module)
             for prefix, (dist, module) in AGENT_WHEELS.items()}
+
+
+def put(folder: Path, files: dict[str, bytes]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
 
 
 def venv_has(node) -> str:
@@ -510,16 +515,13 @@ def serve_wheels(node, served: dict[str, bytes], *, delay: float = 0) -> Path:
     """curl, as `curl -fsSL -o FILE URL` runs: FILE gets the served wheel of URL's file name, or curl exits
     22 as for an HTTP 404. Returns a versions.env whose wheel pins are those URLs, with the served bytes' sha256."""
     folder = node.root / "pypi"
-    for name, data in served.items():
-        node.write(folder / name, "")
-        (folder / name).write_bytes(data)
+    put(folder, served)
     node.fake("curl", f'sleep {delay}; out=$3 url=$4; [ -f "{folder}/${{url##*/}}" ] || exit 22; cp "{folder}/${{url##*/}}" "$out"')
     text = (NODE_SRC / "versions.env").read_text()
     for prefix in AGENT_WHEELS:
-        pin = node_software.min_versions()[f"{prefix}_WHEEL"]
-        name = pin.partition("#")[0].rsplit("/", 1)[1]
+        url, name, pinned = node_software.pinned_wheel(prefix)
         sha = hashlib.sha256(served.get(name, b"")).hexdigest()
-        text = text.replace(pin, f"https://files.pythonhosted.org/packages/aa/bb/cc/{name}#sha256={sha}")
+        text = text.replace(f"{url}#sha256={pinned}", f"https://files.pythonhosted.org/packages/aa/bb/cc/{name}#sha256={sha}")
     versions = node.root / "versions.env"
     versions.write_text(text)
     return versions
@@ -529,9 +531,7 @@ def test_agent_venv_installs_the_images_wheels_without_pip_or_a_download(node):
     """An image that carries the pinned wheels (the rehearsal's): unpacked into a new venv, no curl, no apt,
     and no pip: the venv's Python finds both at their pins, and the step's scratch folder is gone."""
     node.real_step("install-agent-venv")
-    for name, data in pinned_wheels().items():
-        node.write(node.root / "wheelhouse" / name, "")
-        (node.root / "wheelhouse" / name).write_bytes(data)
+    put(node.root / "wheelhouse", pinned_wheels())
     for tool in ("curl", "apt-get", "pip"):
         node.fake(tool, "exit 1")
     assert node.bootstrap("install-agent-venv").returncode == 0, node.log.read_text()
@@ -577,9 +577,7 @@ def test_agent_venv_replaces_another_version_and_leaves_no_file_of_it(node):
     site = subprocess.run([str(node.root / "venv" / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                           capture_output=True, text=True, check=True).stdout.strip()
     zipfile.ZipFile(io.BytesIO(old)).extractall(site)
-    for name, data in pinned_wheels().items():
-        node.write(node.root / "wheelhouse" / name, "")
-        (node.root / "wheelhouse" / name).write_bytes(data)
+    put(node.root / "wheelhouse", pinned_wheels())
     assert node.bootstrap("install-agent-venv").returncode == 0, node.log.read_text()
     assert venv_has(node) == PINNED
     assert not Path(site, "pynvml_old_only.py").exists() and not Path(site, "nvidia_ml_py-12.535.77.dist-info").exists()
@@ -592,9 +590,7 @@ def test_agent_venv_refuses_a_wheel_that_unpacking_would_not_install(node):
     wheels = pinned_wheels()
     name = next(iter(wheels))
     wheels[name] = wheel("nvidia-ml-py", PINNED_NVML, module="pynvml.py", purelib=False)
-    for file, data in wheels.items():
-        node.write(node.root / "wheelhouse" / file, "")
-        (node.root / "wheelhouse" / file).write_bytes(data)
+    put(node.root / "wheelhouse", wheels)
     assert node.bootstrap("install-agent-venv").returncode == 1
     assert f"{name}: not a pure-Python wheel" in node.log.read_text()
 

@@ -67,8 +67,7 @@ def test_every_standin_says_why_and_ships_files_that_exist():
             assert (standins.REPO / "node" / name).is_file(), name
         assert set(standin.commands) <= set(standin.files)
     files = standins.image_files()
-    nvml = node_software.min_versions()["NVIDIA_ML_PY_WHEEL"].partition("#")[0].rsplit("/", 1)[1]
-    assert f"{standins.WHEELHOUSE}/{nvml}" in files  # under the pinned wheel's name, where install-agent-venv.sh looks
+    assert f"{standins.WHEELHOUSE}/{node_software.pinned_wheel('NVIDIA_ML_PY')[1]}" in files  # under the pinned wheel's name, where install-agent-venv.sh looks
     assert "/etc/pip.conf" not in files  # no pip runs on a node
     assert set(standins.image_links()) == {"/usr/bin/nvidia-smi", "/usr/bin/nvidia-ctk", "/usr/bin/nv-fabricmanager",
                                            "/usr/bin/nvidia-container-runtime", "/usr/bin/nvidia-cuda-mps-control"}

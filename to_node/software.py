@@ -123,6 +123,13 @@ def min_versions() -> dict[str, str]:
     return versions
 
 
+def pinned_wheel(prefix: str) -> tuple[str, str, str]:
+    """versions.env's <prefix>_WHEEL (`URL#sha256=HEX`, as PyPI's simple index writes it), as (URL, file name,
+    sha256): what install-agent-venv.sh downloads and checks, or finds in an image's wheelhouse by that name."""
+    url, _, sha256 = min_versions()[f"{prefix}_WHEEL"].partition("#sha256=")
+    return url, url.rsplit("/", 1)[1], sha256
+
+
 def _instance_family(instance_type: str) -> tuple[str, str]:
     if not isinstance(instance_type, str) or not _INSTANCE_TYPE_RE.fullmatch(instance_type):
         raise ValueError(f"instance_type: expected an EC2 instance type such as 'g5.xlarge', "
