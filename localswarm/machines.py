@@ -149,6 +149,11 @@ def launch(name: str, index: int, *, user_data: str, meta_data: dict, gpus: list
         _write(seed / "user-data", user_data, 0o600)
         _write(m.disk / "etc/hosts", etc_hosts(m, hostname, hosts or {}))
         _write(m.disk / standins.HARDWARE_FILE.lstrip("/"), _hardware_json(gpus))
+        # That file gave the disk a /usr of its own, dated now. Dated as the image's, /usr is unchanged
+        # since the image was baked, as on an instance's first boot: systemd runs no ConditionNeedsUpdate
+        # unit (node_image writes /etc/.updated and /var/.updated).
+        usr = next(p for p in (image.layer / "usr", image.base / "usr") if p.is_dir()).stat()
+        os.utime(m.disk / "usr", ns=(usr.st_atime_ns, usr.st_mtime_ns))
         start(m)
     except BaseException:
         terminate(m)

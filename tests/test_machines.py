@@ -149,6 +149,12 @@ def test_machines_boot_through_cloud_init_with_the_ami_defaults(fleet):
         assert "sudo" in on(m, "id -nG ubuntu").split()
         assert on(m, "systemctl is-active docker containerd ssh nvidia-fabricmanager").split() == ["active"] * 4
         assert on(m, "systemctl is-enabled apt-daily.timer apt-daily-upgrade.timer || true").split() == ["masked"] * 2
+        # A baked AMI's first boot: /etc and /var up to date with /usr (its hardware file changes no date
+        # of /usr), so no ConditionNeedsUpdate unit runs; and a locale that cloud-init need not generate.
+        needs_update = "ldconfig systemd-sysusers systemd-journal-catalog-update systemd-update-done"
+        assert on(m, f"systemctl show -P ConditionResult {needs_update}").split() == ["no"] * 4
+        assert on(m, "cat /etc/default/locale") == "LANG=C.UTF-8\n"
+        assert "update-locale" not in on(m, "cat /var/log/cloud-init.log")
     assert on(a, "cat /etc/machine-id") != on(b, "cat /etc/machine-id")
     assert on(a, "cat /etc/ssh/ssh_host_ed25519_key.pub") != on(b, "cat /etc/ssh/ssh_host_ed25519_key.pub")
     # A lookup fails at once: nothing answers DNS, and no machine waits on a resolver.

@@ -31,6 +31,7 @@ def test_the_ami_configuration(ca):
     assert daemon["log-opts"] == {"max-size": "1m"} and daemon["shutdown-timeout"] == 3
     assert f"nameserver {BRIDGE_ADDR}" in files["/etc/resolv.conf"][0].decode()
     assert files["/etc/machine-id"][0] == b""
+    assert files["/etc/locale.conf"][0] == b"LANG=C.UTF-8\n"  # as Ubuntu's cloud images set it
     assert files["/usr/local/share/ca-certificates/gpu-swarm-rehearsal-ca.crt"][0] == ca.read_bytes()
     assert set(standins.image_files()) <= set(files)
     assert {"apt-daily.timer", "apt-daily-upgrade.timer"} <= set(node_image.MASKED)
