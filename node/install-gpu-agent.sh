@@ -7,7 +7,7 @@ here=$(dirname "${BASH_SOURCE[0]}")
 # The venv: done already when the boot's background run of install-agent-venv got there first
 # (it waits for that run). Not a step's status of its own here: this step installs the units.
 STEP_STATUS_FILE="" bash "$here/install-agent-venv.sh" || die "the agent's venv could not be made (install-agent-venv.sh)"
-install -m 0644 "$here/gpu-swarm-agent.service" "$GPU_SWARM_UNIT_DIR/gpu-swarm-agent.service"
+install_unit "$here/gpu-swarm-agent.service"
 run_unit gpu-swarm-agent.service start
 # The runtime guard's server (guard_server.py): restarted, so new node software runs at once.
 install_service gpu-swarm-guard.service

@@ -107,7 +107,7 @@ def test_the_step_installs_enables_and_starts_the_unit_that_runs_the_script_at_e
     node.real_step("secure-imds")
     node.fake("systemctl", "exit 0")
     assert node.bootstrap("secure-imds").returncode == 0, node.log.read_text()
-    assert node.called() == [f"systemctl show -p LoadState -p NeedDaemonReload {contract.IMDS_UNIT}",
+    assert node.called() == [f"systemctl show -p LoadState --value {contract.IMDS_UNIT}",
                              "systemctl daemon-reload", f"systemctl restart {contract.IMDS_UNIT}",
                              f"systemctl enable --no-reload {contract.IMDS_UNIT}", "systemctl daemon-reload"]
     unit = (node.root / "units" / contract.IMDS_UNIT).read_text()

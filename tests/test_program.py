@@ -82,6 +82,11 @@ def test_every_node_booted_its_user_data_with_cloud_init_and_reports_its_steps(f
         assert status["status"] == "done", m.name
         installed = machines.run(m, ["cat", f"{node_software.SOFTWARE_DIR}/.bundle"]).stdout.strip()
         assert installed == first["outputs"]["nodeSoftware"]["bundleSha256"], m.name
+        # Real systemd: the boot's new units start without a reload each, and one reload at the end
+        # reads the enables' links (node/common.sh install_unit, bootstrap.sh reload_once).
+        journal = machines.run(m, ["journalctl", "-b", "-o", "cat", "_PID=1"]).stdout.splitlines()
+        reloads = [line for line in journal if line.startswith("Reload requested") and "cloud-init" in line]
+        assert len(reloads) == 1, (m.name, reloads)
 
 
 def test_a_second_up_with_nothing_changed_runs_only_the_health_read(first):

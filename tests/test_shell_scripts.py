@@ -233,7 +233,7 @@ def test_runner_reloads_systemd_once_for_the_units_its_steps_enabled(node, last,
         node.write(node.steps / f"{name}.service", "[Service]\nExecStart=/bin/true\n")
         node.write(node.steps / f"{name}.sh", f'. "{node.steps}/common.sh"\ninstall_service {name}.service\n')
     node.step("last", last)
-    node.fake("systemctl", 'if [ "$1" = show ]; then printf "LoadState=loaded\\nNeedDaemonReload=no\\n"; fi')
+    node.fake("systemctl", 'if [ "$1" = show ]; then echo not-found; fi')
     assert node.bootstrap("one", "two", "last").returncode == code
     calls = node.called()
     assert calls.count("systemctl daemon-reload") == 1 and calls[-1] == "systemctl daemon-reload", calls
@@ -420,10 +420,10 @@ def test_gpu_agent_step_enables_and_runs_the_unit(node):
     node.write(node.root / "venv" / "bin" / "python", f"#!/bin/sh\necho {PINNED}\n")  # pinned NVML installed
     # systemd never loaded the agent's unit (a first boot), and holds an older copy of the guard's.
     node.fake("systemctl", """if [ "$1" = show ]; then
-  case $* in *agent*) printf 'LoadState=loaded\\nNeedDaemonReload=no\\n' ;; *) printf 'LoadState=loaded\\nNeedDaemonReload=yes\\n' ;; esac
+  case $* in *agent*) echo not-found ;; *) echo loaded ;; esac
 fi""")
     assert node.bootstrap("install-gpu-agent").returncode == 0, node.log.read_text()
-    show = "systemctl show -p LoadState -p NeedDaemonReload"
+    show = "systemctl show -p LoadState --value"
     assert node.called() == [f"{show} gpu-swarm-agent.service", "systemctl start gpu-swarm-agent.service",
                              "systemctl enable --no-reload gpu-swarm-agent.service",
                              f"{show} gpu-swarm-guard.service", "systemctl daemon-reload",
@@ -436,14 +436,16 @@ fi""")
 
 
 @pytest.mark.parametrize("shown, reloads", [
-    ("LoadState=loaded\nNeedDaemonReload=no", False),  # new: systemd loads it when it is asked for
-    ("LoadState=loaded\nNeedDaemonReload=yes", True),  # an older copy loaded (an upgrade)
-    ("LoadState=not-found\nNeedDaemonReload=no", True),  # found missing before, and not looked at since
+    ("not-found", False),  # new, or found missing before: systemd loads it when it is next asked for
+    ("loaded", True),  # an older copy loaded (an upgrade)
+    ("error", True),  # a broken older copy
     ("", True),  # systemctl could not say
 ])
 def test_install_service_reloads_systemd_only_when_it_held_an_older_unit(node, shown, reloads):
+    """systemd 257 says NeedDaemonReload=yes of every unit once an enable changed a .wants folder, so
+    the step asks only whether systemd holds the unit at all (LoadState), before it puts the file there."""
     node.real_step("install-health-watcher")
-    node.fake("systemctl", f'if [ "$1" = show ]; then printf "{shown}\\n"; fi')
+    node.fake("systemctl", f'if [ "$1" = show ]; then echo "{shown}"; fi')
     assert node.bootstrap("install-health-watcher").returncode == 0, node.log.read_text()
     calls = node.called()
     restart = calls.index("systemctl restart gpu-swarm-health.service")
@@ -451,6 +453,21 @@ def test_install_service_reloads_systemd_only_when_it_held_an_older_unit(node, s
     # Then the enable, and bootstrap's one reload at its end, which reads the enable's links.
     assert calls[restart:] == ["systemctl restart gpu-swarm-health.service",
                                "systemctl enable --no-reload gpu-swarm-health.service", "systemctl daemon-reload"]
+
+
+def test_install_service_leaves_an_unchanged_unit_file_and_systemd_alone(node):
+    """An upgrade whose node software left the unit as it was: no copy, no question, no reload
+    before the restart (systemd read the file when the step put it there)."""
+    node.real_step("install-health-watcher")
+    unit = node.root / "units" / "gpu-swarm-health.service"
+    unit.parent.mkdir(parents=True, exist_ok=True)
+    unit.write_text((NODE_SRC / "gpu-swarm-health.service").read_text())
+    os.utime(unit, (1, 1))
+    node.fake("systemctl", 'if [ "$1" = show ]; then echo loaded; fi')
+    assert node.bootstrap("install-health-watcher").returncode == 0, node.log.read_text()
+    assert node.called() == ["systemctl restart gpu-swarm-health.service",
+                             "systemctl enable --no-reload gpu-swarm-health.service", "systemctl daemon-reload"]
+    assert unit.stat().st_mtime == 1
 
 
 def test_gpu_agent_step_waits_for_the_docker_restart_the_agent_queued(node):
@@ -628,7 +645,7 @@ def test_health_steps_install_enable_and_restart_their_unit(node, step, unit):
     node.real_step(step)
     node.fake("systemctl", "exit 0")
     assert node.bootstrap(step).returncode == 0, node.log.read_text()
-    assert node.called() == [f"systemctl show -p LoadState -p NeedDaemonReload {unit}",
+    assert node.called() == [f"systemctl show -p LoadState --value {unit}",
                              "systemctl daemon-reload", f"systemctl restart {unit}",  # systemctl said nothing: reload
                              f"systemctl enable --no-reload {unit}", "systemctl daemon-reload"]
     assert (node.root / "units" / unit).read_text() == (NODE_SRC / unit).read_text()
