@@ -7,10 +7,16 @@
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 if command -v nvidia-smi >/dev/null; then
-  nvidia-smi -L >/dev/null 2>&1 || modprobe nvidia || :
-  nvidia-smi -L >/dev/null 2>&1 || die "nvidia-smi cannot reach the driver on kernel $(uname -r)"
+  # Its version proves that nvidia-smi reaches the driver: one call, where there were three (-L
+  # twice, then the version), at every boot and upgrade of every GPU node.
+  version=$(driver_version 2>/dev/null) || version=""
+  if [ -z "$version" ]; then
+    modprobe nvidia || :
+    version=$(driver_version 2>/dev/null) || version=""
+  fi
+  [ -n "$version" ] || die "nvidia-smi cannot reach the driver on kernel $(uname -r)"
   hold_nvidia_packages
-  skip "NVIDIA driver $(driver_version)"
+  skip "NVIDIA driver $version"
 fi
 [ "${GPU_SWARM_IMAGE:-}" != deep-learning ] || die "no nvidia-smi on a Deep Learning AMI: check the AMI id"
 branch=$NVIDIA_DRIVER_BRANCH-server flavor=$NVIDIA_DRIVER_BRANCH-server

@@ -320,11 +320,37 @@ def test_install_driver_skips_a_working_driver_and_holds_its_packages(node):
     assert node.bootstrap("install-nvidia-driver").returncode == 0, node.log.read_text()
     assert node.statuses() == {"install-nvidia-driver": "skipped"}
     assert "NVIDIA driver 580.95.05" in node.log.read_text()
+    # One nvidia-smi call proves the driver answers and names its version: it runs at every boot.
+    assert [c for c in node.called() if c.startswith("nvidia-smi")] == [
+        "nvidia-smi --query-gpu=driver_version --format=csv,noheader"]
     # Installed NVIDIA packages only: not a removed one (rc), not the kernel, not python3.
     assert [c for c in node.called() if c.startswith("apt-mark")] == [
         "apt-mark hold nvidia-utils-580-server libnvidia-compute-580-server "
         "linux-modules-nvidia-580-server-open-6.8.0-1021-aws nvidia-fabricmanager-580 libnvidia-container1 "
         "nvidia-container-toolkit"]
+
+
+# What nvidia-smi prints, and its exit code, when the driver's module is not loaded (exit 9).
+NO_DRIVER = ('echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver. Make sure that '
+             'the latest NVIDIA driver is installed and running."; exit 9')
+
+
+@pytest.mark.parametrize("loads, code", [(True, 0), (False, 1)])
+def test_install_driver_loads_a_module_that_is_not_loaded_and_fails_when_the_driver_stays_out_of_reach(
+        node, loads, code):
+    node.real_step("install-nvidia-driver")
+    fake_dpkg(node)
+    node.fake("uname", "echo 6.8.0-1021-aws")
+    node.fake("modprobe", f'[ "$1" = nvidia ] && {"touch " + str(node.root / "loaded") if loads else "exit 1"}')
+    node.fake("nvidia-smi", f'if [ -e "{node.root}/loaded" ]; then echo 580.95.05; else {NO_DRIVER}; fi')
+    assert node.bootstrap("install-nvidia-driver").returncode == code, node.log.read_text()
+    called = node.called()
+    assert called.index("modprobe nvidia") > called.index("nvidia-smi --query-gpu=driver_version --format=csv,noheader")
+    if loads:
+        assert node.statuses() == {"install-nvidia-driver": "skipped"} and "NVIDIA driver 580.95.05" in node.log.read_text()
+    else:  # not the driver's error text taken for a version
+        assert "nvidia-smi cannot reach the driver on kernel 6.8.0-1021-aws" in node.log.read_text()
+        assert not [c for c in called if c.startswith(("apt-get", "apt-mark"))]
 
 
 def test_install_driver_holds_the_driver_and_the_kernel_it_was_built_for(node):
