@@ -64,10 +64,10 @@ hold_nvidia_packages() {
 }
 # install_unit FILE: put the unit FILE in the unit folder. systemd loads a unit it does not hold when
 # the unit is first asked for (one it found missing before, too: the folder changed), so only a unit
-# it holds another copy of (or could not say) needs a reload first. NeedDaemonReload cannot tell: once any unit's
-# `enable --no-reload` has changed a .wants folder, systemd 257 says "yes" of every unit, so each of
-# a GPU node's five new units reloaded systemd before its start (0.2-0.4 s each on the rehearsal's
-# 2 cores). An unchanged file is left alone: systemd read it when it was put there.
+# it holds another copy of (or could not say) needs a reload first. NeedDaemonReload cannot tell:
+# once any unit's `enable --no-reload` has changed a .wants folder, systemd 257 says "yes" of every
+# unit, so each of a GPU node's five new units reloaded systemd before its start (0.2-0.4 s each on
+# the rehearsal's 2 cores). An unchanged file is left alone: systemd read it when it was put there.
 install_unit() {
   local name=${1##*/} held
   if cmp -s "$1" "$GPU_SWARM_UNIT_DIR/$name"; then return 0; fi
