@@ -148,7 +148,7 @@ class Cluster(pulumi.ComponentResource):
             members[node.name] = self._membership(node, swarm, boots[node.name], manager_ips)
             # At most maxUnavailable nodes of a pool out at a time (managers: one), pools side by side.
             after = [members[node.name].joined, *waves.next(node.pool, pool.max_unavailable if pool else 1)]
-            rollouts[node.name] = self._rollout(node, pool, members[node.name], after)
+            rollouts[node.name] = self._rollout(node, pool, members[node.name], boots[node.name], after)
             waves.add(node.pool, rollouts[node.name].admitted)
         # Each pool's last wave: waiting for it is waiting for every admit, at the cost of one dependency.
         admitted = waves.rolled()
@@ -272,11 +272,11 @@ class Cluster(pulumi.ComponentResource):
             after=[boot.booted, swarm.tokens],
         ), opts=self._child)
 
-    def _rollout(self, node: Node, pool: GpuPool | None, member: Membership, after) -> NodeRollout:
+    def _rollout(self, node: Node, pool: GpuPool | None, member: Membership, boot: NodeBoot, after) -> NodeRollout:
         kind = self._kinds[node.pool]
         return NodeRollout(f"{self._name}-rollout-{node.pool}-{node.index}", NodeRolloutArgs(
             pool=node.pool, release=kind.release, release_id=kind.release_id, node=self._connection(node),
-            manager=self._first_live, node_id=member.node_id,
+            manager=self._first_live, node_id=member.node_id, ran_release=boot.ran_release,
             labels={POOL_LABEL: "managers"} if pool is None else pool_labels(pool),
             expected_gpus=kind.expected_gpus, kind=self._s.gpu_kind,
             slots_per_gpu=pool.slots_per_gpu if pool else 0, shared_kind=self._s.shared_gpu_kind,

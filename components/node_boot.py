@@ -32,6 +32,7 @@ class NodeBootArgs:
 class NodeBoot(pulumi.ComponentResource):
     booted: command.remote.Command  # done once the node's first boot has installed it
     timings: pulumi.Output[dict]  # the boot's steps and their durations
+    ran_release: pulumi.Output[str | None]  # the release id the node ran when the boot wait last ran
 
     def __init__(self, name: str, args: NodeBootArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-swarm:node:Boot", name, None, opts)
@@ -54,6 +55,7 @@ class NodeBoot(pulumi.ComponentResource):
                                create=as_root(node_commands.health_settings(args.health_env)), triggers=fresh,
                                opts=after_boot)
         self.timings = self.booted.stdout.apply(parse_timings)
+        self.ran_release = self.booted.stdout.apply(node_commands.ran_release)
         self.register_outputs({"timings": self.timings})
 
 

@@ -10,8 +10,15 @@ and only then (their scripts name the release):
 Cluster rolls each pool in waves of at most its maxUnavailable nodes (RollWaves): a node's
 cordon waits for every admit of the wave before. So at most that many nodes per pool are out
 at a time, and no command ever waits for one that has not started, whatever
-`pulumi up --parallel` is (a lease held across commands would deadlock there). A node that just joined is drained as well, so it takes no task before admit has
-checked it; its upgrade only says that it runs the release already (it booted with it).
+`pulumi up --parallel` is (a lease held across commands would deadlock there).
+
+A node that has just booted with the release needs neither cordon nor upgrade: it joined drained
+(swarm/script.py), so it takes no task before admit has checked it (admit gives that drain back),
+and its boot applied the release. So cordon and upgrade run as pulumi-command's `update`, and
+their `create` is empty (the provider then runs nothing, and dials nothing) when the boot wait
+saw the node run this very release; otherwise, for a node that booted another release before its
+rollout was first made (an up that stopped in between), `create` is the same script. That saves
+two commands per new node, each an SSH session through a manager.
 """
 from __future__ import annotations
 
@@ -24,7 +31,6 @@ import pulumi_command as command
 
 from to_node import commands as node_commands
 from components.chain import after
-from components.node_boot import parse_timings
 from components.remote import as_root
 from to_node.software import NodeRelease
 from swarm.gpu_check import GpuCheck
@@ -39,6 +45,7 @@ class NodeRolloutArgs:
     node: pulumi.Input[command.remote.ConnectionArgs]  # to the node
     manager: pulumi.Input[command.remote.ConnectionArgs]  # to the first manager
     node_id: pulumi.Input[str]  # as joined
+    ran_release: pulumi.Input[str | None]  # the release the node ran when its boot wait last looked (NodeBoot)
     labels: Mapping[str, str]
     expected_gpus: int
     kind: str
@@ -53,23 +60,26 @@ class NodeRollout(pulumi.ComponentResource):
     admitted: command.remote.Command  # done once the node runs the release, checked and schedulable
     advertised_gpus: pulumi.Output[list[str]]  # GPU UUIDs (or slots) the swarm sees on the node
     gpus_verified: pulumi.Output[dict | None]  # the post-join check's result; None: no GPUs to check
-    timings: pulumi.Output[dict]  # the last upgrade's steps (the boot's when the node booted with it)
 
     def __init__(self, name: str, args: NodeRolloutArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-swarm:node:Rollout", name, None, opts)
         release = args.release_id
+        cordon_script = pulumi.Output.from_input(args.node_id).apply(
+            lambda node: as_root(cordon_node(node, pool=args.pool, software=release)))
         cordon = command.remote.Command(
             f"{name}-cordon",
             connection=args.manager,
-            create=pulumi.Output.from_input(args.node_id).apply(
-                lambda node: as_root(cordon_node(node, pool=args.pool, software=release))),
+            create=_unless_booted_with(release, args.ran_release, cordon_script),
+            update=cordon_script,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[after(r) for r in args.after]),
         )
+        upgrade_script = pulumi.Output.from_input(args.release).apply(
+            lambda r: as_root(node_commands.upgrade(r, expected_gpus=args.expected_gpus)))
         upgrade = command.remote.Command(
             f"{name}-upgrade",
             connection=args.node,
-            create=pulumi.Output.from_input(args.release).apply(
-                lambda r: as_root(node_commands.upgrade(r, expected_gpus=args.expected_gpus))),
+            create=_unless_booted_with(release, args.ran_release, upgrade_script),
+            update=upgrade_script,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[after(cordon)]),
         )
         self.admitted = command.remote.Command(
@@ -84,8 +94,13 @@ class NodeRollout(pulumi.ComponentResource):
         result = self.admitted.stdout.apply(admitted)
         self.advertised_gpus = result.apply(lambda r: advertised_gpus(json.dumps(r[0]), shown))
         self.gpus_verified = result.apply(lambda r: r[1])
-        self.timings = upgrade.stdout.apply(parse_timings)
         self.register_outputs({"release": release})
+
+
+def _unless_booted_with(release: str, ran: pulumi.Input[str | None], script: pulumi.Output[str]):
+    """A rollout step's `create`: nothing (None: the input is left out) for a node that ran `release`
+    when its boot wait looked, else `script`. Only a create reads it: an update runs `update`."""
+    return pulumi.Output.all(ran, script).apply(lambda v: None if v[0] == release else v[1])
 
 
 class RollWaves:

@@ -167,12 +167,19 @@ class LocalCloud(pulumi_mocks.Mocks):
         if change == "same":
             self._record(name, COMMAND, "same")
             return before["id"], before["outputs"]
+        # pulumi-command runs `update` for an update, when the command has one, and `create` otherwise.
+        script = inputs["update"] if change == "update" and inputs.get("update") else inputs.get("create")
+        if not script:
+            # Nothing to run (no `create`, or neither for an update): the provider dials nothing, and
+            # keeps an update's previous stdout and stderr. Recorded with no host: no command ran.
+            self._record(name, COMMAND, change)
+            kept = before["outputs"] if before and change == "update" else {}
+            return (before["id"] if before and change == "update" else f"{name}-{uuid.uuid4().hex[:8]}",
+                    {**inputs, "stdout": kept.get("stdout", ""), "stderr": kept.get("stderr", "")})
         conn = inputs["connection"]
         secret = inputs.get("logging") == "none"
         self.say(f"{name}: running on {conn['host']}" + (f" (through {conn['proxy']['host']})"
                                                          if conn.get("proxy") else ""))
-        # pulumi-command runs `update` for an update, when the command has one, and `create` otherwise.
-        script = inputs["update"] if change == "update" and inputs.get("update") else inputs["create"]
         try:
             result = ssh.run(conn, script, stdin=inputs.get("stdin"))
         except ssh.CommandFailed as e:

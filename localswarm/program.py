@@ -153,7 +153,8 @@ def up(*, stack: str = "dev", overrides: dict | None = None, parallel: int = 6, 
     if error is None:
         cloud.delete_the_rest()
     _save_state(_state_of(cloud, config, stack, bumps, failed=error is not None))
-    ran = [a for a in cloud.actions if a.typ == COMMAND and a.action in ("create", "replace", "update")]
+    # The commands that ran: an empty `create` or `update` ran nothing, and has no host.
+    ran = [a for a in cloud.actions if a.typ == COMMAND and a.action in ("create", "replace", "update") and a.host]
     if error:
         raise RehearsalError(f"pulumi up failed: {error}\nWhat it made is still there: fix the cause and run "
                              f"`{CLI} program up` again (it goes on where it stopped), or `{CLI} down`.")

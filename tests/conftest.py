@@ -61,10 +61,12 @@ class AwsMocks(pulumi_mocks.Mocks):
             if args.typ == "aws:ec2/capacityReservation:CapacityReservation":
                 return args.resource_id, fake_aws.capacity_reservation_state(args.resource_id)
             raise Exception(f"no fake AWS state to read for {args.typ} {args.resource_id}")
-        if args.typ == "aws:ec2/instance:Instance":
-            return fake_aws.launch(args.name, state)
-        if args.typ == "aws:ec2/spotInstanceRequest:SpotInstanceRequest":
-            return fake_aws.request_spot(args.name, state)
+        if args.typ in ("aws:ec2/instance:Instance", "aws:ec2/spotInstanceRequest:SpotInstanceRequest"):
+            # What the instance will boot, for its boot wait to print (command_stdout).
+            booted = re.search(r"GPU_SWARM_RELEASE=([0-9a-f]{64})", str(state.get("userData") or ""))
+            BOOTED_RELEASE[args.name] = booted[1] if booted else ""
+            launch = fake_aws.launch if args.typ == "aws:ec2/instance:Instance" else fake_aws.request_spot
+            return launch(args.name, state)
         if args.typ == "aws:ec2/tag:Tag":
             fake_aws.tag(state)
         if args.typ == "aws:ec2/eip:Eip":
@@ -100,6 +102,7 @@ class AwsMocks(pulumi_mocks.Mocks):
 
 
 FAKE_CLUSTER_ID = "fakeclusterid000000000001"
+BOOTED_RELEASE: dict[str, str] = {}  # instance resource name -> the release its user data installs
 
 
 def fake_host_key(name: str) -> tuple[str, str]:
@@ -137,7 +140,11 @@ def command_stdout(name: str, create: str) -> str:
                                    "condition": "healthy", "reason": "ok", "gpu": "-", "since": "1800000000",
                                    "drainedBy": "", "health": "", "healthLast": ""}) + "\n" for i in ids)
     if "bootstrap-timings.json" in create:
-        return '{"install-docker": {"seconds": 41.250, "status": "done"}}\n'
+        timings = '{"install-docker": {"seconds": 41.250, "status": "done"}}\n'
+        if name.endswith("-wait"):  # wait_for_boot: the release the node's user data installed, then the timings
+            instance = name.replace("-boot-", "-", 1).removesuffix("-wait")
+            return f"release {BOOTED_RELEASE[instance]}\n" + timings
+        return timings
     if "stack_settle.py" in create:  # deploy_stack: node/stack_settle.py's report, one GPU replica waiting
         stack = re.search(r"--stack (\S+)", create)[1]
         service, why = f"{stack}_gpu", "no suitable node (insufficient resources on 1 node)"

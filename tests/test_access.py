@@ -155,7 +155,7 @@ def test_the_boot_waits_update_prints_the_recorded_timings_and_refuses_a_node_wi
     import subprocess
 
     from to_node import commands as node_commands
-    from swarm.node_contract import BOOTSTRAP_DONE, BOOTSTRAP_TIMINGS
+    from swarm.node_contract import APPLIED, BOOTSTRAP_DONE, BOOTSTRAP_TIMINGS
     script = node_commands.boot_recorded(root=str(tmp_path))
     missing = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
     assert missing.returncode == 1 and "no record of its first boot" in missing.stderr
@@ -166,3 +166,9 @@ def test_the_boot_waits_update_prints_the_recorded_timings_and_refuses_a_node_wi
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == {"install-docker": {"seconds": 1.5, "status": "done"}}
+    # A node with no applied release (an install that never finished) names none: its rollout then drains
+    # and upgrades it when it is made.
+    assert node_commands.ran_release(done.stdout) is None
+    (tmp_path / APPLIED.lstrip("/")).write_text("ab" * 32 + "\n")
+    again = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+    assert node_commands.ran_release(again.stdout) == "ab" * 32

@@ -73,9 +73,9 @@ def test_efa_nodes_admit_all_traffic_from_each_other_and_no_one_else(prod):
 
 
 def test_efa_nodes_install_efa_and_say_how_many_interfaces_they_have(prod):
-    upgrade = prod.plain("gpu-swarm-rollout-training-0-upgrade")["create"]
+    upgrade = prod.plain("gpu-swarm-rollout-training-0-upgrade")["update"]
     assert "GPU_SWARM_EFA_INTERFACES=32" in upgrade and " install-efa " in upgrade
-    assert "install-efa" not in prod.plain("gpu-swarm-rollout-inference-0-upgrade")["create"]
+    assert "install-efa" not in prod.plain("gpu-swarm-rollout-inference-0-upgrade")["update"]
 
 
 def test_a_stop_spot_pool_asks_for_a_persistent_request_of_its_own(prod):

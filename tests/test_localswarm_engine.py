@@ -52,7 +52,7 @@ class Recorder:
 
 
 def build(instance_type="g4dn.xlarge", user_data="boot-1", *, pool_type="test:aws:Pool", replace_on=("instanceType",),
-          delete_before_replace=False, scripts=("setup",), after_slow: str | None = None):
+          delete_before_replace=False, scripts=("setup",), after_slow: str | None = None, update_only: str = ""):
     class Pool(pulumi.ComponentResource):
         def __init__(self, name):
             super().__init__(pool_type, name, None)
@@ -69,6 +69,8 @@ def build(instance_type="g4dn.xlarge", user_data="boot-1", *, pool_type="test:aw
     for script in scripts:
         command.remote.Command(f"run-{script}", connection=conn, create=script,
                                opts=pulumi.ResourceOptions(depends_on=[slow] if slow and script == "late" else []))
+    if update_only:  # no `create`: the rollout's cordon and upgrade for a node that booted the release
+        command.remote.Command("on-update", connection=conn, update=update_only)
 
 
 def up(cloud: local_cloud.LocalCloud, **kwargs) -> None:
@@ -113,6 +115,27 @@ def test_a_replacement_is_created_first_with_the_programs_current_inputs_and_the
     assert rec.kinds() == ["launch", "ssh setup", "terminate"]  # the old machine goes at the very end
     node = next(r for k, r in second.current.items() if k.endswith("::node"))
     assert node["inputs"]["userData"] == "boot-2"
+
+
+def test_a_command_with_no_create_runs_nothing_until_an_update_runs_its_update(monkeypatch):
+    """pulumi-command's Create returns at once when `create` is unset, dialling nothing; an update runs
+    `update`, and a run with nothing to run keeps the stdout the last one printed."""
+    rec = Recorder(monkeypatch)
+    first = cloud_after()
+    up(first, update_only="release-1")
+    assert "ssh release-1" not in rec.kinds() and rec.kinds() == ["launch", "ssh setup"]
+    (made,) = [a for a in first.actions if a.name == "on-update"]
+    assert made.action == "create" and made.host == ""  # made, and no command ran: program.py counts none
+    rec.events.clear()
+    second = cloud_after(first)
+    up(second, update_only="release-2")
+    assert rec.kinds() == ["ssh release-2"]
+    (urn,) = [u for u in second.current if u.endswith("::on-update")]
+    assert second.current[urn]["outputs"]["stdout"] == "ok"
+    rec.events.clear()
+    third = cloud_after(second)
+    up(third, update_only="release-2")
+    assert rec.kinds() == []
 
 
 def test_delete_before_replace_terminates_the_old_machine_first(monkeypatch):

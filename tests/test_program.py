@@ -57,8 +57,10 @@ def test_the_first_up_forms_the_swarm_from_freshly_booted_machines(first):
     assert "gpu-swarm-swarm-init" in ran and "gpu-swarm-stack-gpu-smoke-deploy" in ran
     assert first["commands_executed"] == len(ran) and first["unchanged_commands"] == 0
     for node in ("managers-0", "t4-0", "t4-1"):
-        for step in ("boot-{}-wait", "member-{}-join", "rollout-{}-cordon", "rollout-{}-upgrade", "rollout-{}-admit"):
+        for step in ("boot-{}-wait", "member-{}-join", "rollout-{}-admit"):
             assert f"gpu-swarm-{step.format(node)}" in ran
+        # It booted the release and joined drained: its cordon and upgrade are made, and run nothing.
+        assert not {f"gpu-swarm-rollout-{node}-cordon", f"gpu-swarm-rollout-{node}-upgrade"} & ran, node
 
 
 def test_the_stack_runs_on_the_gpus_the_program_advertised(first):
@@ -200,6 +202,8 @@ def test_routine_changes_reach_only_what_they_must(first):
     assert set(_t4_machines()) > set(kept) and report["resources"]["replace"] == 0  # nothing replaced
     new = next(n for n in report["nodes"] if n["name"] == "gpu-swarm-dev-t4-2")
     assert new["availability"] == "active" and len(new["gpus"]) == 4 and new["gpus_verified"] is True
+    # The new node booted the release: admitted (checked) without a drain or an upgrade of its own.
+    assert "gpu-swarm-rollout-t4-2-admit" in ran and "gpu-swarm-rollout-t4-2-upgrade" not in ran
     for node in ("managers-0", "t4-0", "t4-1"):  # the new key reaches every node; no running node is touched
         assert f"gpu-swarm-boot-{node}-access" in ran and f"gpu-swarm-boot-{node}-wait" not in ran
         assert f"gpu-swarm-rollout-{node}-cordon" not in ran

@@ -226,7 +226,8 @@ def boot_of(node_name: str) -> str:
 
 def test_commands_run_as_root(prod):
     for name, cmd in prod.commands("").items():
-        assert cmd["create"].startswith("sudo -n bash -c "), name
+        scripts = [cmd[k] for k in ("create", "update", "delete") if k in cmd]
+        assert scripts and all(s.startswith("sudo -n bash -c ") for s in scripts), name
 
 
 def test_nothing_but_the_instance_comes_before_a_nodes_boot(prod):
@@ -273,7 +274,7 @@ def test_each_pools_nodes_roll_one_after_the_other_and_pools_side_by_side(prod):
         assert prod.depends_on(name, name.replace("-upgrade", "-cordon")), name
         assert prod.depends_on(name.replace("-upgrade", "-admit"), name), name
     for name, cmd in prod.commands("-cordon").items():
-        assert "flock" not in cmd["create"] and "waiting: node" not in cmd["create"], name
+        assert "flock" not in cmd["update"] and "waiting: node" not in cmd["update"], name
 
 
 def _pool_graph(count: int, rollout: dict | None) -> Graph:
@@ -383,11 +384,11 @@ def test_the_boot_wait_reports_and_the_upgrade_names_the_nodes_release(prod):
         else:  # a spot request's instance, not the request
             assert trigger.startswith("i-") and prod.run.monitor.ids[node].startswith("sir-"), name
     upgrades = prod.commands("-upgrade")
-    training = inner(upgrades["gpu-swarm-rollout-training-0-upgrade"])
+    training = inner(upgrades["gpu-swarm-rollout-training-0-upgrade"], "update")
     assert ('GPU_SWARM_STEPS="secure-imds install-agent-venv& install-docker install-nvidia-driver '
             'install-fabric-manager') in training
     assert "GPU_SWARM_IMAGE=deep-learning" in training and "NVIDIA_KERNEL_MODULES=open" in training
-    manager = inner(upgrades["gpu-swarm-rollout-managers-0-upgrade"])
+    manager = inner(upgrades["gpu-swarm-rollout-managers-0-upgrade"], "update")
     assert 'GPU_SWARM_STEPS="secure-imds install-docker apply-docker-config install-reconciler"' in manager
     assert "GPU_SWARM_IMAGE=ubuntu" in manager
 
@@ -395,7 +396,7 @@ def test_the_boot_wait_reports_and_the_upgrade_names_the_nodes_release(prod):
 def release_of(prod, name: str) -> str:
     """The release a node's upgrade brings it to: bundle, settings and steps in one hash."""
     upgrade = "gpu-swarm-rollout-" + name.split("-rollout-")[-1].split("-member-")[-1].rsplit("-", 1)[0] + "-upgrade"
-    return re.search(r"GPU_SWARM_RELEASE=([0-9a-f]{64})", prod.plain(upgrade)["create"])[1]
+    return re.search(r"GPU_SWARM_RELEASE=([0-9a-f]{64})", prod.plain(upgrade)["update"])[1]
 
 
 def test_each_node_kind_has_its_own_release(prod):
@@ -409,7 +410,32 @@ def test_nodes_are_drained_from_the_first_manager_before_their_release_changes(p
     manager_0_ip = prod.run.exports["managerPublicIps"][0]
     for name, cmd in prod.commands("-cordon").items():
         assert cmd["connection"]["host"] == manager_0_ip, name
-        assert release_of(prod, name) in cmd["create"] and "--availability drain" in cmd["create"]
+        assert release_of(prod, name) in cmd["update"] and "--availability drain" in cmd["update"]
+
+
+def test_a_node_that_just_booted_the_release_is_neither_drained_nor_upgraded_again(prod):
+    """Cordon and upgrade run as pulumi-command's `update` (a new release). Creating them runs
+    nothing where the boot wait saw the node run the very release they bring: the provider runs
+    and dials nothing for a command with no `create`."""
+    for name in [*prod.commands("-cordon"), *prod.commands("-upgrade")]:
+        cmd = prod.plain(name)
+        assert "create" not in cmd and release_of(prod, name) in cmd["update"], name
+
+
+def test_a_node_that_booted_another_release_is_drained_and_upgraded_when_its_rollout_is_made(monkeypatch):
+    """An up that stopped between a node's boot and its rollout, then new node software: the rollout,
+    made now, must bring the node to the new release. The boot wait (in the state) saw the old one."""
+    import tests.conftest as mocks
+
+    class Older(dict):
+        def __getitem__(self, key):
+            return "0" * 64
+
+    monkeypatch.setattr(mocks, "BOOTED_RELEASE", Older())
+    graph = Graph(run_program(stack_config("dev"), stack="dev"))
+    for name in [*graph.commands("-cordon"), *graph.commands("-upgrade")]:
+        cmd = graph.plain(name)
+        assert cmd["create"] == cmd["update"] and release_of(graph, name) in cmd["create"], name
 
 
 def test_the_program_key_and_the_extra_keys_may_log_in():
@@ -481,9 +507,9 @@ def test_join_tokens_stay_secret(prod):
         assert "SWMTKN" not in visible, name
 
 
-def inner(cmd: dict) -> str:
+def inner(cmd: dict, script: str = "create") -> str:
     """The script inside `sudo -n bash -c '...'`."""
-    words = shlex.split(cmd["create"])
+    words = shlex.split(cmd[script])
     assert words[:4] == ["sudo", "-n", "bash", "-c"]
     return words[4]
 
@@ -669,9 +695,9 @@ def test_a_custom_ami_reaches_new_nodes_and_running_ones_keep_theirs():
 
 
 def test_a_shared_pool_advertises_slots_and_its_nodes_say_so(prod):
-    upgrade = prod.plain("gpu-swarm-rollout-inference-0-upgrade")["create"]
+    upgrade = prod.plain("gpu-swarm-rollout-inference-0-upgrade")["update"]
     assert "GPU_SWARM_SLOTS_PER_GPU=4" in upgrade and "GPU_SWARM_SHARED_KIND=NVIDIA-GPU-SHARED" in upgrade
-    assert "GPU_SWARM_SLOTS_PER_GPU" not in prod.plain("gpu-swarm-rollout-training-0-upgrade")["create"]
+    assert "GPU_SWARM_SLOTS_PER_GPU" not in prod.plain("gpu-swarm-rollout-training-0-upgrade")["update"]
     admit = inner(prod.plain("gpu-swarm-rollout-inference-0-admit"))
     assert '"Kind":"NVIDIA-GPU-SHARED"' in admit and "gpu-swarm.slots-per-gpu=4" in admit
     assert "--generic-resource NVIDIA-GPU-SHARED=1" in admit  # the check reserves one slot
@@ -694,7 +720,7 @@ def test_inventory_shows_each_nodes_health_as_read_at_this_up(prod):
 def test_gpu_nodes_run_the_health_watcher_and_managers_the_reconciler(prod):
     """Every node gets the health settings apart from its release; spot nodes watch for reclaims."""
     for name in ("training-0", "inference-0", "managers-0"):
-        upgrade = prod.plain(f"gpu-swarm-rollout-{name}-upgrade")["create"]
+        upgrade = prod.plain(f"gpu-swarm-rollout-{name}-upgrade")["update"]
         gpu = not name.startswith("managers")
         assert ("install-health-watcher" in upgrade) is gpu and ("install-reconciler" in upgrade) is not gpu, name
         assert ("GPU_SWARM_SPOT=true" in upgrade) is name.startswith("inference"), name  # the spot pool

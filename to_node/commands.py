@@ -96,6 +96,23 @@ def _advertised_gpus(env: dict[str, str], gpus: int, daemon_json: str) -> list[s
     ]
 
 
+RELEASE_LINE = "release "  # then the id: the line wait_for_boot and boot_recorded print before the timings
+
+
+def _release_line(at: dict[str, str]) -> list[str]:
+    # The release the node runs (the installer writes it once it is applied), for the program to
+    # know that a node it has just seen boot needs no drain and no upgrade (components/node_rollout.py).
+    return [f'printf \'{RELEASE_LINE}%s\\n\' "$(cat {at["applied"]} 2>/dev/null || true)"']
+
+
+def ran_release(stdout: str) -> str | None:
+    """The release id that wait_for_boot or boot_recorded printed: what the node ran then; None if none."""
+    for line in (stdout or "").splitlines():
+        if line.startswith(RELEASE_LINE) and line[len(RELEASE_LINE):].strip():
+            return line[len(RELEASE_LINE):].strip()
+    return None
+
+
 def _timings(at: dict[str, str], *, first_boot: bool = False) -> list[str]:
     """Print one JSON object: each install step's seconds and status, and cloud-init's whole boot;
     first_boot: and say so if cloud-init reported errors (once: later runs read the same boot)."""
@@ -163,6 +180,7 @@ def wait_for_boot(*, env: dict[str, str], expected_gpus: int, timeout_s: int = 2
         *_outcome(at, "the first boot failed"),
         f"rm -f {at['reported']}",
         *_advertised_gpus(env, expected_gpus, at["daemon"]),
+        *_release_line(at),
         *_timings(at, first_boot=True),
     )
 
@@ -175,6 +193,7 @@ def boot_recorded(root: str = "") -> str:
         *_common(at, boot=False),
         f'[ -e {at["done"]} ] || [ -e {at["failed"]} ] || fail "this node has no record of its first boot"',
         'say "booted already; changes reach it through its rollout"',
+        *_release_line(at),
         *_timings(at),
     )
 
