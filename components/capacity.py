@@ -17,6 +17,7 @@ taking tasks that was not checked.
 from __future__ import annotations
 
 import re
+from datetime import datetime, timezone
 
 import pulumi
 import pulumi_aws as aws
@@ -37,36 +38,42 @@ CAPACITY_ERRORS = re.compile(
 QUOTA_ERRORS = re.compile(r"VcpuLimitExceeded|MaxSpotInstanceCountExceeded|AddressLimitExceeded")
 
 
-def market_options(pool: GpuPool) -> aws.ec2.InstanceInstanceMarketOptionsArgs | None:
-    """One-time spot, a Capacity Block, or on-demand (None). A persistent request is spot_request's."""
+def market_options(pool: GpuPool, now: datetime | None = None) -> aws.ec2.InstanceInstanceMarketOptionsArgs | None:
+    """Spot (one-time, or persistent for `interruption: stop`), a Capacity Block, or on-demand (None)."""
     o = pool.options
     if o.market_type == "capacity-block":
         return aws.ec2.InstanceInstanceMarketOptionsArgs(market_type="capacity-block")
-    if not o.spot or spot_request(pool):
+    if not o.spot:
         return None
+    persistent = o.interruption == "stop"
     return aws.ec2.InstanceInstanceMarketOptionsArgs(
         market_type="spot",
         spot_options=aws.ec2.InstanceInstanceMarketOptionsSpotOptionsArgs(
-            spot_instance_type="one-time", instance_interruption_behavior=o.interruption,
+            # `stop` needs a persistent request: AWS keeps it and starts the same instance, with its EBS
+            # volume, once it has capacity again (RunInstances takes persistent only with stop or hibernate).
+            spot_instance_type="persistent" if persistent else "one-time",
+            instance_interruption_behavior=o.interruption,
             max_price=pool.spot_max_price,
+            # One-time requests take no end date (RunInstances: InvalidParameterCombination).
+            valid_until=spot_request_end(now) if persistent else None,
         ),
     )
 
 
-def spot_request(pool: GpuPool) -> dict | None:
-    """The arguments of a persistent spot request (interruption: stop), for aws.ec2.SpotInstanceRequest.
+# How long a persistent request lives. EC2 ends one at ValidUntil, "Default: 7 days from the current date"
+# (EC2 API reference, SpotMarketOptions), and the instance then runs on with no request: it can no longer
+# be stopped, and a stopped one is terminated by the Spot service (EC2 User Guide, "Spot request status",
+# instance-terminated-by-service). EC2 documents no maximum. Running nodes keep the end date they were
+# launched with (instanceMarketOptions is an input they keep, components/provider_facts.py), so the date
+# moves only for new nodes, and never rolls a running one.
+SPOT_REQUEST_YEARS = 10
 
-    `stop` needs a persistent request: AWS keeps it open and starts the same instance, with its
-    EBS volume, once it has capacity again. Made by RunInstances, the request outlives the
-    instance that Pulumi deletes and launches another (terraform-provider-aws#38142); as a
-    resource of its own, its deletion cancels it and then terminates the instance.
-    """
-    o = pool.options
-    if not (o.spot and o.interruption == "stop"):
-        return None
-    # wait_for_fulfillment: the instance exists, with its id and addresses, once the request is made.
-    return dict(spot_type="persistent", instance_interruption_behavior="stop", spot_price=pool.spot_max_price,
-                wait_for_fulfillment=True)
+
+def spot_request_end(now: datetime | None = None) -> str:
+    """A persistent request's ValidUntil: SPOT_REQUEST_YEARS from the first of this month, in EC2's exact
+    form (YYYY-MM-DDTHH:MM:SSZ, no fraction: EC2 refuses milliseconds), the same all month long."""
+    now = now or datetime.now(timezone.utc)
+    return f"{now.year + SPOT_REQUEST_YEARS:04d}-{now.month:02d}-01T00:00:00Z"
 
 
 def capacity_specification(pool: GpuPool, reservation_id: pulumi.Input[str] | None
@@ -142,7 +149,7 @@ def pool_capacity_args(name: str, pool: GpuPool, subnets_by_zone: dict[str, pulu
         reservation, subnet, group = checked_reservation(
             f"{name}-{pool.name}", pool, {z: subnets_by_zone[z] for z in pool.zones}, parent)
         subnets = [subnet]
-    return dict(subnet_ids=subnets, market=market_options(pool), spot_request=spot_request(pool),
+    return dict(subnet_ids=subnets, market=market_options(pool),
                 capacity=capacity_specification(pool, reservation),
                 spot=pool.spot, placement_group=group, cluster_placement=pool.options.placement == "cluster",
                 efa_interfaces=pool.efa_interfaces, stable_address=bool(pool.efa_interfaces),

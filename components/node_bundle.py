@@ -17,6 +17,7 @@ from typing import Mapping, Sequence
 import pulumi
 import pulumi_aws as aws
 
+from settings.aws_lookups import CLUSTER_TAG
 from to_node import software as node_software
 
 
@@ -66,7 +67,10 @@ class NodeBundle(pulumi.ComponentResource):
         # and the old one goes once this `pulumi up` has moved every node off it.
         obj = aws.s3.BucketObjectv2(
             f"{name}-{self.sha256[:12]}", bucket=bucket.id, key=key, content_type="application/x-tar",
-            content_base64=base64.b64encode(data).decode(), tags=dict(args.tags), opts=child)
+            content_base64=base64.b64encode(data).decode(),
+            # The program's own tag only: S3 takes 10 per object (settings/tag_checks.py), and object tags count
+            # for no cost allocation; the bucket has the stack's tags.
+            tags={k: v for k, v in args.tags.items() if k == CLUSTER_TAG}, opts=child)
         self.url = pulumi.Output.concat("https://", bucket.bucket_regional_domain_name, "/", key)
         self.ready = [obj, policy, *([endpoint] if endpoint else [])]
         self.register_outputs({"sha256": self.sha256, "url": self.url})

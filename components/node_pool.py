@@ -20,10 +20,13 @@ they boot with; a stop loses it, and the refresh after reads associatePublicIpAd
 (terraform-provider-aws#33775), an input that would replace the node: running nodes keep that
 input (provider_facts.py), and nothing dials a worker at its public address.
 
-A spot pool with `interruption: stop` has persistent requests. Each node is an
-aws.ec2.SpotInstanceRequest, whose deletion cancels the request before it terminates the
-instance: a request made by RunInstances outlives the instance and launches another that
-nothing tracks (terraform-provider-aws#38142).
+A spot pool with `interruption: stop` has persistent requests, made by RunInstances with the
+node's own launch arguments (metadata options, root volume tags, EFA template): the legacy
+RequestSpotInstances behind aws.ec2.SpotInstanceRequest drops all three (terraform-provider-aws
+#25896, #35883), and its resource leaves the state when AWS ends the request, so the next `up`
+launched a second instance beside the first. A persistent request outlives a terminated instance and
+launches another; the provider's delete of aws.ec2.Instance cancels the request first
+(components/provider_facts.py), and the request's end date is years ahead (components/capacity.py).
 """
 from __future__ import annotations
 
@@ -36,9 +39,9 @@ import pulumi_tls as tls
 
 from components.cloud_config import HostKey, render_cloud_config
 from components.efa import efa_launch_template
-from components.provider_facts import INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES, SPOT_REQUEST_INPUTS_KEPT_BY_RUNNING_NODES
+from components.provider_facts import INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES
 from to_node.software import NodeRelease
-from settings.aws_lookups import ROLE_TAG
+from settings.aws_lookups import POOL_TAG, ROLE_TAG
 
 
 @dataclass
@@ -57,9 +60,6 @@ class NodePoolArgs:
     imds_hop_limit: pulumi.Input[int] = 1
     # Capacity (components/capacity.py): spot or a Capacity Block, and a reservation to run in.
     market: pulumi.Input[aws.ec2.InstanceInstanceMarketOptionsArgs] | None = None
-    # A persistent spot request's own arguments (components/capacity.py): each node is then an
-    # aws.ec2.SpotInstanceRequest, and `market` is None.
-    spot_request: Mapping[str, object] | None = None
     capacity: pulumi.Input[aws.ec2.InstanceCapacityReservationSpecificationArgs] | None = None
     spot: bool = False
     placement_group: pulumi.Input[str] | None = None  # a reservation's own cluster placement group
@@ -82,15 +82,12 @@ class Node:
     role: str
     pool: str
     index: int
-    instance: aws.ec2.Instance | aws.ec2.SpotInstanceRequest
+    instance: aws.ec2.Instance
     host_key: pulumi.Output[str]  # its public SSH host key, "ssh-ed25519 AAAA..."
     stable_ip: pulumi.Output[str] | None = None  # its Elastic IP, once associated
 
     @property
     def instance_id(self) -> pulumi.Output[str]:
-        """The EC2 instance's id (a spot request's is its instance's, not the request's)."""
-        if isinstance(self.instance, aws.ec2.SpotInstanceRequest):
-            return self.instance.spot_instance_id
         return self.instance.id
 
     @property
@@ -136,7 +133,7 @@ class NodePool(pulumi.ComponentResource):
         previous: list[pulumi.Resource] = []
         for i in range(args.count):
             node_name = f"{args.node_name_prefix}-{i}"
-            tags = {**args.tags, "Name": node_name, ROLE_TAG: args.role, "gpu-swarm:pool": args.pool}
+            tags = {**args.tags, "Name": node_name, ROLE_TAG: args.role, POOL_TAG: args.pool}
             key = tls.PrivateKey(f"{name}-{i}-host-key", algorithm="ED25519", opts=child)
             # Secret in the state: it holds the node's private host key.
             user_data = pulumi.Output.secret(pulumi.Output.all(
@@ -183,22 +180,13 @@ class NodePool(pulumi.ComponentResource):
                 # rotated key, another zone list, new user data, another market, reservation
                 # or placement, the address a stop took): only new or replaced nodes take them.
                 # components/provider_facts.py.
-                ignore_changes=list(INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES if args.spot_request is None
-                                    else SPOT_REQUEST_INPUTS_KEPT_BY_RUNNING_NODES),
+                ignore_changes=list(INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES),
                 replace_on_changes=replace_on,
                 depends_on=[*args.after, *(previous if args.one_at_a_time else [])],
                 hooks=hooks,
                 custom_timeouts=launch_timeouts(args.instance_type),
             )
-            if args.spot_request is None:
-                instance = aws.ec2.Instance(f"{name}-{i}", instance_market_options=args.market, **launch,
-                                            opts=options)
-            else:
-                instance = aws.ec2.SpotInstanceRequest(f"{name}-{i}", **args.spot_request, **launch, opts=options)
-                # The request's tags stay on the request: the instance gets its own.
-                for k, v in tags.items():
-                    aws.ec2.Tag(f"{name}-{i}-tag-{_tag_name(k)}", resource_id=instance.spot_instance_id, key=k,
-                                value=v, opts=pulumi.ResourceOptions(parent=self))
+            instance = aws.ec2.Instance(f"{name}-{i}", instance_market_options=args.market, **launch, opts=options)
             if args.one_at_a_time:
                 previous = [instance]
             stable_ip = self._address(f"{name}-{i}", instance, tags, hooks) if args.stable_address else None
@@ -212,7 +200,7 @@ class NodePool(pulumi.ComponentResource):
             }
         )
 
-    def _address(self, name: str, instance: aws.ec2.Instance | aws.ec2.SpotInstanceRequest,
+    def _address(self, name: str, instance: aws.ec2.Instance,
                  tags: Mapping, hooks: pulumi.ResourceHookBinding | None) -> pulumi.Output[str]:
         """An Elastic IP for the node: the same address across stop/start, resize and replacement."""
         # The pool's error hook: AllocateAddress is where AddressLimitExceeded comes.
@@ -240,7 +228,3 @@ def launch_timeouts(instance_type: pulumi.Input[str]) -> pulumi.CustomTimeouts |
     if minutes is None:
         return None
     return pulumi.CustomTimeouts(create=f"{minutes}m", update=f"{minutes}m", delete=f"{minutes}m")
-
-
-def _tag_name(key: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "-" for c in key)

@@ -70,14 +70,13 @@ INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES = (
     "capacityReservationSpecification", "instanceMarketOptions", "associatePublicIpAddress",
 )
 
-# aws.ec2.SpotInstanceRequest (aws_spot_instance_request): its schema is aws_instance's with every
-# argument made ForceNew except tags and tags_all (internal/service/ec2/ec2_spot_instance_request.go),
-# plus the request's own, also ForceNew. A change to any replaces the request: a new request and
-# instance, the old request cancelled and its instance terminated. So a persistent spot node keeps
-# what every node keeps, and a resize or a new root volume size replaces it (as for one-time spot).
-SPOT_REQUEST_UPDATED_IN_PLACE = frozenset({"tags"})
-SPOT_REQUEST_INPUTS_KEPT_BY_RUNNING_NODES = tuple(
-    k for k in INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES if k != "instanceMarketOptions")
+# aws.ec2.Instance's delete, for an instance of a persistent spot request (interruption: stop): the
+# provider cancels the request, then terminates the instance (resourceInstanceDelete,
+# CancelSpotInstanceRequests before terminateInstance, in terraform-provider-aws 6.45's source; before the
+# fix of #38142 the check never matched and the request launched another instance). pulumi-aws 7.51.1
+# bridges 6.45 or later: its SDK has the resources new in 6.45 (aws.observabilityadmin.TelemetryEvaluation,
+# aws.securityhub.AggregatorV2). A failed cancel fails the delete before the terminate, so no instance is
+# left without its request being ended. localswarm/fake_aws.py delete() does the same.
 
 # pulumi-command 1.x (remote.Command, remote.CopyToRemote): only `triggers` replaces a
 # command (pulumi-command#855). Any other change, a new connection included, is an update,
@@ -99,8 +98,7 @@ EIP_ASSOCIATION_FORCE_NEW = frozenset({"allocationId", "allowReassociation", "in
                                        "privateIpAddress", "publicIp"})
 
 KNOWN_TYPES = ("aws:ec2/instance:Instance", "aws:ec2/keyPair:KeyPair", "aws:ec2/eipAssociation:EipAssociation",
-               "aws:ec2/spotInstanceRequest:SpotInstanceRequest", "command:remote:Command",
-               "command:remote:CopyToRemote")
+               "command:remote:Command", "command:remote:CopyToRemote")
 
 
 def replaced_by(typ: str, old: dict, new: dict) -> set[str]:
@@ -113,8 +111,6 @@ def replaced_by(typ: str, old: dict, new: dict) -> set[str]:
         forcing = set(KEY_PAIR_FORCE_NEW)
     elif typ == "aws:ec2/eipAssociation:EipAssociation":
         forcing = set(EIP_ASSOCIATION_FORCE_NEW)
-    elif typ == "aws:ec2/spotInstanceRequest:SpotInstanceRequest":
-        forcing = (set(old) | set(new)) - SPOT_REQUEST_UPDATED_IN_PLACE
     elif typ.startswith("command:remote:"):
         forcing = set(COMMAND_FORCE_NEW)
     else:

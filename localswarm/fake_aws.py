@@ -3,15 +3,17 @@
 One catalogue for the unit tests (tests/conftest.py) and the rehearsal's `program up`
 (localswarm/program.py). A lookup that AWS would refuse raises, with the provider's words,
 as a failing invoke does; nothing here is reached over a network. What the program made in
-an earlier run (its subnets, its instances and their state) is an Account: the plural
-lookups answer from it, as AWS answers a second `pulumi up` from what the first one made.
+an earlier run (its subnets, its instances and their state) is an Account (localswarm/fake_account.py):
+the plural lookups answer from it, as AWS answers a second `pulumi up` from what the first one made.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
 
+from localswarm.fake_account import (  # noqa: F401 (the account's model, where the tests and the rehearsal find it)
+    ACCOUNT, ACCOUNT_ID, Account, AwsError, allocate_address, associate_address, check_tags, launch, launch_template,
+    provider_delete, provider_read, put_object, request_spot, reset_account, tag)
 from settings import aws_lookups
 
 REGION = "us-east-1"
@@ -104,63 +106,6 @@ QUOTA_NAMES = {"L-1216C47A": "Running On-Demand Standard (A, C, D, H, I, M, R, T
                "L-3819A6DF": "All G and VT Spot Instance Requests",
                "L-7212CCBC": "All P4, P3 and P2 Spot Instance Requests", "L-C4BD4855": "All P5 Spot Instance Requests",
                "L-0263D0A3": "EC2-VPC Elastic IPs"}
-ACCOUNT_ID = "123456789012"
-
-
-@dataclass
-class Account:
-    """What exists in the fake account besides the catalogue: what earlier runs of the program made."""
-
-    subnets: dict = field(default_factory=dict)  # id -> {"vpcId", "availabilityZone", "tags"}
-    # id -> {"state", "tags", "privateIp", "publicIp", "interfaces", "eni", "elasticIp", "lostPublicIp"}
-    instances: dict = field(default_factory=dict)
-    launch_templates: dict = field(default_factory=dict)  # id -> how many network interfaces it gives
-    addresses: dict = field(default_factory=dict)  # Elastic IP allocation id -> its address
-    # id -> {"state" (active, open, cancelled), "type" (persistent, one-time), "instance"}
-    spot_requests: dict = field(default_factory=dict)
-    quotas: dict = field(default_factory=dict)  # quota code -> value, over DEFAULT_QUOTA
-    quotas_readable: bool = True  # False: the credentials may not call servicequotas:GetServiceQuota
-    generations: dict = field(default_factory=dict)  # resource name -> times replaced (its id changes)
-
-    def stop(self, tag_name: str) -> str:
-        """Stop the instance whose Name tag is tag_name (a spot reclaim, an operator): its id."""
-        found = next(i for i, inst in self.instances.items() if inst["tags"].get("Name") == tag_name)
-        self.instances[found]["state"] = "stopped"
-        return found
-
-    def stop_and_start(self, tag_name: str) -> str:
-        """Stop and start it again: it keeps its Elastic IP, but loses an automatic public address, and
-        DescribeInstances then reports no public IP (terraform-provider-aws#33775)."""
-        found = self.stop(tag_name)
-        inst = self.instances[found]
-        inst["state"] = "running"
-        if not inst.get("elasticIp"):
-            inst["publicIp"], inst["lostPublicIp"] = None, True
-        return found
-
-    def replace(self, name: str) -> None:
-        """The next run makes a new instance for resource `name` (pulumi up --replace): a new id."""
-        self.generations[name] = self.generations.get(name, 0) + 1
-
-    def live_spot_requests(self) -> list[str]:
-        """Persistent requests not cancelled: AWS keeps (or starts again) an instance for each."""
-        return sorted(i for i, r in self.spot_requests.items() if r["type"] == "persistent" and r["state"] != "cancelled")
-
-
-ACCOUNT = Account()
-
-
-def reset_account() -> Account:
-    """A fresh account for a fresh stack; the object stays the same, so every importer sees it."""
-    ACCOUNT.subnets.clear()
-    ACCOUNT.instances.clear()
-    ACCOUNT.launch_templates.clear()
-    ACCOUNT.addresses.clear()
-    ACCOUNT.spot_requests.clear()
-    ACCOUNT.quotas.clear()
-    ACCOUNT.quotas_readable = True
-    ACCOUNT.generations.clear()
-    return ACCOUNT
 
 
 def _instance_type(a: dict) -> dict:
@@ -293,11 +238,9 @@ def _cloudcontrol(a: dict) -> dict:
 def _service_quota(a: dict) -> dict:
     """aws.servicequotas.get_service_quota by code; AccessDenied when the credentials may not read quotas."""
     code = a.get("quotaCode")
-    if not ACCOUNT.quotas_readable:
-        raise Exception(f"reading Service Quotas Service Quota ({a.get('serviceCode')}/{code}): operation error "
-                        "Service Quotas: GetServiceQuota, https response error StatusCode: 400, AccessDeniedException: "
-                        f"User: arn:aws:iam::{ACCOUNT_ID}:user/operator is not authorized to perform: "
-                        "servicequotas:GetServiceQuota")
+    ACCOUNT.require("servicequotas:GetServiceQuota", f"reading Service Quotas Service Quota "
+                                                     f"({a.get('serviceCode')}/{code}): operation error Service Quotas: "
+                                                     "GetServiceQuota, https response error StatusCode: 400")
     if a.get("serviceCode") != "ec2" or code not in QUOTA_NAMES:
         raise Exception(f"reading Service Quotas Service Quota ({a.get('serviceCode')}/{code}): NoSuchResourceException")
     value = float(ACCOUNT.quotas.get(code, DEFAULT_QUOTA))
@@ -305,131 +248,6 @@ def _service_quota(a: dict) -> dict:
             "serviceCode": "ec2", "serviceName": "Amazon Elastic Compute Cloud (Amazon EC2)", "value": value,
             "defaultValue": value, "adjustable": True, "globalQuota": False, "region": REGION, "usageMetrics": [],
             "arn": f"arn:aws:servicequotas:{REGION}:{ACCOUNT_ID}:ec2/{code}"}
-
-
-def delete(typ: str, resource_id: str) -> None:
-    """What the provider's Delete does to the account (pulumi destroy, or the old half of a replacement).
-
-    Terminating an instance that a persistent spot request launched leaves the request open: AWS
-    launches another instance for it (EC2 User Guide, "Terminate a Spot Instance"; that is
-    terraform-provider-aws#38142). Deleting an aws.ec2.SpotInstanceRequest cancels the request,
-    then terminates its instance."""
-    if typ == "aws:ec2/instance:Instance" and resource_id in ACCOUNT.instances:
-        ACCOUNT.instances[resource_id]["state"] = "terminated"
-        for request in ACCOUNT.spot_requests.values():
-            if request["instance"] == resource_id and request["type"] == "persistent":
-                request["state"] = "open"
-    elif typ == "aws:ec2/spotInstanceRequest:SpotInstanceRequest" and resource_id in ACCOUNT.spot_requests:
-        request = ACCOUNT.spot_requests[resource_id]
-        request["state"] = "cancelled"
-        if request["instance"] in ACCOUNT.instances:
-            ACCOUNT.instances[request["instance"]]["state"] = "terminated"
-
-
-def _digest(text: str, n: int = 17) -> str:
-    return hashlib.sha1(text.encode()).hexdigest()[:n]
-
-
-def launch(name: str, inputs: dict) -> tuple[str, dict]:
-    """RunInstances for the resource `name`: its id and what the provider reports.
-
-    Addresses follow the name, so two runs of the program (the plan tests) agree; a name that
-    was replaced (Account.replace) gets a new id. An instance launched from a template with
-    several network interfaces has several, and no automatic public address."""
-    generation = ACCOUNT.generations.get(name, 0)
-    instance_id = f"i-{_digest(name if not generation else f'{name}#{generation}')}"
-    n = int(_digest(name, 8), 16)
-    state = dict(inputs)
-    state["privateIp"] = f"10.42.{n // 250 % 250}.{n % 250 + 4}"
-    template = (inputs.get("launchTemplate") or {}).get("id")
-    interfaces = ACCOUNT.launch_templates.get(template, 1)
-    if inputs.get("associatePublicIpAddress") and interfaces == 1:
-        state["publicIp"] = f"54.{n // 65536 % 256}.{n // 256 % 256}.{n % 256}"
-    state["primaryNetworkInterfaceId"] = f"eni-{_digest(instance_id)}"
-    known = ACCOUNT.instances.get(instance_id, {})
-    record = {"state": known.get("state", "running"), "tags": dict(inputs.get("tags") or {}),
-              "privateIp": state["privateIp"], "publicIp": state.get("publicIp"), "interfaces": interfaces,
-              "eni": state["primaryNetworkInterfaceId"], "elasticIp": known.get("elasticIp"),
-              "lostPublicIp": known.get("lostPublicIp", False)}
-    if record["elasticIp"]:
-        record["publicIp"] = record["elasticIp"]
-    elif record["lostPublicIp"]:
-        record["publicIp"] = None
-    ACCOUNT.instances[instance_id] = record
-    spot = ((inputs.get("instanceMarketOptions") or {}).get("spotOptions") or {})
-    if spot.get("spotInstanceType") == "persistent":  # RunInstances makes the request that keeps the instance
-        ACCOUNT.spot_requests.setdefault(f"sir-{_digest(instance_id, 8)}", {
-            "state": "active", "type": "persistent", "instance": instance_id})
-    return instance_id, state
-
-
-def request_spot(name: str, inputs: dict) -> tuple[str, dict]:
-    """RequestSpotInstances (aws.ec2.SpotInstanceRequest, wait_for_fulfillment): the request and its instance.
-
-    Ids follow the name, as launch's do; a replaced request (Account.replace: the engine made a new
-    one) has new ones."""
-    generation = ACCOUNT.generations.get(name, 0)
-    request_id = f"sir-{_digest(name if not generation else f'{name}#{generation}', 8)}"
-    instance_id, state = launch(f"{name}/{request_id}", {**inputs, "tags": {}})
-    ACCOUNT.instances[instance_id]["tags"] = {}  # the request's tags stay on the request
-    ACCOUNT.spot_requests[request_id] = {"state": "active", "type": inputs.get("spotType") or "persistent",
-                                         "instance": instance_id}
-    return request_id, {**state, "spotInstanceId": instance_id, "spotRequestState": "active",
-                        "spotBidStatus": "fulfilled"}
-
-
-def allocate_address(name: str, inputs: dict) -> tuple[str, dict]:
-    """AllocateAddress: an address that follows the name, so two runs agree."""
-    n = int(_digest(name, 8), 16)
-    allocation = f"eipalloc-{_digest(name)}"
-    ACCOUNT.addresses[allocation] = f"3.{n // 65536 % 256}.{n // 256 % 256}.{n % 256}"
-    return allocation, {**inputs, "publicIp": ACCOUNT.addresses[allocation], "allocationId": allocation}
-
-
-def launch_template(name: str, inputs: dict) -> tuple[str, dict]:
-    template_id = f"lt-{_digest(name)}"
-    ACCOUNT.launch_templates[template_id] = max(1, len(inputs.get("networkInterfaces") or []))
-    return template_id, {**inputs, "latestVersion": 1}
-
-
-def tag(inputs: dict) -> None:
-    """CreateTags on an instance (aws.ec2.Tag)."""
-    if inputs.get("resourceId") in ACCOUNT.instances:
-        ACCOUNT.instances[inputs["resourceId"]]["tags"][inputs["key"]] = inputs["value"]
-
-
-def associate_address(inputs: dict) -> str:
-    """AssociateAddress, as EC2 answers it. By instance id only for an instance with one network interface."""
-    if inputs.get("instanceId"):
-        instance_id = inputs["instanceId"]
-        inst = ACCOUNT.instances.get(instance_id)
-        if inst and inst["interfaces"] > 1:
-            raise Exception(f"associating EC2 EIP ({inputs.get('allocationId')}): operation error EC2: "
-                            f"AssociateAddress, https response error StatusCode: 400, api error InvalidInstanceID: "
-                            f"There are multiple interfaces attached to instance '{instance_id}'. Please specify an "
-                            "interface ID for the operation instead.")
-    else:
-        instance_id = next((i for i, inst in ACCOUNT.instances.items() if inst["eni"] == inputs.get("networkInterfaceId")),
-                           None)
-        if instance_id is None:
-            raise Exception(f"associating EC2 EIP ({inputs.get('allocationId')}): InvalidNetworkInterfaceID.NotFound: "
-                            f"The networkInterface ID '{inputs.get('networkInterfaceId')}' does not exist")
-    public_ip = ACCOUNT.addresses.get(inputs.get("allocationId"))
-    if public_ip is None:
-        raise Exception(f"associating EC2 EIP: InvalidAllocationID.NotFound: {inputs.get('allocationId')}")
-    if instance_id in ACCOUNT.instances:
-        ACCOUNT.instances[instance_id].update(elasticIp=public_ip, publicIp=public_ip)
-    return public_ip
-
-
-def refreshed(typ: str, resource_id: str, inputs: dict) -> dict:
-    """The inputs a refresh reads back for a resource (the bridged provider reads them from AWS's answer)."""
-    if typ == "aws:ec2/spotInstanceRequest:SpotInstanceRequest" and resource_id in ACCOUNT.spot_requests:
-        resource_id, typ = ACCOUNT.spot_requests[resource_id]["instance"], "aws:ec2/instance:Instance"
-    inst = ACCOUNT.instances.get(resource_id) if typ == "aws:ec2/instance:Instance" else None
-    if inst and inst.get("lostPublicIp") and "associatePublicIpAddress" in inputs:
-        return {**inputs, "associatePublicIpAddress": False}
-    return inputs
 
 
 def _route_tables(a: dict) -> dict:

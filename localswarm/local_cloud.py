@@ -38,7 +38,8 @@ from localswarm import fake_aws, machines, object_store, ssh
 from localswarm.network import BRIDGE_ADDR, SUBNET
 
 INSTANCE = "aws:ec2/instance:Instance"
-SPOT_REQUEST = "aws:ec2/spotInstanceRequest:SpotInstanceRequest"  # a node of a persistent spot pool
+# A persistent spot node of an earlier release: a state that holds one deletes it (terminating its machine).
+SPOT_REQUEST = "aws:ec2/spotInstanceRequest:SpotInstanceRequest"
 COMMAND = "command:remote:Command"
 EC2_SUBNET = "aws:ec2/subnet:Subnet"
 # aws.ec2.Instance inputs that the provider changes with a stop, a modify and a start.
@@ -117,7 +118,7 @@ class LocalCloud(pulumi_mocks.Mocks):
         if before:
             # ignore_changes: the engine keeps the old value of those inputs, as if unchanged.
             inputs = as_diffed(before["inputs"], inputs, getattr(self.options, "ignore_changes", ()))
-        handler = {INSTANCE: self._instance, SPOT_REQUEST: self._spot_request, COMMAND: self._command,
+        handler = {INSTANCE: self._instance, COMMAND: self._command,
                    "aws:s3/bucketObjectv2:BucketObjectv2": self._object, "aws:s3/bucket:Bucket": self._bucket,
                    "aws:ec2/keyPair:KeyPair": self._key_pair, "aws:ec2/eip:Eip": self._eip,
                    "aws:ec2/eipAssociation:EipAssociation": self._eip_association,
@@ -191,10 +192,6 @@ class LocalCloud(pulumi_mocks.Mocks):
         return (before["id"] if before and change == "update" else f"{name}-{uuid.uuid4().hex[:8]}",
                 {**inputs, "stdout": result.stdout, "stderr": result.stderr})
 
-    def _spot_request(self, name: str, inputs: dict, before: dict | None):
-        """A persistent spot request is a machine too: its id is the request's, its instance's is spotInstanceId."""
-        return self._instance(name, inputs, before, typ=SPOT_REQUEST)
-
     def _instance(self, name: str, inputs: dict, before: dict | None, typ: str = INSTANCE):
         change = self._change(typ, before, inputs)
         if change in ("same", "update"):
@@ -232,9 +229,6 @@ class LocalCloud(pulumi_mocks.Mocks):
         self.say(f"{name}: machine {machine.name} ({hostname}, {len(gpus)} GPU) booting at {machine.address}")
         outputs = {**inputs, "privateIp": machine.address, "publicIp": machine.address, "instanceState": "running",
                    "primaryNetworkInterfaceId": eni}
-        if typ == SPOT_REQUEST:  # the resource is the request; the machine is its instance
-            request_id = f"sir-{hashlib.sha1(instance_id.encode()).hexdigest()[:8]}"
-            return request_id, {**outputs, "spotInstanceId": instance_id, "spotRequestState": "active"}
         return instance_id, outputs
 
     def _stop_change_start(self, name: str, before: dict, inputs: dict) -> None:

@@ -15,7 +15,7 @@ from settings import reader
 from settings.aws_checks import (check_overlay_pool, region_problem, resolve_amis, resolve_instance_types,
                                  resolve_network)
 from settings.config_checks import (read_authorized_keys, read_image, read_managers, read_network, read_pools, read_ssh,
-                                    read_ssh_cidrs, read_tags)
+                                    read_ssh_cidrs)
 from settings.cuda_checks import check_cuda, read_registry_credentials
 from settings.model import PROJECT, GpuPool, Health, Managers, Monitoring, Network, Settings, SettingsError, StackFile
 from settings.monitoring_checks import read_monitoring
@@ -27,6 +27,7 @@ from settings.reader import DEFAULTS, Reader, suggest
 from settings.reservation_checks import check_reservations
 from settings.stack_checks import check_stacks, read_stacks
 from settings.swarm_checks import read_health, read_overlay_pool, read_shared_kind
+from settings.tag_checks import read_tags
 from swarm.gpu_kind import validate_kind
 
 __all__ = ["DEFAULTS", "GpuPool", "Health", "Managers", "Monitoring", "Network", "Settings", "SettingsError", "StackFile",

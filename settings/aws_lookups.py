@@ -14,6 +14,9 @@ import pulumi_aws as aws
 # Tags the program puts on everything it makes (components/cluster.py, node_pool.py); lookups find them by it.
 CLUSTER_TAG = "gpu-swarm:cluster"
 ROLE_TAG = "gpu-swarm:role"
+POOL_TAG = "gpu-swarm:pool"
+# Every tag the program sets itself, as many as any one resource gets (a node: settings/tag_checks.py counts them).
+OWN_TAGS = ("Name", CLUSTER_TAG, ROLE_TAG, POOL_TAG)
 # Public SSM parameters that always name the newest image of each kind (amd64).
 UBUNTU_AMI_PARAMETER = "/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id"
 DEEP_LEARNING_AMI_PARAMETER = (

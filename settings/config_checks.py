@@ -294,25 +294,6 @@ def read_network(r: Reader) -> dict:
     return out
 
 
-def read_tags(r: Reader) -> tuple[tuple[str, str], ...]:
-    raw = r.json("tags", dict, "pulumi config set --path 'tags.team' ml-platform")
-    tags = []
-    for name, value in sorted((raw or {}).items()):
-        if name.lower().startswith("aws:"):
-            r.error("tags", f"{name!r}: the aws: prefix is reserved by AWS; choose another key")
-        elif name == "Name" or name.startswith(f"{PROJECT}:"):
-            r.error("tags", f"{name!r} is set by {PROJECT} on every resource; choose another key")
-        elif not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            r.error("tags", f"{name!r}: tag values must be text, found {value!r}")
-        elif len(name) > 128 or len(str(value)) > 256:
-            r.error("tags", f"{name!r}: AWS allows keys up to 128 and values up to 256 characters")
-        else:
-            tags.append((name, str(value)))
-    if len(tags) > 40:
-        r.error("tags", f"{len(tags)} tags; AWS allows 50 per resource and {PROJECT} uses up to 10")
-    return tuple(tags)
-
-
 def read_ssh(r: Reader) -> tuple[str, str | None, pulumi.Output[str] | None]:
     user = r.string("sshUser")
     if not LINUX_USER_RE.fullmatch(user):

@@ -109,6 +109,13 @@ def read_pool_options(entry: dict, spot: Any, error: Callable[[str, str], None])
         error("placement", f"{placement!r}: use cluster (the pool's nodes close together, in one zone), "
                            "or leave it out")
         ok = False
+    elif placement and market == "spot" and interruption == "stop":
+        # "You can't launch a Spot Instance that is configured to stop or hibernate on interruption in a
+        # placement group" (EC2 User Guide, placement group rules); RunInstances refuses it.
+        error("placement", "EC2 launches no spot instance that stops on interruption in a placement group; "
+                           "remove placement, or set interruption terminate (a reclaimed node is then replaced by "
+                           "the next pulumi up)")
+        ok = False
     efa = boolean(entry.get("efa"), False, lambda m: error("efa", m))
     zone = str(entry.get("availabilityZone") or "").strip() or None
     if zone and not ZONE_RE.fullmatch(zone):

@@ -90,8 +90,11 @@ class AwsMocks(pulumi_mocks.Mocks):
                 state["privateKeyOpenssh"] = "-----BEGIN OPENSSH PRIVATE KEY-----\nZmFrZQ==\n-----END OPENSSH PRIVATE KEY-----\n"
                 state["publicKeyOpenssh"] = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeFakeFake\n"
         if args.typ == "aws:s3/bucket:Bucket":
+            fake_aws.check_tags(state.get("tags"), "s3-bucket", f"creating S3 Bucket ({args.name})")
             bucket, extra = bucket_state(args.name)
             return bucket, {**state, **extra}
+        if args.typ == "aws:s3/bucketObjectv2:BucketObjectv2":
+            fake_aws.put_object(str(state.get("bucket")), state.get("key", ""), state.get("tags"))
         if args.typ == "aws:ec2/vpcEndpoint:VpcEndpoint":
             return f"vpce-{hashlib.sha1(args.name.encode()).hexdigest()[:17]}", state
         if args.typ == "aws:ec2/keyPair:KeyPair":

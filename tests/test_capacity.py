@@ -4,6 +4,9 @@ The prod stack's training pool: p5.48xlarge in an On-Demand Capacity Reservation
 placement group and 32 EFA interfaces. What mocks prove is the graph and the inputs; that AWS
 launches such an instance was not checked here (no AWS is reachable).
 """
+import re
+from datetime import datetime, timedelta, timezone
+
 import pytest
 
 from components import capacity
@@ -78,18 +81,37 @@ def test_efa_nodes_install_efa_and_say_how_many_interfaces_they_have(prod):
     assert "install-efa" not in prod.plain("gpu-swarm-rollout-inference-0-upgrade")["update"]
 
 
-def test_a_stop_spot_pool_asks_for_a_persistent_request_of_its_own(prod):
+def test_a_stop_spot_pool_launches_instances_whose_requests_are_persistent_and_end_years_ahead(prod):
+    """RunInstances makes the request, with the node's own metadata options, root volume tags and placement;
+    it ends SPOT_REQUEST_YEARS ahead, not the 7 days EC2 gives a request that names no end."""
     for name in ("gpu-swarm-inference-0", "gpu-swarm-inference-1"):
-        request = prod.plain(name)
-        assert prod.requests[name].type == "aws:ec2/spotInstanceRequest:SpotInstanceRequest"
-        assert (request["spotType"], request["instanceInterruptionBehavior"], request["waitForFulfillment"]) == (
-            "persistent", "stop", True), name
-        assert "instanceMarketOptions" not in request
-        # The request's tags stay on it: the instance is tagged on its own, with the same tags.
-        tags = {prod.plain(t)["key"]: prod.plain(t)["value"] for t in prod.of_type("aws:ec2/tag:Tag")
-                if t.startswith(f"{name}-tag-")}
-        assert tags == request["tags"] and tags["gpu-swarm:pool"] == "inference", name
+        node = prod.plain(name)
+        assert prod.requests[name].type == "aws:ec2/instance:Instance"
+        spot = node["instanceMarketOptions"]["spotOptions"]
+        assert (node["instanceMarketOptions"]["marketType"], spot["spotInstanceType"],
+                spot["instanceInterruptionBehavior"]) == ("spot", "persistent", "stop"), name
+        until = datetime.fromisoformat(spot["validUntil"].replace("Z", "+00:00"))
+        assert until - datetime.now(timezone.utc) > timedelta(days=365 * (capacity.SPOT_REQUEST_YEARS - 1)), name
+        assert re.fullmatch(r"\d{4}-\d\d-01T00:00:00Z", spot["validUntil"]), name  # EC2 takes no fraction
+        assert node["metadataOptions"] == {"httpEndpoint": "enabled", "httpTokens": "required",
+                                           "httpPutResponseHopLimit": 1}, name
+        assert node["rootBlockDevice"]["tags"]["gpu-swarm:pool"] == "inference", name
     assert "instanceMarketOptions" not in prod.plain("gpu-swarm-training-0")
+    assert not prod.of_type("aws:ec2/tag:Tag")
+
+
+def test_a_one_time_spot_request_names_no_end_date():
+    """RunInstances refuses validUntil for a one-time request (InvalidParameterCombination)."""
+    graph = Graph(run_program(stack_config("dev", gpuPools=[
+        {"name": "t4", "instanceType": "g4dn.xlarge", "count": 1, "marketType": "spot"}])))
+    spot = graph.plain("gpu-swarm-t4-0")["instanceMarketOptions"]["spotOptions"]
+    assert spot["spotInstanceType"] == "one-time" and "validUntil" not in spot
+
+
+def test_the_request_end_is_the_same_all_month_and_moves_with_it():
+    assert capacity.spot_request_end(datetime(2026, 12, 1, tzinfo=timezone.utc)) == "2036-12-01T00:00:00Z"
+    assert capacity.spot_request_end(datetime(2026, 12, 31, 23, 59, tzinfo=timezone.utc)) == "2036-12-01T00:00:00Z"
+    assert capacity.spot_request_end(datetime(2027, 2, 28, tzinfo=timezone.utc)) == "2037-02-01T00:00:00Z"
 
 
 def test_a_capacity_block_pool_runs_in_its_block():

@@ -22,7 +22,8 @@ from localswarm import fake_aws
 from tests.conftest import CUSTOM_AMI, CUSTOM_AMI_NEXT, request_inputs, run_program, stack_config, unwrap
 
 INSTANCE = "aws:ec2/instance:Instance"
-SPOT_REQUEST = "aws:ec2/spotInstanceRequest:SpotInstanceRequest"  # a persistent spot node (interruption: stop)
+# What a persistent spot node was before it was an aws.ec2.Instance (tests/test_plan_aws.py checks none is left).
+SPOT_REQUEST = "aws:ec2/spotInstanceRequest:SpotInstanceRequest"
 REPLACE_FACTS = (INSTANCE, "command:remote:Command")
 
 
@@ -66,9 +67,10 @@ def plan(config_a: dict, config_b: dict, *, between=None, secret_keys=(), stack:
         a = _registered(first)
         if between:
             between()
-        if refresh:
-            a = {urn: (typ, fake_aws.refreshed(typ, first.monitor.ids[name], old), req, name)
-                 for urn, (typ, old, req, name) in a.items()}
+        if refresh:  # what the provider's Read finds gone leaves the state: the next up creates it again
+            read = {urn: (typ, fake_aws.provider_read(typ, first.monitor.ids[name], old), req, name)
+                    for urn, (typ, old, req, name) in a.items()}
+            a = {urn: entry for urn, entry in read.items() if entry[1] is not None}
         # AWS still holds what the first up made: its subnets, its instances (tests/conftest.py).
         second = run_program(config_b, secret_keys, stack=stack, keep_account=True)
         b = _registered(second)
@@ -88,7 +90,7 @@ def plan(config_a: dict, config_b: dict, *, between=None, secret_keys=(), stack:
             result.updated[name] = {k for k in set(old) | set(new) if old.get(k) != new.get(k)}
     for urn, (typ, _, _, name) in a.items():  # the engine deletes the old ones last
         if urn not in b or name in result.replaced and first.monitor.ids[name] != second.monitor.ids[name]:
-            fake_aws.delete(typ, first.monitor.ids[name])
+            fake_aws.provider_delete(typ, first.monitor.ids[name])
     read = result.updated.pop(HEALTH_READ, None)
     assert read is None or "create" in read and read <= {"create", "connection"}, read  # None: inventoryEachUp off
     return result
@@ -193,10 +195,11 @@ def test_a_new_gpu_type_replaces_spot_nodes():
     # A one-time spot instance cannot be stopped to be resized: it is replaced, as the README says.
     assert result.instances_replaced() == {"gpu-swarm-inference-0": {"instanceType"},
                                            "gpu-swarm-inference-1": {"instanceType"}}
-    # A persistent request takes no change but its tags (provider_facts.py): a new size is a new request.
+    # A persistent spot node is an instance too (its request made by RunInstances): its disk grows in place,
+    # and a new type replaces it.
     result = plan(PROD, with_(gpuPools=[TRAINING, {**INFERENCE, "rootVolumeGiB": 300}]))
-    assert result.instances_replaced() == {"gpu-swarm-inference-0": {"rootBlockDevice"},
-                                           "gpu-swarm-inference-1": {"rootBlockDevice"}}
+    assert result.instances_replaced() == {}
+    assert set(result.updated) == {"gpu-swarm-inference-0", "gpu-swarm-inference-1"}
 
 
 NODES = ["managers-0", "managers-1", "managers-2", "training-0", "inference-0", "inference-1"]

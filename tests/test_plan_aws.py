@@ -5,16 +5,20 @@ between two ups (a stop and start, a replacement, a destroy), and checks what th
 or the destroy does: EC2 refuses an Elastic IP by instance id for an instance with several
 network interfaces; a stopped worker's refresh reads no public address
 (terraform-provider-aws#33775); terminating an instance leaves its persistent spot request
-open (terraform-provider-aws#38142), while deleting the request cancels it.
+open (terraform-provider-aws#38142), while the provider's delete cancels it first; a persistent request
+that names no end is cancelled after 7 days.
 """
 from __future__ import annotations
 
 import pytest
 
+import json
+from datetime import timedelta
+
 from components import node_pool, provider_facts
-from localswarm import fake_aws
+from localswarm import fake_account, fake_aws
 from tests.conftest import run_program, stack_config
-from tests.test_plan import INFERENCE, PROD, SPOT_REQUEST, TRAINING, plan, with_
+from tests.test_plan import INFERENCE, INSTANCE, PROD, SPOT_REQUEST, TRAINING, plan, with_
 from tests.test_resource_graph import Graph
 
 ASSOCIATION = "aws:ec2/eipAssociation:EipAssociation"
@@ -23,7 +27,7 @@ ASSOCIATION = "aws:ec2/eipAssociation:EipAssociation"
 def destroy(run) -> None:
     """`pulumi destroy`: every resource the run made goes, as its provider deletes it."""
     for name, resource_id in reversed(list(run.monitor.ids.items())):
-        fake_aws.delete(run.monitor.requests[name].type, resource_id)
+        fake_aws.provider_delete(run.monitor.requests[name].type, resource_id)
 
 
 # ---------------------------------------------------------------- Elastic IPs on multi-card nodes
@@ -79,8 +83,6 @@ def test_without_keeping_the_address_input_the_refresh_would_replace_the_stopped
     """Why the input is kept: the same refresh, with running nodes taking associatePublicIpAddress, replaces them."""
     monkeypatch.setattr(node_pool, "INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES", tuple(
         k for k in provider_facts.INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES if k != "associatePublicIpAddress"))
-    monkeypatch.setattr(node_pool, "SPOT_REQUEST_INPUTS_KEPT_BY_RUNNING_NODES", tuple(
-        k for k in provider_facts.SPOT_REQUEST_INPUTS_KEPT_BY_RUNNING_NODES if k != "associatePublicIpAddress"))
     result = plan(STOPPING, STOPPING, between=stop_and_start_workers, refresh=True)
     assert result.instances_replaced() == {"gpu-swarm-t4-0": {"associatePublicIpAddress"},
                                            "gpu-swarm-inference-0": {"associatePublicIpAddress"}}
@@ -89,41 +91,139 @@ def test_without_keeping_the_address_input_the_refresh_would_replace_the_stopped
 # ---------------------------------------------------------------- persistent spot requests
 
 
-def test_terminating_an_instance_leaves_its_persistent_request_open_in_the_fake_account():
-    """The mock answers as EC2 does (a persistent request outlives its instance), or the tests below prove nothing."""
+def test_the_fake_account_ends_and_keeps_persistent_requests_as_ec2_does():
+    """The account answers as EC2 documents it, or the tests below prove nothing."""
+    account = fake_aws.reset_account()
+    stop = {"marketType": "spot", "spotOptions": {"spotInstanceType": "persistent",
+                                                  "instanceInterruptionBehavior": "stop"}}
+    # A request that names no end ends 7 days on; its running instance runs on, with no request.
+    running, _ = fake_aws.launch("a", {"instanceMarketOptions": stop})
+    stopped, _ = fake_aws.launch("b", {"instanceMarketOptions": stop, "tags": {"Name": "b"}})
+    account.stop("b")
+    account.advance(8)
+    request = account.spot_requests[account.instances[running]["spotRequest"]]
+    assert (request["state"], request["status"]) == ("cancelled", "request-canceled-and-instance-running")
+    assert account.instances[running]["state"] == "running"
+    assert account.instances[stopped]["state"] == "terminated"  # instance-terminated-by-service
+    # Terminating an instance leaves its request open, and EC2 launches another, which nothing tracks.
+    orphaned, _ = fake_aws.launch("c", {"instanceMarketOptions": {**stop, "spotOptions": {
+        **stop["spotOptions"], "validUntil": "2036-12-01T00:00:00Z"}}})
+    fake_account.terminate(orphaned)
+    account.advance(1)
+    assert [i for i in account.running() if not account.instances[i]["tracked"]]
+    # The provider's delete of the instance cancels the request first: nothing comes back.
     fake_aws.reset_account()
-    instance, _ = fake_aws.launch("n", {"instanceMarketOptions": {"marketType": "spot", "spotOptions": {
-        "spotInstanceType": "persistent", "instanceInterruptionBehavior": "stop"}}})
-    fake_aws.delete("aws:ec2/instance:Instance", instance)
-    assert len(fake_aws.ACCOUNT.live_spot_requests()) == 1
+    kept, _ = fake_aws.launch("d", {"instanceMarketOptions": stop})
+    fake_aws.provider_delete(INSTANCE, kept)
+    fake_aws.ACCOUNT.advance(1)
+    assert fake_aws.ACCOUNT.running() == [] and fake_aws.ACCOUNT.live_spot_requests() == []
+
+
+def test_the_fake_account_refuses_and_drops_what_ec2_does():
+    fake_aws.reset_account()
+    stop = {"marketType": "spot", "spotOptions": {"spotInstanceType": "persistent",
+                                                  "instanceInterruptionBehavior": "stop"}}
+    with pytest.raises(fake_aws.AwsError, match="placement group"):
+        fake_aws.launch("pg", {"instanceMarketOptions": stop, "placementGroup": "pg"})
+    with pytest.raises(fake_aws.AwsError, match="validUntil"):
+        fake_aws.launch("one", {"instanceMarketOptions": {"marketType": "spot", "spotOptions": {
+            "spotInstanceType": "one-time", "validUntil": "2036-12-01T00:00:00Z"}}})
+    with pytest.raises(fake_aws.AwsError, match="TagLimitExceeded"):
+        fake_aws.launch("tags", {"tags": {f"k{i}": "v" for i in range(51)}})
+    with pytest.raises(fake_aws.AwsError, match="InvalidTag"):
+        fake_aws.put_object("b", "k", {f"k{i}": "v" for i in range(11)})
+    # The legacy RequestSpotInstances keeps none of the node's metadata options, root volume tags or template.
+    template, _ = fake_aws.launch_template("t", {"networkInterfaces": [{}] * 4})
+    request, state = fake_aws.request_spot("legacy", {
+        "spotType": "persistent", "instanceInterruptionBehavior": "stop", "placementGroup": "pg",
+        "metadataOptions": {"httpTokens": "required", "httpPutResponseHopLimit": 1},
+        "rootBlockDevice": {"tags": {"team": "ml"}}, "launchTemplate": {"id": template}})
+    inst = fake_aws.ACCOUNT.instances[state["spotInstanceId"]]
+    assert inst["metadataOptions"]["httpTokens"] == "optional" and inst["rootVolumeTags"] == {}
+    assert (inst["launchTemplate"], inst["placementGroup"], inst["interfaces"]) == (None, None, 1)
+
+
+STOP_EFA = {"name": "train", "instanceType": "p4d.24xlarge", "count": 2, "marketType": "spot", "interruption": "stop",
+            "efa": True}
+TWELVE_TAGS = {f"team-{k}": f"value-{k}" for k in "abcdefghijkl"}
+
+
+@pytest.mark.parametrize("config", [PROD, stack_config("prod", gpuPools=[INFERENCE, STOP_EFA], tags=TWELVE_TAGS)],
+                         ids=["prod", "spot-stop-efa-12-tags"])
+def test_every_node_reaches_aws_as_the_program_meant(config):
+    """What EC2 holds for each node, not what the program registered: IMDSv2 with a hop limit of 1, the root
+    volume's tags, its template's interfaces (and with them its subnet and groups), its request's end."""
+    run = run_program(config, stack="prod")
+    nodes = [n for n, r in run.monitor.requests.items() if r.type == INSTANCE]
+    assert nodes and not [n for n, r in run.monitor.requests.items() if r.type == SPOT_REQUEST]
+    for name in nodes:
+        registered = run.monitor.requests[name]
+        inst = fake_aws.ACCOUNT.instances[run.monitor.ids[name]]
+        assert (inst["metadataOptions"]["httpTokens"], inst["metadataOptions"]["httpPutResponseHopLimit"]) == \
+            ("required", 1), name
+        assert inst["rootVolumeTags"] == inst["tags"] and inst["tags"]["gpu-swarm:pool"], name
+        assert json.loads(config["gpu-swarm:tags"]).items() <= inst["tags"].items(), name
+        assert inst["subnetId"] != "default-vpc" and inst["securityGroupIds"], name
+        if name.startswith("gpu-swarm-train-"):
+            assert inst["interfaces"] == 4 and inst["launchTemplate"], name
+        request = fake_aws.ACCOUNT.spot_requests.get(inst["spotRequest"] or "")
+        if request:
+            assert request["validUntil"] > fake_aws.ACCOUNT.now + timedelta(days=365 * 9), name
+        assert registered.type == INSTANCE
+
+
+def test_a_week_later_every_stop_node_is_still_one_instance_and_its_request_still_runs():
+    """A request that names no end is cancelled by EC2 after 7 days; with aws.ec2.SpotInstanceRequest the
+    provider's read then dropped it from the state, and the next up launched a second instance for every
+    `stop` node while the first billed on, untracked."""
+    result = plan(PROD, PROD, between=lambda: fake_aws.ACCOUNT.advance(8), refresh=True)
+    assert result.changed() == set()
+    tracked = {i for i, inst in fake_aws.ACCOUNT.instances.items() if inst["tracked"]}
+    assert set(fake_aws.ACCOUNT.running()) <= tracked
+    inference = [i for i in fake_aws.ACCOUNT.running()
+                 if fake_aws.ACCOUNT.instances[i]["tags"].get("gpu-swarm:pool") == "inference"]
+    assert len(inference) == INFERENCE["count"]
+    assert all(fake_aws.ACCOUNT.spot_requests[fake_aws.ACCOUNT.instances[i]["spotRequest"]]["state"] == "active"
+               for i in inference)
+
+
+def test_a_cancelled_request_never_leads_to_a_second_instance():
+    """An operator cancels a node's request in the console: the instance runs on, and stays the node."""
+    def cancel_one():
+        inst = next(i for i in fake_aws.ACCOUNT.instances.values() if i["tags"].get("Name") == "gpu-swarm-prod-inference-0")
+        fake_account.cancel_spot_request(inst["spotRequest"])
+
+    result = plan(PROD, PROD, between=cancel_one, refresh=True)
+    assert result.changed() == set()
+    assert len([i for i in fake_aws.ACCOUNT.running()
+                if fake_aws.ACCOUNT.instances[i]["tags"].get("gpu-swarm:pool") == "inference"]) == 2
 
 
 def test_destroy_cancels_every_persistent_spot_request():
     run = run_program(PROD, stack="prod")
-    requests = [n for n, r in run.monitor.requests.items() if r.type == SPOT_REQUEST]
-    assert requests == ["gpu-swarm-inference-0", "gpu-swarm-inference-1"]
-    assert sorted(fake_aws.ACCOUNT.live_spot_requests()) == sorted(run.monitor.ids[n] for n in requests)
+    nodes = [n for n in ("gpu-swarm-inference-0", "gpu-swarm-inference-1")]
+    requests = {fake_aws.ACCOUNT.instances[run.monitor.ids[n]]["spotRequest"] for n in nodes}
+    assert sorted(fake_aws.ACCOUNT.live_spot_requests()) == sorted(requests)
     destroy(run)
-    assert fake_aws.ACCOUNT.live_spot_requests() == []
-    for name in requests:
-        request = fake_aws.ACCOUNT.spot_requests[run.monitor.ids[name]]
-        assert request["state"] == "cancelled" and fake_aws.ACCOUNT.instances[request["instance"]]["state"] == \
-            "terminated", name
+    fake_aws.ACCOUNT.advance(1)  # an open request would have launched another instance by now
+    assert fake_aws.ACCOUNT.live_spot_requests() == [] and fake_aws.ACCOUNT.running() == []
 
 
 def test_a_replaced_spot_node_cancels_its_old_request():
-    def engine_makes_new_requests():
+    def engine_makes_new_instances():
         for i in (0, 1):
             fake_aws.ACCOUNT.replace(f"gpu-swarm-inference-{i}")
 
     old = run_program(PROD, stack="prod").monitor.ids
-    before = {old["gpu-swarm-inference-0"], old["gpu-swarm-inference-1"]}
-    result = plan(PROD, with_(gpuPools=[TRAINING, {**INFERENCE, "rootVolumeGiB": 300}]),
-                  between=engine_makes_new_requests)
+    before = {fake_aws.ACCOUNT.instances[old[f"gpu-swarm-inference-{i}"]]["spotRequest"] for i in (0, 1)}
+    result = plan(PROD, with_(gpuPools=[TRAINING, {**INFERENCE, "instanceType": "g4dn.12xlarge"}]),
+                  between=engine_makes_new_instances)
     assert set(result.instances_replaced()) == {"gpu-swarm-inference-0", "gpu-swarm-inference-1"}
+    fake_aws.ACCOUNT.advance(1)
     live = set(fake_aws.ACCOUNT.live_spot_requests())
     assert len(live) == 2 and not live & before
     assert all(fake_aws.ACCOUNT.spot_requests[r]["state"] == "cancelled" for r in before)
+    assert all(fake_aws.ACCOUNT.instances[i]["tracked"] for i in fake_aws.ACCOUNT.running())
 
 
 # ---------------------------------------------------------------- the jump host

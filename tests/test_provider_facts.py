@@ -75,14 +75,19 @@ def test_an_elastic_ip_on_the_primary_interface_moves_to_a_replaced_instance_by_
                                       {"networkInterfaceId": "eni-2"}) == {"networkInterfaceId"}
 
 
-def test_a_spot_request_takes_no_change_but_its_tags():
-    """aws_spot_instance_request marks every argument ForceNew except tags and tags_all."""
-    typ = "aws:ec2/spotInstanceRequest:SpotInstanceRequest"
-    old = {"instanceType": "g6e.12xlarge", "rootBlockDevice": {"volumeSize": 200}, "tags": {"a": "1"}}
-    assert provider_facts.replaced_by(typ, old, {**old, "tags": {"a": "2"}}) == set()
-    assert provider_facts.replaced_by(typ, old, {**old, "rootBlockDevice": {"volumeSize": 300}}) == {"rootBlockDevice"}
-    assert provider_facts.replaced_by(typ, old, {**old, "spotPrice": "2.5"}) == {"spotPrice"}
-    # What a running persistent spot node keeps are inputs of the request, and the same as an instance keeps.
-    kept = set(provider_facts.SPOT_REQUEST_INPUTS_KEPT_BY_RUNNING_NODES)
-    assert {path.split(".")[0] for path in kept} <= inputs_of(aws.ec2.SpotInstanceRequestArgs)
-    assert kept == set(provider_facts.INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES) - {"instanceMarketOptions"}
+def test_the_pinned_provider_bridges_the_upstream_whose_instance_delete_cancels_its_spot_request():
+    """components/provider_facts.py: terraform-provider-aws 6.45's resourceInstanceDelete cancels a persistent
+    spot instance's request before it terminates it; the pinned SDK has resources that are new in 6.45."""
+    assert aws.observabilityadmin.TelemetryEvaluation and aws.observabilityadmin.TelemetryEvaluationForOrganization
+    assert aws.securityhub.AggregatorV2
+
+
+def test_a_spot_nodes_market_options_replace_only_a_node_that_does_not_keep_them():
+    """Every spot option is ForceNew (aws_instance instance_market_options); running nodes keep them."""
+    typ = "aws:ec2/instance:Instance"
+    old = {"instanceMarketOptions": {"marketType": "spot", "spotOptions": {"validUntil": "2036-11-01T00:00:00Z"}}}
+    new = {"instanceMarketOptions": {"marketType": "spot", "spotOptions": {"validUntil": "2036-12-01T00:00:00Z"}}}
+    assert provider_facts.replaced_by(typ, old, new) == {"instanceMarketOptions"}
+    assert "instanceMarketOptions" in provider_facts.INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES
+    kept = provider_facts.as_diffed(old, new, provider_facts.INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES)
+    assert provider_facts.replaced_by(typ, old, kept) == set()

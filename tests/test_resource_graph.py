@@ -49,7 +49,7 @@ class Graph:
         return {n: self.plain(n) for n, r in self.requests.items() if r.type in NODE_TYPES}
 
 
-NODE_TYPES = ("aws:ec2/instance:Instance", "aws:ec2/spotInstanceRequest:SpotInstanceRequest")
+NODE_TYPES = ("aws:ec2/instance:Instance",)
 
 
 @pytest.fixture(scope="module")
@@ -93,10 +93,9 @@ def test_instances_carry_name_role_pool_and_user_tags(prod):
 def test_spot_only_where_configured(prod):
     for name, inst in prod.instances().items():
         market = inst.get("instanceMarketOptions")
-        if inst["tags"]["gpu-swarm:pool"] == "inference":  # interruption: stop: a request of its own (test_capacity)
-            assert prod.requests[name].type == "aws:ec2/spotInstanceRequest:SpotInstanceRequest", name
-            assert (inst["spotType"], inst["instanceInterruptionBehavior"]) == ("persistent", "stop"), name
-            assert market is None, name
+        if inst["tags"]["gpu-swarm:pool"] == "inference":  # interruption: stop: a persistent request (test_capacity)
+            assert (market["marketType"], market["spotOptions"]["spotInstanceType"],
+                    market["spotOptions"]["instanceInterruptionBehavior"]) == ("spot", "persistent", "stop"), name
         else:
             assert prod.requests[name].type == "aws:ec2/instance:Instance" and market is None, name
 
@@ -110,8 +109,7 @@ def test_images_managers_ubuntu_gpu_nodes_deep_learning(prod):
 def test_running_nodes_keep_what_only_matters_at_creation(prod):
     """A new AMI release, a rotated key, another zone list or new user data never touch a running node."""
     for name in prod.instances():
-        kept = provider_facts.INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES if prod.requests[name].type == \
-            "aws:ec2/instance:Instance" else provider_facts.SPOT_REQUEST_INPUTS_KEPT_BY_RUNNING_NODES
+        kept = provider_facts.INSTANCE_INPUTS_KEPT_BY_RUNNING_NODES
         assert set(prod.requests[name].ignoreChanges) == set(kept), name
         assert "associatePublicIpAddress" in kept  # a stop loses the automatic address (tests/test_plan_aws.py)
         assert prod.plain(name)["userDataReplaceOnChange"] is False

@@ -1,4 +1,5 @@
 """Every bad stack setting fails before anything is created, with a message naming the key and the fix."""
+import json
 import runpy
 
 import pulumi
@@ -140,6 +141,16 @@ BAD = [
     ("tag-name", {"tags": {"Name": "x"}}, (), ["gpu-swarm:tags: 'Name' is set by gpu-swarm on every resource"]),
     ("tag-not-text", {"tags": {"team": {"a": 1}}}, (), ["gpu-swarm:tags: 'team': tag values must be text"]),
     ("tags-not-an-object", {"tags": '["a"]'}, (), ["gpu-swarm:tags: expected an object", "--path 'tags.team'"]),
+    ("tags-over-what-a-node-takes", {"tags": {f"k{i:02d}": "v" for i in range(47)}}, (),
+     ["gpu-swarm:tags: 47 tags (47 here, 0 from aws:defaultTags)", "aws.ec2.Instance would refuse them",
+      "keep at most 46 in all"]),
+    ("tag-character-s3-refuses", {"tags": {"cost,center": "42"}}, (),
+     ["gpu-swarm:tags: 'cost,center': the node software's S3 bucket takes only letters"]),
+    ("stop-spot-in-a-placement-group", {"gpuPools": pools({"name": "p", "instanceType": "p4d.24xlarge", "count": 1,
+                                                          "marketType": "spot", "interruption": "stop",
+                                                          "placement": "cluster"})}, (),
+     ["gpu-swarm:gpuPools[0].placement: EC2 launches no spot instance that stops on interruption in a placement "
+      "group; remove placement, or set interruption terminate"]),
     ("ssh-user-invalid", {"sshUser": "Ubuntu!"}, (), ["gpu-swarm:sshUser: 'Ubuntu!' is not a Linux user name"]),
     ("public-key-alone", {"sshPublicKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB me@host"}, (),
      ["gpu-swarm:sshPrivateKey: sshPublicKey and sshPrivateKey come as a pair", "generate a key"]),
@@ -223,6 +234,17 @@ def test_bad_settings_name_the_key_and_the_fix(overrides, secret_keys, fragments
     assert "nothing was created" in message
     for fragment in fragments:
         assert fragment in message, f"{fragment!r} not in:\n{message}"
+
+
+def test_the_providers_default_tags_count_and_the_bundle_takes_none_of_the_stacks():
+    """aws:defaultTags reach every resource (tags_all), S3 objects too: ten of them and the program's own are 11."""
+    config = stack_config("dev", tags={"team": "ml"})
+    use_mocks({**config, "aws:defaultTags": json.dumps({"tags": {f"d{i}": "v" for i in range(10)}})})
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert "aws:defaultTags has 10 tags" in str(err.value) and "aws.s3.BucketObjectv2" in str(err.value)
+    use_mocks({**config, "aws:defaultTags": json.dumps({"tags": {f"d{i}": "v" for i in range(9)}})})
+    assert load_settings().tag_map == {"team": "ml"}
 
 
 def test_bad_ids_are_distinct():
