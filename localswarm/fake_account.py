@@ -181,20 +181,18 @@ def _spot(inputs: dict) -> dict:
     return (market.get("spotOptions") or {}) if market.get("marketType") == "spot" else {}
 
 
-def launch(name: str, inputs: dict, *, legacy_request: bool = False) -> tuple[str, dict]:
-    """RunInstances for the resource `name` (the provider's Create of aws.ec2.Instance): its id and what the
-    provider reports.
+def as_launched(name: str, inputs: dict, *, legacy_request: bool = False) -> dict:
+    """What EC2 makes of a launch's arguments, or its refusal: the instance's metadata options, root volume
+    tags, placement group, template, subnet and groups, and its spot request's type and end.
 
-    Addresses follow the name, so two runs of the program (the plan tests) agree; a name that was replaced
-    (Account.replace) gets a new id. An instance launched from a template with several network interfaces has
-    several, and no automatic public address. legacy_request: launched by RequestSpotInstances, whose launch
-    specification has no metadata options, no root volume tags, and no launch template, and to which the
-    provider passes the placement group only for a `terminate` request (terraform-provider-aws
-    ec2_spot_instance_request.go; #25896, #35883)."""
+    legacy_request: launched by RequestSpotInstances, whose launch specification has no metadata options, no
+    root volume tags, and no launch template, and to which the provider passes the placement group only for
+    a `terminate` request (terraform-provider-aws ec2_spot_instance_request.go; #25896, #35883)."""
     spot = _spot(inputs)
     if legacy_request:
         spot = {"spotInstanceType": inputs.get("spotType") or "persistent",
-                "instanceInterruptionBehavior": inputs.get("instanceInterruptionBehavior") or "terminate"}
+                "instanceInterruptionBehavior": inputs.get("instanceInterruptionBehavior") or "terminate",
+                "validUntil": inputs.get("validUntil")}
     persistent = spot.get("spotInstanceType") == "persistent"
     stops = spot.get("instanceInterruptionBehavior") in ("stop", "hibernate")
     group = inputs.get("placementGroup")
@@ -214,43 +212,56 @@ def launch(name: str, inputs: dict, *, legacy_request: bool = False) -> tuple[st
     check_tags(inputs.get("tags"), "ec2", f"creating EC2 Instance ({name})")
     root = inputs.get("rootBlockDevice") or {}
     check_tags(root.get("tags"), "ec2", f"creating EC2 Instance ({name}) root volume")
+    template = None if legacy_request else (inputs.get("launchTemplate") or {}).get("id")
+    given = spot.get("validUntil")
+    return {
+        "metadataOptions": {**DEFAULT_METADATA, **({} if legacy_request else inputs.get("metadataOptions") or {})},
+        "rootVolumeTags": {} if legacy_request else dict(root.get("tags") or {}),
+        "placementGroup": group, "launchTemplate": template,
+        # Without a template's interfaces, a launch with no subnet lands in the default VPC.
+        "subnetId": inputs.get("subnetId") or ("from-template" if template else "default-vpc"),
+        "securityGroupIds": list(inputs.get("vpcSecurityGroupIds") or (["from-template"] if template else [])),
+        "persistent": persistent,
+        "validUntil": (datetime.fromisoformat(given.replace("Z", "+00:00")) if given
+                       else ACCOUNT.now + timedelta(days=DEFAULT_REQUEST_DAYS)) if persistent else None,
+    }
 
+
+def launch(name: str, inputs: dict, *, legacy_request: bool = False) -> tuple[str, dict]:
+    """RunInstances for the resource `name` (the provider's Create of aws.ec2.Instance): its id and what the
+    provider reports.
+
+    Addresses follow the name, so two runs of the program (the plan tests) agree; a name that was replaced
+    (Account.replace) gets a new id. An instance launched from a template with several network interfaces has
+    several, and no automatic public address. legacy_request: see as_launched."""
+    made = as_launched(name, inputs, legacy_request=legacy_request)
     generation = ACCOUNT.generations.get(name, 0)
     instance_id = f"i-{_digest(name if not generation else f'{name}#{generation}')}"
     n = int(_digest(name, 8), 16)
     state = dict(inputs)
     state["privateIp"] = f"10.42.{n // 250 % 250}.{n % 250 + 4}"
-    template = None if legacy_request else (inputs.get("launchTemplate") or {}).get("id")
-    interfaces = ACCOUNT.launch_templates.get(template, 1)
+    interfaces = ACCOUNT.launch_templates.get(made["launchTemplate"], 1)
     if inputs.get("associatePublicIpAddress") and interfaces == 1:
         state["publicIp"] = f"54.{n // 65536 % 256}.{n // 256 % 256}.{n % 256}"
     state["primaryNetworkInterfaceId"] = f"eni-{_digest(instance_id)}"
     known = ACCOUNT.instances.get(instance_id, {})
     record = _record(instance_id, inputs, known.get("state", "running"))
-    given_metadata = inputs.get("metadataOptions")
     record.update(
         tags={} if legacy_request else dict(inputs.get("tags") or {}),
         privateIp=state["privateIp"], publicIp=state.get("publicIp"), interfaces=interfaces,
         eni=state["primaryNetworkInterfaceId"], elasticIp=known.get("elasticIp"),
         lostPublicIp=known.get("lostPublicIp", False),
-        metadataOptions={**DEFAULT_METADATA, **({} if legacy_request or not given_metadata else given_metadata)},
-        rootVolumeTags={} if legacy_request else dict(root.get("tags") or {}),
-        placementGroup=group, launchTemplate=template,
-        # Without a template's interfaces, a launch with no subnet lands in the default VPC.
-        subnetId=inputs.get("subnetId") or ("from-template" if template else "default-vpc"),
-        securityGroupIds=list(inputs.get("vpcSecurityGroupIds") or ([] if not template else ["from-template"])))
+        **{k: made[k] for k in ("metadataOptions", "rootVolumeTags", "placementGroup", "launchTemplate", "subnetId",
+                                "securityGroupIds")})
     if record["elasticIp"]:
         record["publicIp"] = record["elasticIp"]
     elif record["lostPublicIp"]:
         record["publicIp"] = None
     ACCOUNT.instances[instance_id] = record
-    if persistent:  # RunInstances makes the request that keeps the instance
+    if made["persistent"] and not legacy_request:  # RunInstances makes the request that keeps the instance
         request_id = known.get("spotRequest") or f"sir-{_digest(instance_id, 8)}"
-        given = spot.get("validUntil")
-        until = (datetime.fromisoformat(given.replace("Z", "+00:00")) if given
-                 else ACCOUNT.now + timedelta(days=DEFAULT_REQUEST_DAYS))
-        ACCOUNT.spot_requests.setdefault(request_id, {"state": "active", "type": "persistent",
-                                                      "instance": instance_id, "validUntil": until, "status": ""})
+        ACCOUNT.spot_requests.setdefault(request_id, {"state": "active", "type": "persistent", "instance": instance_id,
+                                                      "validUntil": made["validUntil"], "status": ""})
         record["spotRequest"] = request_id
         state["spotInstanceRequestId"], state["instanceLifecycle"] = request_id, "spot"
     return instance_id, state
@@ -264,9 +275,7 @@ def request_spot(name: str, inputs: dict) -> tuple[str, dict]:
     generation = ACCOUNT.generations.get(name, 0)
     request_id = f"sir-{_digest(name if not generation else f'{name}#{generation}', 8)}"
     instance_id, state = launch(f"{name}/{request_id}", inputs, legacy_request=True)
-    given = inputs.get("validUntil")
-    until = (datetime.fromisoformat(given.replace("Z", "+00:00")) if given
-             else ACCOUNT.now + timedelta(days=DEFAULT_REQUEST_DAYS))
+    until = as_launched(name, inputs, legacy_request=True)["validUntil"]
     ACCOUNT.spot_requests[request_id] = {"state": "active", "type": inputs.get("spotType") or "persistent",
                                          "instance": instance_id, "validUntil": until, "status": ""}
     ACCOUNT.instances[instance_id]["spotRequest"] = request_id

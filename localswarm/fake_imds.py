@@ -8,13 +8,28 @@ notice is a file: DIR/<node>/imds/spot-instance-action.json (or rebalance.json, 
 maintenance-scheduled.json), written by `localswarm node spot-notice` (and health.maintenance_notice).
 No file: 404, as EC2 answers when nothing is announced.
 Like IMDSv2, a GET without a token gets 401.
+
+The program's rehearsal (localswarm/program.py) asks for what EC2 gives each instance instead: one
+server on the bridge, which the bridge's packets to 169.254.169.254:80 reach (network.create_bridge),
+answering each machine by its address from the record LocalCloud writes when it launches it
+(register): its instance id, user data and metadata options, kept as EC2 keeps them
+(fake_account.launch). With httpTokens optional a GET without a token is answered (IMDSv1); with
+required it gets 401. A token's PUT is answered with packets whose IP TTL is the hop limit, so a
+container behind the machine's bridge (one hop more) never gets one at hop limit 1 (EC2 User Guide,
+"Instance metadata options": the hop limit is the PUT response's number of network hops).
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import secrets
+import socket
+import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from localswarm.network import IMDS_PORT
 
 PATHS = {"/latest/meta-data/spot/instance-action": "spot-instance-action.json",
          "/latest/meta-data/events/recommendations/rebalance": "rebalance.json",
@@ -56,6 +71,83 @@ def make_handler(root: Path, token: str):
             pass
 
     return Handler
+
+
+# Beside the machines (machines.STATE): the records of the program's rehearsal, one per machine address.
+RECORDS = Path(os.environ.get("GPU_SWARM_REHEARSAL_STATE", "/var/lib/gpu-swarm-rehearsal")) / "imds"
+INSTANCE_PATHS = {"/latest/meta-data/instance-id": "instance-id", "/latest/meta-data/ami-id": "ami-id",
+                  "/latest/user-data": "user-data"}
+
+
+def register(records: Path, address: str, record: dict) -> None:
+    """What the instance at `address` is to IMDS: {"instance-id", "ami-id", "user-data", "metadataOptions"}."""
+    records.mkdir(parents=True, exist_ok=True)
+    tmp = records / f".{address}.tmp"
+    tmp.write_text(json.dumps(record))
+    os.chmod(tmp, 0o600)  # the user data holds the node's host key
+    tmp.replace(records / f"{address}.json")
+
+
+def unregister(records: Path, address: str) -> None:
+    (records / f"{address}.json").unlink(missing_ok=True)
+
+
+def make_instance_handler(records: Path):
+    """IMDS as each instance sees it, found by the address a request comes from."""
+    tokens: dict[str, str] = {}  # address -> its token
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self, status: int, body: str = "") -> None:
+            data = body.encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _record(self) -> dict | None:
+            try:
+                return json.loads((records / f"{self.client_address[0]}.json").read_text())
+            except (OSError, ValueError):
+                return None
+
+        def do_PUT(self):  # noqa: N802
+            record = self._record()
+            options = (record or {}).get("metadataOptions") or {}
+            if record is None or options.get("httpEndpoint") == "disabled":
+                return self._answer(404)
+            if self.path != "/latest/api/token" or not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+                return self._answer(400)
+            hops = int(options.get("httpPutResponseHopLimit") or 1)
+            self.connection.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, hops)
+            token = tokens.setdefault(self.client_address[0], secrets.token_hex(16))
+            self._answer(200, token)
+
+        def do_GET(self):  # noqa: N802
+            record = self._record()
+            options = (record or {}).get("metadataOptions") or {}
+            if record is None or options.get("httpEndpoint") == "disabled":
+                return self._answer(404)
+            token = self.headers.get("X-aws-ec2-metadata-token")
+            if token is not None and token != tokens.get(self.client_address[0]):
+                return self._answer(401)
+            if token is None and options.get("httpTokens", "optional") == "required":
+                return self._answer(401)
+            key = INSTANCE_PATHS.get(self.path)
+            if key is None or key not in record:
+                return self._answer(404)
+            self._answer(200, str(record[key]))
+
+        def log_message(self, *_):
+            pass
+
+    return Handler
+
+
+def serve_in_background(address: str, records: Path = RECORDS) -> ThreadingHTTPServer:
+    server = ThreadingHTTPServer((address, IMDS_PORT), make_instance_handler(records))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="imds", daemon=True).start()
+    return server
 
 
 def main() -> None:

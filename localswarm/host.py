@@ -46,8 +46,9 @@ def run(cmd: list[str], *, check: bool = True, env: dict | None = None, input: s
     return proc
 
 
-def min_docker_version() -> tuple[int, ...]:
-    return _version(min_versions()["DOCKER_MIN_VERSION"])
+def pinned_docker_version() -> tuple[int, ...]:
+    """The Docker Engine release every node runs (node/versions.env): the rehearsal runs it too."""
+    return _version(min_versions()["DOCKER_VERSION"])
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -72,8 +73,8 @@ class Engine:
 
 
 def find_engine() -> Engine:
-    """The first dockerd >= the minimum: our own install under ENGINE_PREFIX, then PATH."""
-    minimum = min_docker_version()
+    """The first dockerd of the pinned release: our own install under ENGINE_PREFIX, then PATH."""
+    pinned = pinned_docker_version()
     seen = []
     candidates = [ENGINE_PREFIX / "usr/sbin/dockerd", ENGINE_PREFIX / "usr/bin/dockerd"]
     if shutil.which("dockerd"):
@@ -82,7 +83,7 @@ def find_engine() -> Engine:
         if not dockerd.exists():
             continue
         out = run([str(dockerd), "--version"], check=False).stdout.strip()
-        if _version(out) < minimum:
+        if _version(out) != pinned:
             seen.append(f"{dockerd} ({out or 'unknown version'})")
             continue
         bin_dirs = [str(dockerd.parent), str(dockerd.parent.parent / "bin")]
@@ -91,11 +92,11 @@ def find_engine() -> Engine:
         if not docker:
             raise RehearsalError(f"found {dockerd} but no docker CLI next to it; {SETUP_HINT}")
         return Engine(str(dockerd), docker, out, path)
-    want = ".".join(map(str, minimum))
+    want = ".".join(map(str, pinned))
     found = "; found only " + ", ".join(seen) if seen else ""
     raise RehearsalError(
-        f"no Docker Engine >= {want} here{found}. Older engines reject GPU tasks on overlay "
-        f"networks (moby#44378). {SETUP_HINT}"
+        f"no Docker Engine {want} here{found}: the rehearsal runs the release node/versions.env pins for "
+        f"every node (DOCKER_VERSION). {SETUP_HINT}"
     )
 
 

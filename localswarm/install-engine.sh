@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Installs a Docker Engine new enough for GPU swarms (>= DOCKER_MIN_VERSION) for the
-# local rehearsal, without touching the system's docker packages.
+# Installs the Docker Engine that node/versions.env pins (DOCKER_VERSION, with containerd of
+# CONTAINERD_VERSION's minor) for the local rehearsal and the tests, without touching the system's
+# docker packages: the release every node runs.
 #
-# Debian bookworm ships docker.io 20.10, which rejects tasks that combine generic
-# resources with an overlay network (moby#44378). Debian trixie's dockerd and
-# containerd run on bookworm (its runc needs glibc 2.38, so bookworm's runc stays),
-# so we fetch those signed packages through apt and unpack them under PREFIX.
+# Debian forky's docker.io 28.5.2 and containerd 2.1.9 run on bookworm (they need glibc 2.34;
+# forky's runc needs 2.38, so bookworm's runc stays), so we fetch those signed packages through
+# apt and unpack them under PREFIX.
 #
-# With --check it installs nothing: it names a new enough dockerd and exits 0, or exits 1.
+# With --check it installs nothing: it names the pinned dockerd and exits 0, or exits 1.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -17,12 +17,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../scripts/steps.sh"
 STEP_PREFIX=engine STEP_COUNT=3
 PREFIX=${GPU_SWARM_ENGINE_PREFIX:-/opt/gpu-swarm/docker}
-SUITE=${GPU_SWARM_ENGINE_SUITE:-trixie}
+SUITE=${GPU_SWARM_ENGINE_SUITE:-forky}
 
-version_ok() {  # version_ok BINARY: true when BINARY reports a version >= DOCKER_MIN_VERSION
+version_ok() {  # version_ok BINARY: true when BINARY is the pinned release (28.5.2, or Debian's 28.5.2+dfsg4)
   local v
   v=$("$1" --version 2>/dev/null | sed -n 's/.*version \([0-9][0-9.]*\).*/\1/p' | head -n1)
-  [ -n "$v" ] && [ "$(printf '%s\n%s\n' "$DOCKER_MIN_VERSION" "$v" | sort -V | head -n1)" = "$DOCKER_MIN_VERSION" ]
+  [ "$v" = "$DOCKER_VERSION" ]
 }
 
 for candidate in "$PREFIX/usr/sbin/dockerd" "$(command -v dockerd || true)"; do
@@ -30,19 +30,19 @@ for candidate in "$PREFIX/usr/sbin/dockerd" "$(command -v dockerd || true)"; do
     if [ "${1:-}" = --check ]; then
       echo "$candidate is $("$candidate" --version)"
     else
-      say "$candidate ($("$candidate" --version)) is new enough"
+      say "$candidate ($("$candidate" --version)) is the pinned release"
     fi
     exit 0
   fi
 done
 if [ "${1:-}" = --check ]; then exit 1; fi
 
-say "no dockerd >= $DOCKER_MIN_VERSION found; fetching Debian $SUITE's docker.io into $PREFIX"
+say "no dockerd $DOCKER_VERSION found; fetching Debian $SUITE's docker.io into $PREFIX"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cannot_fetch() {
   echo "engine: could not fetch Debian $SUITE's docker.io through apt (see above)." >&2
-  echo "engine: install a Docker Engine >= $DOCKER_MIN_VERSION yourself (for example docker-ce from" >&2
+  echo "engine: install Docker Engine $DOCKER_VERSION yourself (for example docker-ce from" >&2
   echo "engine: Docker's apt repository) so that \`dockerd\` is on PATH, then run this again." >&2
   exit 1
 }
@@ -66,7 +66,12 @@ for deb in "${debs[@]}"; do dpkg-deb -x "$deb" "$PREFIX.new"; done
 ln -sf /usr/bin/tini-static "$PREFIX.new/usr/bin/docker-init"
 rm -rf "$PREFIX"
 mv "$PREFIX.new" "$PREFIX"
-version_ok "$PREFIX/usr/sbin/dockerd" || { echo "engine: $PREFIX/usr/sbin/dockerd is still too old" >&2; exit 1; }
+version_ok "$PREFIX/usr/sbin/dockerd" || {
+  echo "engine: Debian $SUITE's dockerd is $("$PREFIX/usr/sbin/dockerd" --version); node/versions.env pins" \
+    "$DOCKER_VERSION: move the pin (and run the benches again), or set GPU_SWARM_ENGINE_SUITE to a suite" \
+    "that has it" >&2
+  exit 1
+}
 say "  $(du -sh "$PREFIX" | cut -f1) in $PREFIX"
 step_done
 say "installed $("$PREFIX/usr/sbin/dockerd" --version)"

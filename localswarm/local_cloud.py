@@ -34,7 +34,7 @@ from typing import Callable
 from pulumi.runtime import mocks as pulumi_mocks, rpc
 
 from components.provider_facts import as_diffed, replaced_by
-from localswarm import fake_aws, machines, object_store, ssh
+from localswarm import fake_account, fake_aws, fake_imds, machines, network, object_store, ssh
 from localswarm.network import BRIDGE_ADDR, SUBNET
 
 INSTANCE = "aws:ec2/instance:Instance"
@@ -207,6 +207,7 @@ class LocalCloud(pulumi_mocks.Mocks):
             else:  # create before delete: the old one goes at the end of the run
                 with self.lock:
                     self.doomed.append(before)
+        launched = fake_account.as_launched(name, inputs)  # what EC2 refuses, or keeps of the launch's options
         with self.lock:
             index, self.next_index = self.next_index, self.next_index + 1
         instance_id = f"i-{hashlib.sha1(f'{name}/{index}/{time.time()}'.encode()).hexdigest()[:17]}"
@@ -215,6 +216,10 @@ class LocalCloud(pulumi_mocks.Mocks):
         gpus = [{"uuid": f"GPU-{uuid.uuid4()}", "name": f"NVIDIA {model}", "memory_mib": memory}
                 for model, memory in fake_aws.gpus_of(inputs["instanceType"])]
         public_key = self._public_key(inputs["keyName"])
+        # What IMDS answers the machine, in place before it boots: its first request finds it.
+        fake_imds.register(fake_imds.RECORDS, network.node_addr(index), {
+            "instance-id": instance_id, "ami-id": inputs["ami"], "user-data": inputs["userData"],
+            "metadataOptions": launched["metadataOptions"]})
         machine = machines.launch(
             f"lsw-{index}", index, user_data=inputs["userData"],
             # ami-id as IMDS has it: the image the instance was launched from, which it keeps.
@@ -250,7 +255,9 @@ class LocalCloud(pulumi_mocks.Mocks):
         # A spot request's machine is its instance's (deleting the request cancels it, then terminates that).
         record = self.machines_by_instance.pop(resource["outputs"].get("spotInstanceId") or resource["id"], None)
         if record:
-            machines.terminate(machines.Machine(record["machine"], record["index"]))
+            m = machines.Machine(record["machine"], record["index"])
+            machines.terminate(m)
+            fake_imds.unregister(fake_imds.RECORDS, m.address)
             self.say(f"machine {record['machine']} ({record['hostname']}) terminated")
 
     def _public_key(self, key_name: str) -> str:

@@ -38,6 +38,14 @@ def _rule(chain: str) -> list[str]:
     return [chain, "-i", BRIDGE, "-o", BRIDGE, "-j", "ACCEPT", "-m", "comment", "--comment", "localswarm"]
 
 
+# The machines' instance metadata: what they send to 169.254.169.254:80 reaches the bridge's server
+# (localswarm/fake_imds.py) with its source address kept, so the server knows which instance asks. Only
+# packets that come from the bridge: the host's own metadata service, if it has one, is left alone.
+IMDS_ADDR, IMDS_PORT = "169.254.169.254", 80
+_IMDS_RULE = ["PREROUTING", "-i", BRIDGE, "-d", f"{IMDS_ADDR}/32", "-p", "tcp", "--dport", str(IMDS_PORT),
+              "-j", "DNAT", "--to-destination", f"{BRIDGE_ADDR}:{IMDS_PORT}", "-m", "comment", "--comment", "localswarm"]
+
+
 def create_bridge() -> None:
     run(["ip", "link", "add", BRIDGE, "type", "bridge"])
     run(["ip", "addr", "add", f"{BRIDGE_ADDR}/{SUBNET.prefixlen}", "dev", BRIDGE])
@@ -45,6 +53,13 @@ def create_bridge() -> None:
     for chain in _CHAINS:
         if run(["iptables", "-nL", chain], check=False).returncode == 0:
             run(["iptables", "-I", *_rule(chain)])
+    route_imds()
+
+
+def route_imds() -> None:
+    """The DNAT of the machines' metadata requests, once (a bridge made by an older release lacks it)."""
+    if run(["iptables", "-t", "nat", "-C", *_IMDS_RULE], check=False).returncode != 0:
+        run(["iptables", "-t", "nat", "-I", *_IMDS_RULE])
 
 
 def create_node_netns(node: str, index: int) -> None:
@@ -76,7 +91,8 @@ def _our_links() -> list[str]:
 
 def our_rules() -> list[str]:
     """The iptables rules the rehearsal added, as `iptables -S` prints them."""
-    out = run(["iptables", "-S"], check=False).stdout if shutil.which("iptables") else ""
+    out = "".join(run(["iptables", *table, "-S"], check=False).stdout for table in ([], ["-t", "nat"])) \
+        if shutil.which("iptables") else ""
     return [line for line in out.splitlines() if "localswarm" in line]
 
 
@@ -93,6 +109,8 @@ def teardown_network() -> None:
     for chain in _CHAINS:
         while shutil.which("iptables") and run(["iptables", "-C", *_rule(chain)], check=False).returncode == 0:
             run(["iptables", "-D", *_rule(chain)], check=False)
+    while shutil.which("iptables") and run(["iptables", "-t", "nat", "-C", *_IMDS_RULE], check=False).returncode == 0:
+        run(["iptables", "-t", "nat", "-D", *_IMDS_RULE], check=False)
 
 
 def remove_node_netns(node: str) -> None:

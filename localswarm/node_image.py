@@ -18,6 +18,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,12 +33,16 @@ from localswarm.network import BRIDGE_ADDR
 
 CACHE = Path(os.environ.get("GPU_SWARM_IMAGE_CACHE", "/var/cache/gpu-swarm/node-image"))
 WHEELS = CACHE / "wheels"  # PyPI wheels the node software needs (pypi_wheels), kept across builds
-SUITE = "trixie"  # cloud-init 25.1 (Ubuntu 24.04 ships 24.x+), Docker 26.1.5 (>= 25.0.3, moby#44378)
+SUITE = "trixie"  # cloud-init 25.1 (Ubuntu 24.04 ships 24.x+)
+# The engine, as node/versions.env pins it (DOCKER_VERSION, and CONTAINERD_VERSION's minor): Debian forky's
+# docker.io 28.5.2 with containerd 2.1.9 and runc 1.3.6, over trixie. Its release is checked after the build.
+ENGINE_SUITE = "forky"
+ENGINE_PACKAGES = ("docker.io", "docker-cli", "containerd", "runc")
 MIRROR = "http://deb.debian.org/debian"
 PACKAGES = (
     "systemd", "systemd-sysv", "dbus",  # PID 1, as on an instance
     "cloud-init", "openssh-server", "sudo",  # how the program reaches a node
-    "docker.io", "docker-cli", "iptables",  # Docker 26.1.5; trixie puts the CLI in its own package
+    "iptables",  # the engine's (ENGINE_PACKAGES come from ENGINE_SUITE)
     "python3",  # the GPU agent's venv; no python3-venv, which a venv without pip does not need (install-agent-venv.sh)
     "curl", "ca-certificates", "openssl",  # the node bundle's download from the S3 stand-in
     "busybox-static",  # the post-join check image (node/build-check-image.sh)
@@ -100,7 +105,8 @@ def _digest(data) -> str:
 
 
 def base_dir() -> Path:
-    return CACHE / f"base-{_digest([SUITE, MIRROR, PACKAGES, DPKG_OPTIONS])}"
+    engine = [ENGINE_SUITE, ENGINE_PACKAGES, min_versions()["DOCKER_VERSION"], min_versions()["CONTAINERD_VERSION"]]
+    return CACHE / f"base-{_digest([SUITE, MIRROR, PACKAGES, DPKG_OPTIONS, engine])}"
 
 
 def pypi_wheels(download: bool, progress=print) -> dict[str, tuple[bytes, int]] | None:
@@ -178,8 +184,13 @@ def _build_base(progress) -> None:
     log = CACHE / f"{target.name}.log"
     # The hook counts the .debs before mmdebstrap empties apt's cache: what the build downloaded.
     count = 'echo "downloaded $(cat "$1"/var/cache/apt/archives/*.deb | wc -c) bytes"'
-    cmd = ["mmdebstrap", "--variant=apt", f"--include={','.join(PACKAGES)}", f"--customize-hook={count}",
-           *[f"--dpkgopt={o}" for o in DPKG_OPTIONS], SUITE, str(work / "rootfs"), MIRROR]
+    # The engine from ENGINE_SUITE, its dependencies from SUITE where they are met there (pkg/suite).
+    engine = ("chroot \"$1\" apt-get install -y -q --no-install-recommends "
+              + " ".join(f"{p}/{ENGINE_SUITE}" for p in ENGINE_PACKAGES))
+    cmd = ["mmdebstrap", "--variant=apt", f"--include={','.join(PACKAGES)}", f"--customize-hook={engine}",
+           f"--customize-hook={count}", f"--aptopt=APT::Default-Release \"{SUITE}\"",
+           *[f"--dpkgopt={o}" for o in DPKG_OPTIONS], SUITE, str(work / "rootfs"),
+           f"deb {MIRROR} {SUITE} main", f"deb {MIRROR} {ENGINE_SUITE} main"]
     with open(log, "wb") as out:
         done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     if done.returncode != 0:
@@ -187,10 +198,27 @@ def _build_base(progress) -> None:
         raise RehearsalError(f"mmdebstrap failed (exit {done.returncode}); the end of {log}:\n{tail}\n"
                              f"It needs {MIRROR} (Debian's signed packages; bookworm's debian-archive-keyring "
                              "has trixie's keys)")
+    _check_engine(work / "rootfs")
     work.rename(target)
     got = [line.split()[1] for line in log.read_text(errors="replace").splitlines() if line.startswith("downloaded ")]
     fetched = f"downloaded {int(got[-1]) / 1e6:.1f} MB, " if got and got[-1].isdigit() else ""
     progress(f"base: done in {time.monotonic() - t0:.1f} s, {fetched}{_size_mb(target / 'rootfs'):.0f} MB in {target}")
+
+
+def _check_engine(rootfs: Path) -> None:
+    """The image's engine is the pinned release, or the build fails naming both: a moved suite would
+    otherwise make every rehearsal node replace its engine, from a repository it cannot reach."""
+    pins = min_versions()
+    said = run(["chroot", str(rootfs), "dockerd", "--version"], check=False).stdout
+    said_containerd = run(["chroot", str(rootfs), "containerd", "--version"], check=False).stdout
+    docker = re.search(r"version (\d+\.\d+\.\d+)", said)
+    containerd = re.search(r" v?(\d+\.\d+)\.\d+", said_containerd)
+    if not docker or docker[1] != pins["DOCKER_VERSION"] or not containerd or \
+            containerd[1] != pins["CONTAINERD_VERSION"].rsplit(".", 1)[0]:
+        raise RehearsalError(f"Debian {ENGINE_SUITE}'s engine is {said.strip() or 'missing'} with "
+                             f"{said_containerd.strip() or 'no containerd'}; node/versions.env pins Docker "
+                             f"{pins['DOCKER_VERSION']} and containerd {pins['CONTAINERD_VERSION']} (its minor): move "
+                             "the pins and run the benches again, or take the engine from a suite that has them")
 
 
 def _build_layer(base: Path, files: dict[str, tuple[bytes, int]], target: Path, progress) -> None:

@@ -6,7 +6,8 @@ trusts. Only the rehearsal's machines may read (others get 403 AccessDenied, as 
 limited to the VPC endpoint answers). Objects are files, <state>/objects/<bucket>/<key>.
 API: ensure_ca() -> Path, start() -> None, put(bucket, key, data), url(bucket, key, region),
 stop(). The server is a background process of this module (`serve`), like the local registry; the
-bridge's resolver (localswarm/dns.py) runs in the same process, so it starts and stops with it.
+bridge's resolver (localswarm/dns.py) and instance metadata (localswarm/fake_imds.py) run in the same
+process, so they start and stop with it.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from localswarm import dns
+from localswarm import dns, fake_imds
 from localswarm.host import SETUP_HINT, RehearsalError, run
 from localswarm.network import BRIDGE_ADDR, SUBNET
 
@@ -196,6 +197,7 @@ def serve(address: str = BRIDGE_ADDR, port: int = PORT) -> None:
     server.daemon_threads = True
     server.socket = context.wrap_socket(server.socket, server_side=True)
     dns.serve_in_background(address)
+    fake_imds.serve_in_background(address)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     server.serve_forever()
 

@@ -257,6 +257,7 @@ def _infrastructure(config: dict, say: Progress) -> None:
     its preview reads the stacks' images from this registry (their CUDA requirement)."""
     if run(["ip", "link", "show", network.BRIDGE], check=False).returncode != 0:
         network.create_bridge()
+    network.route_imds()
     try:
         urllib.request.urlopen(f"http://{REGISTRY}/v2/", timeout=2).close()
     except OSError:

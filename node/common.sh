@@ -5,8 +5,9 @@ set -euo pipefail
 : "${GPU_SWARM_VERSIONS:=/opt/gpu-swarm/software/versions.env}" "${GPU_SWARM_NODE_ENV:=/etc/gpu-swarm/node.env}"
 : "${GPU_SWARM_VENV:=/opt/gpu-swarm/venv}" "${DOCKER_DAEMON_JSON:=/etc/docker/daemon.json}"
 : "${GPU_SWARM_UNIT_DIR:=/etc/systemd/system}" "${GPU_SWARM_WHEELHOUSE:=/opt/gpu-swarm/wheels}"
+: "${GPU_SWARM_APT_DIR:=/etc/apt}" "${GPU_SWARM_OS_RELEASE:=/etc/os-release}"
 export GPU_SWARM_LOG GPU_SWARM_STATE GPU_SWARM_VERSIONS GPU_SWARM_NODE_ENV GPU_SWARM_VENV DOCKER_DAEMON_JSON \
-  GPU_SWARM_UNIT_DIR GPU_SWARM_WHEELHOUSE
+  GPU_SWARM_UNIT_DIR GPU_SWARM_WHEELHOUSE GPU_SWARM_APT_DIR GPU_SWARM_OS_RELEASE
 # shellcheck source=versions.env
 . "$GPU_SWARM_VERSIONS"
 # shellcheck source=/dev/null
@@ -38,12 +39,22 @@ apt_get() {
 apt_install() { retry apt_get install "$@"; }
 # An AMI that already lists the repo keeps its entry: a second one with another
 # signed-by keyring makes apt-get update fail.
-has_apt_source() { grep -rqsE "^[^#]*${1//./\\.}" /etc/apt/sources.list /etc/apt/sources.list.d; }
+has_apt_source() { grep -rqsE "^[^#]*${1//./\\.}" "$GPU_SWARM_APT_DIR/sources.list" "$GPU_SWARM_APT_DIR/sources.list.d"; }
 fetch_key() { install -d -m 0755 "${2%/*}" && retry curl -fsSL "$1" -o "$2" && chmod 0644 "$2"; }
 # shellcheck source=/dev/null
-os_release() { (. /etc/os-release && printf '%s\n' "${!1:-}"); }
+os_release() { (. "$GPU_SWARM_OS_RELEASE" && printf '%s\n' "${!1:-}"); }
 docker_version() {
   if command -v dockerd >/dev/null; then dockerd --version | sed -nE '1s/^Docker version ([0-9.]+).*/\1/p'; fi
+}
+containerd_version() {
+  if command -v containerd >/dev/null; then containerd --version | sed -nE '1s/.* v?([0-9]+\.[0-9]+\.[0-9]+).*/\1/p'; fi
+}
+same_minor() { [ "${1%.*}" = "${2%.*}" ]; } # A B: the same major.minor (containerd 2.1.x and 2.1.y)
+# pinned_package PACKAGE VERSION: the apt version of PACKAGE whose upstream version is VERSION (Docker's
+# repository names them EPOCH:VERSION-1~ubuntu.24.04~noble, Ubuntu VERSION-0ubuntu0.24.04.2), or nothing.
+pinned_package() {
+  apt-cache madison "$1" 2>/dev/null | awk -v want="$2" '{ v = $3; sub(/^[0-9]+:/, "", v); sub(/-[^-]*$/, "", v)
+    if (v == want) { print $3; exit } }'
 }
 toolkit_version() {
   if command -v nvidia-ctk >/dev/null; then nvidia-ctk --version | sed -nE '1s/.*version ([0-9.]+).*/\1/p'; fi

@@ -16,7 +16,7 @@ export DEBIAN_FRONTEND=noninteractive
 packages=(
   python3 python3-venv            # the Pulumi program, the agent, the rehearsal and tests
   iproute2 iptables util-linux    # namespaces, veths, bridge, nsenter/unshare
-  runc tini                       # the engine's runtime and docker-init (trixie's need glibc 2.38)
+  runc tini                       # the engine's runtime and docker-init (forky's need glibc 2.38)
   docker-registry busybox-static  # the rehearsal's local registry and its stand-in image
   cloud-init shellcheck           # real validators for the user data and every shell script
   ca-certificates
@@ -63,7 +63,7 @@ else
   step_skipped "every requirement already satisfied"
 fi
 
-step_begin "Docker Engine >= $DOCKER_MIN_VERSION"
+step_begin "Docker Engine $DOCKER_VERSION"
 if engine=$(bash localswarm/install-engine.sh --check); then
   step_skipped "$engine"
 else

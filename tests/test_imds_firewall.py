@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -102,11 +103,39 @@ def test_an_iptables_failure_fails_the_run_with_its_code_and_words(stub, env, co
     assert "-d 169.254.169.254/32 -j GPU-SWARM-IMDS" not in chains(stub)["OUTPUT"]  # no jump to a broken chain
 
 
-def test_the_step_installs_enables_and_starts_the_unit_that_runs_the_script_at_each_boot(tmp_path):
-    node = Node(tmp_path)
+@pytest.fixture
+def imds(tmp_path):
+    """EC2's metadata service as localswarm/fake_imds.py plays it for the rehearsal's machines, on loopback:
+    set(options) makes it answer this host as an instance launched with those metadata options."""
+    from http.server import ThreadingHTTPServer
+
+    from localswarm import fake_imds
+    records = tmp_path / "imds-records"
+    server = ThreadingHTTPServer(("127.0.0.1", 0), fake_imds.make_instance_handler(records))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    class Imds:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+
+        @staticmethod
+        def set(options: dict) -> None:
+            fake_imds.register(records, "127.0.0.1", {"instance-id": "i-0abc", "user-data": "#cloud-config\n",
+                                                      "metadataOptions": options})
+    yield Imds
+    server.shutdown()
+
+
+def secure_imds(node: Node, imds_url: str) -> subprocess.CompletedProcess:
     node.real_step("secure-imds")
     node.fake("systemctl", "exit 0")
-    assert node.bootstrap("secure-imds").returncode == 0, node.log.read_text()
+    node.env["GPU_SWARM_IMDS"] = imds_url
+    return node.bootstrap("secure-imds")
+
+
+def test_the_step_installs_enables_and_starts_the_unit_that_runs_the_script_at_each_boot(tmp_path, imds):
+    node = Node(tmp_path)
+    imds.set({"httpTokens": "required", "httpPutResponseHopLimit": 1})
+    assert secure_imds(node, imds.url).returncode == 0, node.log.read_text()
     assert node.called() == [f"systemctl show -p LoadState --value {contract.IMDS_UNIT}",
                              "systemctl daemon-reload", f"systemctl restart {contract.IMDS_UNIT}",
                              f"systemctl enable --no-reload {contract.IMDS_UNIT}", "systemctl daemon-reload"]
@@ -114,6 +143,23 @@ def test_the_step_installs_enables_and_starts_the_unit_that_runs_the_script_at_e
     assert f"ExecStart=/bin/bash {contract.IMDS_FIREWALL_PATH}\n" in unit
     assert "Type=oneshot" in unit and "Before=network-pre.target docker.service" in unit
     assert contract.IMDS_FIREWALL_PATH == f"{contract.SOFTWARE_DIR}/{SCRIPT.name}"
+
+
+def test_a_node_launched_without_imdsv2_required_fails_its_first_step_and_says_why(tmp_path, imds):
+    """The legacy spot request API dropped the metadata options: such a node answered IMDSv1."""
+    node = Node(tmp_path)
+    imds.set({"httpTokens": "optional", "httpPutResponseHopLimit": 1})
+    result = secure_imds(node, imds.url)
+    assert result.returncode != 0
+    assert "answered a request without a token (IMDSv1)" in node.log.read_text()
+    assert "http_tokens=required" in node.log.read_text()
+    assert (node.state / "bootstrap-failed").read_text().strip() == "secure-imds"
+
+
+def test_a_node_without_a_metadata_service_fails_its_first_step(tmp_path):
+    node = Node(tmp_path)
+    result = secure_imds(node, "http://127.0.0.1:9")  # nothing listens: connection refused
+    assert result.returncode != 0 and "did not answer a request without a token" in node.log.read_text()
 
 
 def test_every_node_secures_imds_first():

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from to_node.software import min_versions
 import yaml
 
 from localswarm import host, rehearsal
@@ -40,18 +42,21 @@ def test_not_root_is_a_clear_error(monkeypatch, sudo, how):
     assert str(caught.value).endswith(how)
 
 
-def test_missing_engine_names_the_minimum_and_the_fix(monkeypatch, tmp_path):
+@pytest.mark.parametrize("found", ["20.10.24+dfsg1", "29.8.1"])
+def test_an_engine_of_another_release_names_the_pin_and_the_fix(monkeypatch, tmp_path, found):
+    """The rehearsal runs the release every node runs: an older one and a newer one alike are not it."""
     old = tmp_path / "usr" / "sbin"
     old.mkdir(parents=True)
-    (old / "dockerd").write_text("#!/bin/sh\necho 'Docker version 20.10.24+dfsg1, build 297e128'\n")
+    (old / "dockerd").write_text(f"#!/bin/sh\necho 'Docker version {found}, build 297e128'\n")
     (old / "dockerd").chmod(0o755)
     monkeypatch.setattr(host, "ENGINE_PREFIX", tmp_path)
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(RehearsalError) as err:
         host.find_engine()
     text = str(err.value)
-    assert "no Docker Engine >= 25.0.3" in text and "20.10.24" in text
-    assert "moby#44378" in text and "scripts/setup.sh" in text
+    pinned = min_versions()["DOCKER_VERSION"]
+    assert f"no Docker Engine {pinned} here" in text and found in text
+    assert "DOCKER_VERSION" in text and "scripts/setup.sh" in text
 
 
 def test_a_misindented_stack_is_refused_before_deploy(tmp_path):

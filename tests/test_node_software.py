@@ -113,8 +113,12 @@ def test_background_steps_read_back_the_same_in_bash(tmp_path, steps):
 
 def test_min_versions_reads_versions_env():
     versions = node_software.min_versions()
-    assert versions["DOCKER_MIN_VERSION"] == "25.0.3"
-    assert versions["TOOLKIT_MIN_VERSION"] == "1.19.0"
+    for pin in ("DOCKER_VERSION", "CONTAINERD_VERSION", "TOOLKIT_VERSION"):
+        assert re.fullmatch(r"\d+\.\d+\.\d+", versions[pin]), pin
+    # Generic resources on an overlay network need Docker >= 25.0.3 (moby#44378); 1.18.0-1.18.2 ignored
+    # swarm-resource (toolkit#1599).
+    assert tuple(map(int, versions["DOCKER_VERSION"].split("."))) >= (25, 0, 3)
+    assert not versions["TOOLKIT_VERSION"].startswith("1.18.")
     assert re.fullmatch(r"\d+\.\d+\.\d+", versions["NVIDIA_ML_PY_VERSION"])
     shell = subprocess.run(
         ["bash", "-c", '. "$1"; for k in "${@:2}"; do echo "$k=${!k}"; done', "-",
@@ -124,7 +128,7 @@ def test_min_versions_reads_versions_env():
 
 def test_min_versions_refuses_lines_the_shell_would_misread(monkeypatch, tmp_path):
     bad = tmp_path / "versions.env"
-    bad.write_text("DOCKER_MIN_VERSION = 25.0.3\n")
+    bad.write_text("DOCKER_VERSION = 28.5.2\n")
     monkeypatch.setattr(node_software, "VERSIONS_ENV", bad)
     with pytest.raises(ValueError, match="versions.env:1"):
         node_software.min_versions()

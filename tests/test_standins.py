@@ -273,9 +273,11 @@ def ctk(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(HERE / "nvidia-ctk"), *args], capture_output=True, text=True)
 
 
-def test_nvidia_ctk_version_reads_as_node_common_sh_parses_it():
+def test_nvidia_ctk_says_the_pinned_version_as_node_common_sh_parses_it():
+    """The rehearsal's nodes then keep their toolkit, as a node whose image has the pinned one does."""
+    from to_node.software import min_versions
     out = ctk("--version").stdout
-    assert out.splitlines()[0] == "NVIDIA Container Toolkit CLI version 1.20.0"
+    assert out.splitlines()[0] == f"NVIDIA Container Toolkit CLI version {min_versions()['TOOLKIT_VERSION']}"
 
 
 def test_nvidia_ctk_registers_the_runtime_and_keeps_other_keys(tmp_path):
