@@ -36,7 +36,7 @@ from settings import GpuPool, Settings
 from settings.aws_lookups import CLUSTER_TAG, running_names
 from swarm.gpu_check import GpuCheck
 from swarm.labels import pool_labels
-from swarm.node_contract import MONITORING_STACK, POOL_LABEL
+from swarm.node_contract import CAPACITY_BLOCK_END_ENV, MONITORING_STACK, POOL_LABEL
 
 
 @dataclass
@@ -256,8 +256,15 @@ class Cluster(pulumi.ComponentResource):
         return NodeBoot(f"{self._name}-boot-{node.pool}-{node.index}", NodeBootArgs(
             node=self._connection(node, BOOT), node_live=self._connection(node), instance_id=node.instance_id,
             env=kind.env,
-            expected_gpus=kind.expected_gpus, access_script=self._access, health_env=self._s.health.node_env(),
+            expected_gpus=kind.expected_gpus, access_script=self._access, health_env=self._health_env(node),
         ), opts=self._child)
+
+    def _health_env(self, node: Node) -> dict[str, str]:
+        """The health settings, and a capacity-block node's block end: an extended block restarts its watcher
+        (components/node_boot.py writes it apart from the release), and drains nothing."""
+        pool = next((p for p in self._s.gpu_pools if p.name == node.pool), None)
+        end = {CAPACITY_BLOCK_END_ENV: pool.capacity_block_end} if pool and pool.capacity_block_end else {}
+        return {**self._s.health.node_env(), **end}
 
     def _membership(self, node: Node, swarm: SwarmInit, boot: NodeBoot, manager_ips) -> Membership:
         manager = node.role == "manager"

@@ -116,6 +116,9 @@ HEALTH_CRITICAL_XIDS_ENV = "HEALTH_CRITICAL_XIDS"  # XIDs never to ignore: the w
 HEALTH_INTERVAL_ENV = "HEALTH_INTERVAL_SECONDS"  # seconds between checks: the watcher reads
 HEALTH_RECOVERY_ENV = "HEALTH_RECOVERY_SECONDS"  # passing checks that clear an event: the watcher reads
 HEALTH_MAX_DRAINED_PERCENT_ENV = "HEALTH_MAX_DRAINED_PERCENT"  # drained for faults at once: the reconciler reads
+# A capacity-block pool's nodes: the block's end (RFC 3339). The watcher drains the node ahead of it; an
+# extended block is a new end here, and so only a restart of the watcher.
+CAPACITY_BLOCK_END_ENV = "HEALTH_CAPACITY_BLOCK_END"
 
 # ---------------------------------------------------------------- release.env: what the installer installs
 # The program writes them to RELEASE_ENV_PATH (cloud-init at first boot, an upgrade later);

@@ -26,8 +26,8 @@ import time
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)  # the agent's modules ship beside this file (tests load it by path)
-from contract import (CONDITION_GPU_LABEL, CONDITION_LABEL, CONDITION_REASON_LABEL, CONDITION_SINCE_LABEL,  # noqa: E402
-                      DOCKER_DAEMON_JSON, DRAIN_CONDITIONS, DOCKER_SOCKET, DOCKERD_PIDFILE, HEALTH_CRITICAL_XIDS_ENV, HEALTH_IGNORE_XIDS_ENV,
+from contract import (CAPACITY_BLOCK_END_ENV, CONDITION_GPU_LABEL, CONDITION_LABEL,  # noqa: E402
+                      CONDITION_REASON_LABEL, CONDITION_SINCE_LABEL, DOCKER_DAEMON_JSON, DRAIN_CONDITIONS, DOCKER_SOCKET, DOCKERD_PIDFILE, HEALTH_CRITICAL_XIDS_ENV, HEALTH_IGNORE_XIDS_ENV,
                       HEALTH_INTERVAL_ENV, HEALTH_RECOVERY_ENV, HEALTH_STATE_PATH, KIND_ENV, MPS_DIR, SHARED_KIND_ENV,
                       SHARING_MODE_ENV, SPOT_ENV)
 from daemon_json import locked, read_daemon_json, write_atomic  # noqa: E402
@@ -36,7 +36,8 @@ from gpu_resources import DEFAULT_KIND, default_shared_kind, validate_kind  # no
 from health_rules import (OK, Tracker, condition_labels, ignored_xids, merge_labels, node_condition,  # noqa: E402
                           watched_uuids)
 from health_mps import check_mps  # noqa: E402
-from health_sources import DEFAULT_IMDS, MAINTENANCE_LEAD_S, Imds, Nvml, Simulation  # noqa: E402
+from health_sources import (CAPACITY_BLOCK_DRAIN_S, CAPACITY_BLOCK_TERMINATION_S, DEFAULT_IMDS,  # noqa: E402
+                            MAINTENANCE_LEAD_S, Imds, Nvml, Simulation, parse_block_end)
 from sentinel import signal_sentinel  # noqa: E402
 
 # --- output and the loop ------------------------------------------------------------------
@@ -111,10 +112,12 @@ def run(args, log, clock=time.time) -> int:
     tracker.load(args.state_file)
     tracker.events = {uuid: event for uuid, event in tracker.events.items() if uuid in uuids}  # GPUs since replaced
     source = Simulation(args.inventory, args.faults, log) if args.inventory else Nvml(uuids, log)
-    imds = Imds(args.imds, log, args.spot, args.maintenance) if args.spot or args.maintenance else None
+    watch_imds = args.spot or args.maintenance or args.capacity_block_end is not None
+    imds = Imds(args.imds, log, args.spot, args.maintenance, block_end=args.capacity_block_end) if watch_imds else None
     imds_state, next_check, error, changes = OK, 0.0, None, 0
     next_poll = 0.0  # IMDS: a notice gives two minutes, so it is asked more often than the GPUs are checked
-    asked = [what for what, on in (("scheduled maintenance", args.maintenance), ("spot notices", args.spot)) if on]
+    asked = [what for what, on in (("scheduled maintenance", args.maintenance), ("spot notices", args.spot),
+                                   ("its Capacity Block's end", args.capacity_block_end is not None)) if on]
     log(f"watching {len(uuids)} GPU(s) of {args.kind} and {args.shared_kind}{''.join(', ' + a for a in asked)}; "
         f"ignoring XIDs {','.join(map(str, sorted(ignored)))}")
     try:
@@ -160,6 +163,13 @@ def _seconds(text: str) -> float:
     return float(text)
 
 
+def _block_end(text: str) -> float | None:
+    try:
+        return parse_block_end(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time such as 2026-12-04T11:30:00Z")
+
+
 def _xids(text: str) -> frozenset[int]:
     if not re.fullmatch(r"[\d, ]*", text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of XIDs, such as 13,43")
@@ -194,6 +204,9 @@ def parse_args(argv, env=os.environ) -> argparse.Namespace:
     add("--maintenance", action=argparse.BooleanOptionalAction, default=True,
         help="watch IMDS for scheduled maintenance events, on every node: one that begins within "
              f"{MAINTENANCE_LEAD_S // 60} minutes drains the node as a spot reclaim does (default on)")
+    add("--capacity-block-end", type=_block_end, default=env.get(CAPACITY_BLOCK_END_ENV, ""), metavar="TIME",
+        help=f"a Capacity Block's end (RFC 3339): the node drains {CAPACITY_BLOCK_DRAIN_S // 60} minutes before it, "
+             f"ahead of AWS's termination {CAPACITY_BLOCK_TERMINATION_S // 60} minutes before (${CAPACITY_BLOCK_END_ENV})")
     add("--imds", default=DEFAULT_IMDS, metavar="URL", help=f"instance metadata service (default {DEFAULT_IMDS})")
     add("--imds-interval", type=_seconds, default="2", metavar="S",
         help="seconds between asks of IMDS, at most --interval (default 2, as AWS's Node Termination Handler)")

@@ -27,6 +27,13 @@ MAINTENANCE_PATH = "/latest/meta-data/events/maintenance/scheduled"
 # A scheduled maintenance event (a reboot, a stop, a retirement) drains its node this long before it
 # begins; until then it is shown, as degraded. AWS schedules them days ahead.
 MAINTENANCE_LEAD_S = 300
+# A Capacity Block's instances "begin to be terminated 30 minutes before the end time" (EC2 User Guide,
+# "Monitor Capacity Blocks using EventBridge"; the warning event comes 40 minutes before). The node drains
+# 10 minutes before that, so that tasks with a stop_grace_period of up to 10 minutes end as they choose;
+# it is shown, as degraded, from an hour before the drain.
+CAPACITY_BLOCK_TERMINATION_S = 30 * 60
+CAPACITY_BLOCK_DRAIN_S = CAPACITY_BLOCK_TERMINATION_S + 10 * 60
+CAPACITY_BLOCK_SHOWN_S = CAPACITY_BLOCK_DRAIN_S + 60 * 60
 
 
 FAULT_KEYS = {"xid": lambda v: type(v) is int and v >= 0, "ecc": lambda v: v in ("single", "double"),
@@ -164,8 +171,9 @@ class Imds:
     """Scheduled maintenance events and, on a spot node, interruption and rebalance notices, from IMDSv2;
     an IMDS that does not answer is logged and changes nothing."""
 
-    def __init__(self, imds: str, log, spot: bool = True, maintenance: bool = True, timeout: float = 2):
-        self.base, self.log, self.timeout = imds.rstrip("/"), log, timeout
+    def __init__(self, imds: str, log, spot: bool = True, maintenance: bool = True, timeout: float = 2,
+                 block_end: float | None = None):
+        self.base, self.log, self.timeout, self.block_end = imds.rstrip("/"), log, timeout, block_end
         self.paths = (SPOT_PATHS if spot else ()) + ((MAINTENANCE_PATH,) if maintenance else ())
         self.state, self.token, self.token_until, self.error = OK, None, 0.0, None
         self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
@@ -179,6 +187,15 @@ class Imds:
             return e.code, ""
 
     def poll(self, now: float) -> tuple[str, str]:
+        # A block's end is known without asking IMDS, so no IMDS outage can hold the drain back.
+        block = capacity_block(self.block_end, now)
+        if block and block[0] == "reclaim":
+            self.state = block
+            return block
+        state = self._poll_imds(now)
+        return block if block and state == OK else state
+
+    def _poll_imds(self, now: float) -> tuple[str, str]:
         try:
             if self.token is None or now >= self.token_until:
                 status, body = self._ask("PUT", "/latest/api/token", {"X-aws-ec2-metadata-token-ttl-seconds": "21600"})
@@ -216,6 +233,22 @@ class Imds:
         self.error = None
         self.state = ("reclaim", reclaim[0]) if reclaim else ("degraded", notices[0]) if notices else OK
         return self.state
+
+
+def capacity_block(end: float | None, now: float) -> tuple[str, str] | None:
+    """A Capacity Block's end as a condition: reclaim from CAPACITY_BLOCK_DRAIN_S before it, degraded from
+    CAPACITY_BLOCK_SHOWN_S before it, None earlier or without a block."""
+    if end is None or now < end - CAPACITY_BLOCK_SHOWN_S:
+        return None
+    stamp = datetime.fromtimestamp(end, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return ("reclaim" if now >= end - CAPACITY_BLOCK_DRAIN_S else "degraded", f"capacity_block_ends_at_{stamp}")
+
+
+def parse_block_end(text: str) -> float | None:
+    """HEALTH_CAPACITY_BLOCK_END (RFC 3339, as AWS writes it) as a time; None when unset."""
+    if not text.strip():
+        return None
+    return datetime.fromisoformat(text.strip().replace("Z", "+00:00")).timestamp()
 
 
 def maintenance(body: str, now: float) -> list[str]:

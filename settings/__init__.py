@@ -93,7 +93,7 @@ def load_settings() -> Settings:
             manager_ami, gpu_ami = resolve_amis(r, image, ami_id, managers, pools)
         # What the account can hold: reservations' states and service quotas (settings/*_checks.py).
         import pulumi_aws as aws
-        check_reservations(r, resolved_pools, aws.config.region)
+        resolved_pools = check_reservations(r, resolved_pools, aws.config.region)
         check_quotas(r, managers, resolved_pools, {t: f.vcpus for t, f in facts.items() if f}, aws.config.region)
 
     stacks = []

@@ -47,6 +47,9 @@ class GpuPool:
     efa_interfaces: int = 0  # EFA interfaces per node (one per network card); 0: no EFA
     offered_in: tuple[str, ...] = ()  # every zone of the region that offers its type (for capacity advice)
     max_unavailable: int = 1  # nodes a roll drains at once: rollout.maxUnavailable (settings/pool_rollout.py)
+    # A capacity-block pool: its block's end (RFC 3339, as AWS reads it at preview), which its nodes drain
+    # ahead of (the health watcher); an extended block has a later one.
+    capacity_block_end: str = ""
 
 
 @dataclass(frozen=True)

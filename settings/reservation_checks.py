@@ -10,6 +10,8 @@ for them), whose read, like the provider's, finds none that has ended.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from settings import aws_lookups
 from settings.model import GpuPool
 from settings.reader import Reader
@@ -31,13 +33,20 @@ def reservation_problem(pool: GpuPool, found: aws_lookups.ReservationState) -> s
         return (f"{found.id} is {found.state}, not yet active: no instance launches in it. Wait until the "
                 f"EC2 console shows it active, or set the pool's count to 0 until then")
     since = f" (it ended at {found.end})" if found.end and found.state == "expired" else ""
+    if found.capacity_block:
+        # Not "remove the block": the pool would then launch P instances on demand, at list price.
+        return (f"{found.id} is {found.state}{since}: this Capacity Block takes no instance any more, and AWS "
+                "terminated its instances at its end. Set the pool's count to 0 (its nodes leave the swarm), or buy "
+                "a new Capacity Block and name its reservation id in capacityReservation")
     return (f"{found.id} is {found.state}{since}: this {what} takes no instance any more. Remove the pool's "
-            f"capacityReservation{' and marketType capacity-block' if found.capacity_block else ''}, or "
-            f"name an active one")
+            f"capacityReservation, or name an active one")
 
 
-def check_reservations(r: Reader, pools: list[GpuPool], region: str) -> None:
+def check_reservations(r: Reader, pools: list[GpuPool], region: str) -> list[GpuPool]:
+    """The pools, each capacity-block pool with its block's end; problems go to r."""
+    out = []
     for pool in pools:
+        out.append(pool)
         reservation_id = pool.options.reservation_id
         if not reservation_id or not pool.count:
             continue
@@ -58,3 +67,6 @@ def check_reservations(r: Reader, pools: list[GpuPool], region: str) -> None:
         problem = reservation_problem(pool, found)
         if problem:
             r.error("gpuPools", f"{where}: {problem}")
+        elif block:
+            out[-1] = dataclasses.replace(pool, capacity_block_end=found.end)
+    return out

@@ -13,6 +13,7 @@ from components import capacity
 from components.capacity import ReservationMismatch, capacity_advice
 from settings import GpuPool
 from settings.pool_options import PoolOptions
+from localswarm import fake_aws
 from tests.conftest import BLOCK_RESERVATION, RESERVATION, run_program, stack_config
 from tests.test_resource_graph import Graph
 
@@ -123,6 +124,25 @@ def test_a_capacity_block_pool_runs_in_its_block():
         assert node["capacityReservationSpecification"]["capacityReservationTarget"] == {
             "capacityReservationId": BLOCK_RESERVATION}
         assert node["subnetId"] == "gpu-swarm-network-us-east-1c-id"  # the block's zone
+    # Its nodes' health settings carry the block's end, which their watchers drain ahead of.
+    for name in ("gpu-swarm-boot-training-0-health", "gpu-swarm-boot-training-1-health"):
+        assert "HEALTH_CAPACITY_BLOCK_END=2026-12-04T11:30:00Z\n" in graph.plain(name)["create"], name
+    assert "HEALTH_CAPACITY_BLOCK_END" not in graph.plain("gpu-swarm-boot-managers-0-health")["create"]
+
+
+def test_an_extended_block_restarts_its_nodes_watchers_and_drains_nothing(monkeypatch):
+    """AWS extends a Capacity Block in place: the same reservation id, a later end."""
+    from tests.test_plan import plan
+    config = stack_config("prod", stacks=[], gpuPools=[{**P5, "marketType": "capacity-block",
+                                                        "capacityReservation": BLOCK_RESERVATION}])
+    monkeypatch.setitem(fake_aws.RESERVATIONS[BLOCK_RESERVATION], "endDate", "2026-12-04T11:30:00Z")
+
+    def extend():
+        fake_aws.RESERVATIONS[BLOCK_RESERVATION]["endDate"] = "2026-12-11T11:30:00Z"
+
+    result = plan(config, config, between=extend)
+    assert set(result.updated) == {"gpu-swarm-boot-training-0-health", "gpu-swarm-boot-training-1-health"}
+    assert not result.replaced and not result.created and not result.deleted
 
 
 def test_a_preference_or_a_group_is_handed_over_as_it_is():

@@ -116,7 +116,15 @@ def test_a_scheduled_block_for_a_pool_of_count_zero_waits_quietly():
 def test_an_expired_block_is_named_with_its_state():
     text = problems(stack_config("dev", gpuPools=[{**BLOCK, "capacityReservation": fake_aws.EXPIRED_BLOCK}]))
     assert f"{fake_aws.EXPIRED_BLOCK} is expired (it ended at 2026-11-08T11:30:00Z)" in text
-    assert "Remove the pool's capacityReservation and marketType capacity-block, or name an active one" in text
+    # Never "remove the block": the pool would then launch P instances on demand, at list price.
+    assert "Set the pool's count to 0" in text and "buy a new Capacity Block" in text
+    assert "marketType" not in text and "Remove the pool's capacityReservation" not in text
+
+
+def test_the_advice_for_an_ended_block_is_followed_to_a_preview_that_passes():
+    assert load(stack_config("dev", gpuPools=[T4, {**BLOCK, "count": 0,
+                                                   "capacityReservation": fake_aws.EXPIRED_BLOCK}]))
+    assert load(stack_config("dev", gpuPools=[T4, {**BLOCK, "capacityReservation": fake_aws.BLOCK_RESERVATION}]))
 
 
 def test_an_expired_on_demand_reservation_is_named_at_preview():
