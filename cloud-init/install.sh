@@ -52,6 +52,9 @@ fi
 us=$(($(now_us) - t0))
 printf '{"fetch-bundle": {"seconds": %d.%03d, "status": "%s"}}\n' $((us / 1000000)) $((us % 1000000 / 1000)) \
   "$status" >"$state/install-timings.json"
+# sshd reads its settings (sshd.conf, written with this file) at start: at first boot it starts after them,
+# after an upgrade it is told to read them again (the sessions it holds stay open).
+if systemctl is-active -q ssh 2>/dev/null; then systemctl reload ssh || :; fi
 # shellcheck disable=SC2086 # the steps are words
 bash "$software/bootstrap.sh" $steps || exit 1 # bootstrap.sh names the failed step
 echo "$release" >"$state/applied"

@@ -11,6 +11,8 @@ import pulumi_command as command
 # (pulumi-command backs off between dials, up to a few seconds) for about 20 minutes.
 # Every other command talks to a node that answered before, and gives up after about two
 # minutes, with pulumi-command's own error naming the host, rather than hang `pulumi up`.
+# A manager's sshd takes the program's fan-out (cloud-init/sshd.conf: MaxStartups 256, against the default 10),
+# so these count dials to a node that does not answer, not handshakes refused by a busy jump host.
 BOOT = (120, 10)  # (dial_error_limit, per_dial_timeout seconds)
 LIVE = (12, 10)
 

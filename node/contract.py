@@ -158,6 +158,7 @@ RUNTIME_EFA_DEVICES_KEY = "EFA_DEVICES"  # <device>:/dev/infiniband/uverbsN,...:
 # verbs node at boot, so the guard's create only stats the ones a task was given
 INSTALLER_PATH = "/usr/local/sbin/gpu-swarm-install"  # the program writes it; cloud-init and upgrades run it
 UNATTENDED_CONFIG = "/etc/apt/apt.conf.d/51gpu-swarm-unattended"  # the program writes; unattended-upgrades reads
+SSHD_CONFIG = "/etc/ssh/sshd_config.d/60-gpu-swarm.conf"  # the program writes, before sshd first starts; sshd reads
 NVLSM_MODULES_CONF = "/etc/modules-load.d/gpu-swarm-nvlsm.conf"  # install-nvlink-subnet-manager.sh writes it
 # (ib_umad at every boot, for the NVLink Subnet Manager of p6-b200/b300); systemd-modules-load reads it
 LOG_DIR = "/var/log/gpu-swarm"  # the installer and the steps log here

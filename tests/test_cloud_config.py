@@ -90,7 +90,7 @@ def test_it_writes_the_nodes_files_and_runs_the_installer_once(rendered):
         doc = yaml.safe_load(text)
         paths = {f["path"]: f for f in doc["write_files"]}
         assert paths[node_software.INSTALLER_PATH]["permissions"] == "0755"
-        assert set(paths) == {node_software.UNATTENDED_CONFIG, node_software.NODE_ENV_PATH,
+        assert set(paths) == {node_software.UNATTENDED_CONFIG, node_software.SSHD_CONFIG, node_software.NODE_ENV_PATH,
                               node_software.RELEASE_ENV_PATH, node_software.INSTALLER_PATH}
         assert doc["runcmd"] == [[node_software.INSTALLER_PATH]]
         release = dict(line.split("=", 1) for line in paths[node_software.RELEASE_ENV_PATH]["content"].splitlines())
@@ -104,6 +104,13 @@ def test_it_keeps_unattended_upgrades_off_nvidia_packages_from_the_first_boot(re
         assert "Unattended-Upgrade::Package-Blacklist" in entry["content"]
         for package in ("nvidia-", "libnvidia-", "linux-modules-nvidia-"):
             assert f'"{package}";' in entry["content"]
+
+
+def test_every_node_takes_the_fan_out_of_pulumi_up_through_its_sshd(rendered):
+    """sshd's default MaxStartups 10:30:100 refuses handshakes from 10 at once; a manager carries every worker's."""
+    for text in rendered.values():
+        (entry,) = [f for f in yaml.safe_load(text)["write_files"] if f["path"] == node_software.SSHD_CONFIG]
+        assert "\nMaxStartups 256:30:1024\n" in entry["content"]
 
 
 def test_same_bytes_in_any_process_and_hash_seed():

@@ -31,7 +31,7 @@ from swarm.node_contract import (  # noqa: E402,F401
     AGENT_PATH, AGENT_VENV, APPLIED, BOOTSTRAP_DONE, BOOTSTRAP_FAILED, BOOTSTRAP_LOG, BOOTSTRAP_TIMINGS,
     BUNDLE_SHA256_ENV, BUNDLE_URL_ENV, HEALTH_ENV_PATH, HEALTH_UNIT, IMAGE_ENV, INSTALL_TIMINGS, INSTALLER_PATH,
     KERNEL_MODULES_ENV, KIND_ENV, NODE_DIR, NODE_ENV_PATH, NODE_VERSIONS_ENV, RECONCILER_UNIT, RELEASE_ENV,
-    RELEASE_ENV_PATH, SHARED_KIND_ENV, SHARING_MODE_ENV, SLOTS_PER_GPU_ENV, SOFTWARE_DIR, SPOT_ENV, STATE_DIR,
+    RELEASE_ENV_PATH, SHARED_KIND_ENV, SHARING_MODE_ENV, SLOTS_PER_GPU_ENV, SOFTWARE_DIR, SPOT_ENV, SSHD_CONFIG, STATE_DIR,
     STEPS_ENV,
     UNATTENDED_CONFIG,
 )
@@ -261,6 +261,8 @@ class NodeRelease:
         return [
             # UTF-8, not the operator's locale: the same bytes from a Windows machine (cp1252).
             NodeFile(UNATTENDED_CONFIG, (CLOUD_INIT_DIR / "unattended-upgrades.conf").read_text(encoding="utf-8")),
+            # cloud-init writes it before sshd first starts; the installer has sshd read it again after an upgrade.
+            NodeFile(SSHD_CONFIG, (CLOUD_INIT_DIR / "sshd.conf").read_text(encoding="utf-8")),
             NodeFile(NODE_ENV_PATH, env_text(self.env)),
             NodeFile(RELEASE_ENV_PATH, env_text(release_env)),
             NodeFile(INSTALLER_PATH, (CLOUD_INIT_DIR / "install.sh").read_text(encoding="utf-8"), "0755"),
