@@ -14,6 +14,7 @@ import json
 from localswarm.fake_account import (  # noqa: F401 (the account's model, where the tests and the rehearsal find it)
     ACCOUNT, ACCOUNT_ID, Account, AwsError, allocate_address, associate_address, check_tags, launch, launch_template,
     provider_delete, provider_read, put_object, request_spot, reset_account, tag)
+from components import operator_policy
 from settings import aws_lookups
 
 REGION = "us-east-1"
@@ -238,9 +239,6 @@ def _cloudcontrol(a: dict) -> dict:
 def _service_quota(a: dict) -> dict:
     """aws.servicequotas.get_service_quota by code; AccessDenied when the credentials may not read quotas."""
     code = a.get("quotaCode")
-    ACCOUNT.require("servicequotas:GetServiceQuota", f"reading Service Quotas Service Quota "
-                                                     f"({a.get('serviceCode')}/{code}): operation error Service Quotas: "
-                                                     "GetServiceQuota, https response error StatusCode: 400")
     if a.get("serviceCode") != "ec2" or code not in QUOTA_NAMES:
         raise Exception(f"reading Service Quotas Service Quota ({a.get('serviceCode')}/{code}): NoSuchResourceException")
     value = float(ACCOUNT.quotas.get(code, DEFAULT_QUOTA))
@@ -290,9 +288,14 @@ ANSWERS = {
 
 
 def answer(token: str, args: dict) -> dict:
-    """What the data source `token` returns for `args`; raises as the provider does."""
+    """What the data source `token` returns for `args`; raises as the provider does, AccessDenied in IAM's words
+    when the account denies an action it calls (components/operator_policy.py's LOOKUPS)."""
     if token not in ANSWERS:
         raise Exception(f"no fake AWS answer for {token}")
+    for action in operator_policy.LOOKUPS.get(token, ()):
+        service, name = action.split(":")
+        ACCOUNT.require(action, f"reading {token.split(':')[-1]}: operation error {service}: {name}, https response "
+                                "error StatusCode: 403")
     return ANSWERS[token](args)
 
 

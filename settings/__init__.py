@@ -11,7 +11,7 @@ import dataclasses
 
 import pulumi
 
-from settings import reader
+from settings import aws_lookups, reader
 from settings.aws_checks import (check_overlay_pool, region_problem, resolve_amis, resolve_instance_types,
                                  resolve_network)
 from settings.config_checks import (read_authorized_keys, read_image, read_managers, read_network, read_pools, read_ssh,
@@ -67,34 +67,12 @@ def load_settings() -> Settings:
     resolved_pools: list[GpuPool] = []
     network = manager_ami = gpu_ami = None
     if not region_problem(r):
-        manager_type = r.string("managerInstanceType") if manager_type_ok else None
-        facts = resolve_instance_types(r, manager_type, pools)
-        types = list(dict.fromkeys(([manager_type] if manager_type else []) + [p.instance_type for p in pools]))
-        if all(facts.get(t) for t in types):
-            network = resolve_network(r, network_cfg, types)
-        placed = {}  # pool index -> its zones and EFA interfaces (settings/pool_placement.py)
-        if network:
-            manager_zones, placed = place(r, network, manager_type, pools, facts, pinned=bool(network_cfg["zones"]))
-            managers = managers and dataclasses.replace(managers, zones=manager_zones)
-        if overlay_pool:
-            check_overlay_pool(r, overlay_pool, network_cfg)
-        for p in pools:
-            found = facts.get(p.instance_type)
-            if p.valid and found and found.nvidia_gpus and p.index in placed:
-                resolved_pools.append(
-                    GpuPool(p.name, p.instance_type, p.count, p.spot, p.spot_max_price, p.root_volume_gib,
-                            gpus_per_node=found.nvidia_gpus, gpu_model=found.gpu_model, slots_per_gpu=p.slots_per_gpu,
-                            sharing_mode=p.sharing_mode,
-                            options=p.options, zones=placed[p.index].zones,
-                            efa_interfaces=placed[p.index].efa_interfaces, offered_in=placed[p.index].offered_in,
-                            max_unavailable=wave_size(p.max_unavailable, p.count))
-                )
-        if image:
-            manager_ami, gpu_ami = resolve_amis(r, image, ami_id, managers, pools)
-        # What the account can hold: reservations' states and service quotas (settings/*_checks.py).
-        import pulumi_aws as aws
-        resolved_pools = check_reservations(r, resolved_pools, aws.config.region)
-        check_quotas(r, managers, resolved_pools, {t: f.vcpus for t, f in facts.items() if f}, aws.config.region)
+        try:
+            resolved_pools, managers, network, manager_ami, gpu_ami = _check_against_aws(
+                r, managers, manager_type_ok, pools, network_cfg, overlay_pool, image, ami_id)
+        except aws_lookups.PermissionMissing as exc:  # the checks against AWS stop here, and say why
+            r.problems.append(str(exc))
+            resolved_pools = []
 
     stacks = []
     if kind_ok and shared_kind and pools and len(resolved_pools) == len(pools):
@@ -128,3 +106,39 @@ def load_settings() -> Settings:
         health=health,
         monitoring=monitoring,
     )
+
+
+def _check_against_aws(r: Reader, managers, manager_type_ok: bool, pools, network_cfg: dict, overlay_pool,
+                       image, ami_id):
+    """The values that passed the checks above, checked against AWS: (pools, managers, network, AMIs)."""
+    resolved_pools: list[GpuPool] = []
+    network = manager_ami = gpu_ami = None
+    manager_type = r.string("managerInstanceType") if manager_type_ok else None
+    facts = resolve_instance_types(r, manager_type, pools)
+    types = list(dict.fromkeys(([manager_type] if manager_type else []) + [p.instance_type for p in pools]))
+    if all(facts.get(t) for t in types):
+        network = resolve_network(r, network_cfg, types)
+    placed = {}  # pool index -> its zones and EFA interfaces (settings/pool_placement.py)
+    if network:
+        manager_zones, placed = place(r, network, manager_type, pools, facts, pinned=bool(network_cfg["zones"]))
+        managers = managers and dataclasses.replace(managers, zones=manager_zones)
+    if overlay_pool:
+        check_overlay_pool(r, overlay_pool, network_cfg)
+    for p in pools:
+        found = facts.get(p.instance_type)
+        if p.valid and found and found.nvidia_gpus and p.index in placed:
+            resolved_pools.append(
+                GpuPool(p.name, p.instance_type, p.count, p.spot, p.spot_max_price, p.root_volume_gib,
+                        gpus_per_node=found.nvidia_gpus, gpu_model=found.gpu_model, slots_per_gpu=p.slots_per_gpu,
+                        sharing_mode=p.sharing_mode,
+                        options=p.options, zones=placed[p.index].zones,
+                        efa_interfaces=placed[p.index].efa_interfaces, offered_in=placed[p.index].offered_in,
+                        max_unavailable=wave_size(p.max_unavailable, p.count))
+            )
+    if image:
+        manager_ami, gpu_ami = resolve_amis(r, image, ami_id, managers, pools)
+    # What the account can hold: reservations' states and service quotas (settings/*_checks.py).
+    import pulumi_aws as aws
+    resolved_pools = check_reservations(r, resolved_pools, aws.config.region)
+    check_quotas(r, managers, resolved_pools, {t: f.vcpus for t, f in facts.items() if f}, aws.config.region)
+    return resolved_pools, managers, network, manager_ami, gpu_ami

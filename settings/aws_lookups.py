@@ -7,6 +7,7 @@ the config key and the fix.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import pulumi_aws as aws
@@ -51,8 +52,26 @@ class SubnetFacts:
     availability_zone: str
 
 
-def _aws_error(exc: Exception) -> LookupError:
+class PermissionMissing(Exception):
+    """The credentials of `pulumi preview` or `up` may not call an action a lookup needs: said as that, never as
+    the lookup's own failure (a reservation that Cloud Control may not read is not one that has ended). Not a
+    LookupError, so no check takes it for an answer about its value."""
+
+    def __init__(self, action: str, words: str):
+        self.action = action
+        super().__init__(f"the AWS credentials of this `pulumi up` may not call {action} ({words}); allow it, as "
+                         "the operator policy does (docs/reference/operator-policy.md)")
+
+
+# IAM's words in every service's AccessDenied: "... is not authorized to perform: ec2:DescribeImages ..."
+_DENIED = re.compile(r"not authorized to perform: ([a-z0-9-]+:[A-Za-z0-9*]+)")
+
+
+def _aws_error(exc: Exception) -> LookupError | PermissionMissing:
     first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    denied = _DENIED.search(str(exc))
+    if denied:
+        return PermissionMissing(denied[1], first_line.split(": AccessDenied")[0].strip()[:200])
     return LookupError(first_line)
 
 

@@ -94,7 +94,7 @@ def check_quotas(r: Reader, managers: Managers | None, pools: list[GpuPool], vcp
         needed = sum(n for _, n in parts)
         try:
             value = aws_lookups.service_quota("ec2", quota.code)
-        except LookupError as exc:
+        except (LookupError, aws_lookups.PermissionMissing) as exc:
             pulumi.log.warn(
                 f"could not read the EC2 service quotas ({exc}), so the vCPU and Elastic IP quotas were not checked. "
                 "Allow servicequotas:GetServiceQuota to check them at preview; a quota too small fails `pulumi up` "

@@ -184,6 +184,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         self.ids = {}  # resource name -> the id its provider gave it
         self.urns = {}  # resource name -> its URN, the engine's identity for it
         self.reads = {}
+        self.invokes = set()  # every data source token the program asked
         self.duplicate_names = []
         self.outputs = {}
 
@@ -203,6 +204,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
     def Invoke(self, request):
         """A data source that fails reaches the program as the engine hands it over: a gRPC error,
         which the SDK raises to the caller alone (it may catch it), not as an unhandled failure."""
+        self.invokes.add(request.tok)
         try:
             return super().Invoke(request)
         except Exception as exc:  # the mock's answer for a lookup AWS refuses

@@ -91,6 +91,34 @@ def test_every_node_booted_its_user_data_with_cloud_init_and_reports_its_steps(f
         assert len(reloads) == 1, (m.name, reloads)
 
 
+# A container on the node's bridge, as a task: a GET without a token (401 proves IMDS answers it), then a
+# token's PUT, which the hop limit of 1 keeps from it (one hop more than the node), so it never answers.
+FROM_A_CONTAINER = r"""docker run --rm --network bridge -v /bin/busybox:/busybox:ro gpu-swarm.invalid/check:1 \
+  /busybox ash -c 'printf "GET /latest/meta-data/user-data HTTP/1.0\r\n\r\n" | /busybox timeout 5 /busybox nc \
+  169.254.169.254 80 | /busybox head -1; printf "PUT /latest/api/token HTTP/1.0\r\nX-aws-ec2-metadata-token-ttl-seconds: \
+  60\r\n\r\n" | /busybox timeout 5 /busybox nc 169.254.169.254 80; echo "token exit $?"'"""
+
+
+def test_every_node_runs_the_pinned_engine_imdsv2_only_and_takes_the_fan_out(first):
+    """What each node proved at its boot and what it runs: the engine node/versions.env pins, IMDS refusing a
+    request without a token (the secure-imds step's check, against an IMDS that answers as EC2 keeps the
+    instance's metadata options), no token for a container, and sshd taking 256 handshakes at once."""
+    pins = node_software.min_versions()
+    for m in machines.machines():
+        log = machines.run(m, ["cat", node_software.BOOTSTRAP_LOG]).stdout
+        assert "IMDS refuses a request without a token: IMDSv2 is required" in log, m.name
+        engine_ = machines.run(m, ["docker", "version", "--format",
+                                   "{{.Server.Version}} {{range .Server.Components}}{{.Name}}={{.Version}} {{end}}"])
+        assert engine_.stdout.startswith(pins["DOCKER_VERSION"] + "+"), engine_.stdout
+        assert f"containerd={pins['CONTAINERD_VERSION'].rsplit('.', 1)[0]}." in engine_.stdout, engine_.stdout
+        assert "maxstartups 256:30:1024" in machines.run(m, ["sshd", "-T"]).stdout, m.name
+    gpu_node = next(m for m in machines.machines() if "toolkit" in machines.run(
+        m, ["cat", f"{node_software.STATE_DIR}/bootstrap-timings.json"]).stdout)
+    asked = machines.run(gpu_node, FROM_A_CONTAINER, timeout=60).stdout
+    assert asked.splitlines()[0].startswith("HTTP/1.0 401"), asked
+    assert "token exit 143" in asked and "200 OK" not in asked, asked  # timed out, no token
+
+
 def test_a_second_up_with_nothing_changed_runs_only_the_health_read(first):
     again = program_up()
     assert [c["name"] for c in again["commands"]] == ["gpu-swarm-health-read"]

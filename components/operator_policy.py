@@ -1,0 +1,128 @@
+"""The least-privilege IAM policy for the operator who runs `pulumi up`, `refresh` and `destroy`: the AWS calls
+that the program's resources and lookups make through the pinned provider, in one table.
+
+Read in terraform-provider-aws (the Create, Read, Update and Delete of each resource the program registers,
+and each data source it asks; pulumi-aws 7.51.1 bridges 6.45 or later), with IAM's names for S3's calls
+(HeadBucket is s3:ListBucket, GetBucketCors s3:GetBucketCORS). An S3 bucket's read asks for every bucket
+setting and fails on any AccessDenied, though the program sets none of them. tests/test_operator_policy.py
+fails when the program registers a type or asks a data source that has no row here, and holds
+docs/reference/operator-policy.md to policy(). localswarm/fake_aws.py refuses a data source whose action an
+account denies, in IAM's words.
+"""
+from __future__ import annotations
+
+import json
+
+_TAGS = ("ec2:CreateTags", "ec2:DeleteTags")
+
+# Resource type -> the IAM actions its Create, Read, Update and Delete call.
+RESOURCES: dict[str, tuple[str, ...]] = {
+    "aws:ec2/instance:Instance": (
+        "ec2:RunInstances", *_TAGS, "ec2:DescribeInstances", "ec2:DescribeImages", "ec2:DescribeInstanceTypes",
+        "ec2:DescribeLaunchTemplates", "ec2:DescribeLaunchTemplateVersions", "ec2:DescribeTags", "ec2:DescribeVpcs",
+        "ec2:DescribeInstanceAttribute", "ec2:DescribeVolumes", "ec2:DescribeInstanceCreditSpecifications",
+        "ec2:DescribeSpotInstanceRequests", "ec2:ModifyInstanceAttribute", "ec2:ModifyInstanceMetadataOptions",
+        "ec2:ModifyVolume", "ec2:DescribeVolumesModifications", "ec2:StopInstances", "ec2:StartInstances",
+        "ec2:ModifyInstanceCapacityReservationAttributes",
+        # The delete of a persistent spot node's instance cancels its request first (provider_facts.py).
+        "ec2:CancelSpotInstanceRequests", "ec2:TerminateInstances"),
+    "aws:ec2/launchTemplate:LaunchTemplate": (
+        "ec2:CreateLaunchTemplate", "ec2:DescribeLaunchTemplates", "ec2:DescribeLaunchTemplateVersions",
+        "ec2:CreateLaunchTemplateVersion", "ec2:ModifyLaunchTemplate", "ec2:DeleteLaunchTemplate", *_TAGS),
+    "aws:ec2/placementGroup:PlacementGroup": (
+        "ec2:CreatePlacementGroup", "ec2:DescribePlacementGroups", "ec2:DeletePlacementGroup", *_TAGS),
+    "aws:ec2/eip:Eip": ("ec2:AllocateAddress", "ec2:DescribeAddresses", "ec2:DescribeAddressesAttribute",
+                        "ec2:ReleaseAddress", "ec2:DisassociateAddress", *_TAGS),
+    "aws:ec2/eipAssociation:EipAssociation": ("ec2:AssociateAddress", "ec2:DescribeAddresses",
+                                              "ec2:DisassociateAddress"),
+    "aws:ec2/keyPair:KeyPair": ("ec2:ImportKeyPair", "ec2:DescribeKeyPairs", "ec2:DeleteKeyPair", *_TAGS),
+    "aws:ec2/vpc:Vpc": ("ec2:CreateVpc", "ec2:ModifyVpcAttribute", "ec2:DescribeVpcs", "ec2:DescribeVpcAttribute",
+                        "ec2:DescribeRouteTables", "ec2:DescribeNetworkAcls", "ec2:DescribeSecurityGroups",
+                        "ec2:DescribeVpcEndpoints", "ec2:DeleteVpc", *_TAGS),
+    "aws:ec2/subnet:Subnet": ("ec2:CreateSubnet", "ec2:ModifySubnetAttribute", "ec2:DescribeSubnets",
+                              "ec2:DescribeNetworkInterfaces", "ec2:DeleteSubnet", *_TAGS),
+    "aws:ec2/internetGateway:InternetGateway": (
+        "ec2:CreateInternetGateway", "ec2:AttachInternetGateway", "ec2:DescribeInternetGateways",
+        "ec2:DetachInternetGateway", "ec2:DeleteInternetGateway", *_TAGS),
+    "aws:ec2/routeTable:RouteTable": ("ec2:CreateRouteTable", "ec2:CreateRoute", "ec2:ReplaceRoute",
+                                      "ec2:DeleteRoute", "ec2:DescribeRouteTables", "ec2:DeleteRouteTable", *_TAGS),
+    "aws:ec2/routeTableAssociation:RouteTableAssociation": (
+        "ec2:AssociateRouteTable", "ec2:DescribeRouteTables", "ec2:ReplaceRouteTableAssociation",
+        "ec2:DisassociateRouteTable"),
+    "aws:ec2/securityGroup:SecurityGroup": (
+        "ec2:CreateSecurityGroup", "ec2:DescribeSecurityGroups", "ec2:RevokeSecurityGroupEgress",
+        "ec2:RevokeSecurityGroupIngress", "ec2:DescribeNetworkInterfaces", "ec2:DeleteSecurityGroup", *_TAGS),
+    "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule": (
+        "ec2:AuthorizeSecurityGroupIngress", "ec2:DescribeSecurityGroupRules", "ec2:ModifySecurityGroupRules",
+        "ec2:RevokeSecurityGroupIngress", *_TAGS),
+    "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule": (
+        "ec2:AuthorizeSecurityGroupEgress", "ec2:DescribeSecurityGroupRules", "ec2:ModifySecurityGroupRules",
+        "ec2:RevokeSecurityGroupEgress", *_TAGS),
+    "aws:ec2/vpcEndpoint:VpcEndpoint": ("ec2:CreateVpcEndpoint", "ec2:DescribeVpcEndpoints", "ec2:DescribePrefixLists",
+                                        "ec2:ModifyVpcEndpoint", "ec2:DeleteVpcEndpoints", *_TAGS),
+    "aws:ec2/capacityReservation:CapacityReservation": ("ec2:DescribeCapacityReservations",),  # read (.get) only
+    "aws:s3/bucket:Bucket": (
+        "s3:CreateBucket", "s3:ListBucket", "s3:GetBucketPolicy", "s3:GetBucketAcl", "s3:GetBucketCORS",
+        "s3:GetBucketWebsite", "s3:GetBucketVersioning", "s3:GetAccelerateConfiguration",
+        "s3:GetBucketRequestPayment", "s3:GetBucketLogging", "s3:GetLifecycleConfiguration",
+        "s3:GetReplicationConfiguration", "s3:GetEncryptionConfiguration", "s3:GetBucketObjectLockConfiguration",
+        "s3:GetBucketTagging", "s3:PutBucketTagging", "s3:DeleteBucket",
+        # force_destroy: the objects go with the bucket.
+        "s3:ListBucketVersions", "s3:DeleteObject", "s3:DeleteObjectVersion"),
+    "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock": ("s3:PutBucketPublicAccessBlock",
+                                                               "s3:GetBucketPublicAccessBlock"),
+    "aws:s3/bucketPolicy:BucketPolicy": ("s3:PutBucketPolicy", "s3:GetBucketPolicy", "s3:DeleteBucketPolicy"),
+    "aws:s3/bucketObjectv2:BucketObjectv2": ("s3:PutObject", "s3:PutObjectTagging", "s3:GetObject",
+                                             "s3:GetObjectTagging", "s3:DeleteObjectTagging", "s3:DeleteObject"),
+}
+# Data source token -> the IAM actions it calls (the first is the one its AccessDenied names).
+LOOKUPS: dict[str, tuple[str, ...]] = {
+    "aws:ec2/getInstanceType:getInstanceType": ("ec2:DescribeInstanceTypes",),
+    "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings": ("ec2:DescribeInstanceTypeOfferings",),
+    "aws:index/getAvailabilityZones:getAvailabilityZones": ("ec2:DescribeAvailabilityZones",),
+    # The images' public parameters (/aws/service/...) need no KMS.
+    "aws:ssm/getParameter:getParameter": ("ssm:GetParameter",),
+    "aws:ec2/getAmi:getAmi": ("ec2:DescribeImages",),
+    "aws:ec2/getVpc:getVpc": ("ec2:DescribeVpcs", "ec2:DescribeVpcAttribute", "ec2:DescribeRouteTables"),
+    "aws:ec2/getSubnet:getSubnet": ("ec2:DescribeSubnets",),
+    "aws:ec2/getSubnets:getSubnets": ("ec2:DescribeSubnets",),
+    "aws:ec2/getInstances:getInstances": ("ec2:DescribeInstances",),
+    "aws:ec2/getRouteTables:getRouteTables": ("ec2:DescribeRouteTables",),
+    "aws:ec2/getVpcEndpoint:getVpcEndpoint": ("ec2:DescribeVpcEndpoints", "ec2:DescribePrefixLists"),
+    "aws:ec2/getCapacityBlockReservation:getCapacityBlockReservation": ("ec2:DescribeCapacityReservations",),
+    # Cloud Control's IAM prefix is cloudformation; it calls the type's own read handler with the caller's
+    # credentials (Service Authorization Reference, AWS Cloud Control API).
+    "aws:cloudcontrol/getResource:getResource": ("cloudformation:GetResource", "ec2:DescribeCapacityReservations"),
+    "aws:servicequotas/getServiceQuota:getServiceQuota": ("servicequotas:GetServiceQuota",
+                                                          "servicequotas:GetAWSDefaultServiceQuota"),
+}
+# What every run needs: the provider asks who it is at start (its account id builds ARNs).
+ALWAYS = ("sts:GetCallerIdentity",)
+# The first spot launch of an account makes EC2's Spot service-linked role, which stops and starts `stop`
+# nodes (EC2 User Guide, "Service-linked role for Spot Instance requests").
+SPOT_ROLE = {"Sid": "SpotServiceLinkedRole", "Effect": "Allow", "Action": "iam:CreateServiceLinkedRole",
+             "Resource": "arn:aws:iam::*:role/aws-service-role/spot.amazonaws.com/AWSServiceRoleForEC2Spot",
+             "Condition": {"StringLike": {"iam:AWSServiceName": "spot.amazonaws.com"}}}
+
+
+def actions() -> list[str]:
+    """Every action the program's resources and lookups may call, sorted."""
+    return sorted({*ALWAYS, *(a for row in RESOURCES.values() for a in row), *(a for row in LOOKUPS.values() for a in row)})
+
+
+def policy() -> dict:
+    """The operator policy: one statement per service, and the spot role."""
+    by_service: dict[str, list[str]] = {}
+    for action in actions():
+        by_service.setdefault(action.split(":")[0], []).append(action)
+    statements = [{"Sid": f"GpuSwarm{service.capitalize()}", "Effect": "Allow", "Action": names, "Resource": "*"}
+                  for service, names in sorted(by_service.items())]
+    return {"Version": "2012-10-17", "Statement": [*statements, SPOT_ROLE]}
+
+
+def policy_json() -> str:
+    return json.dumps(policy(), indent=2) + "\n"
+
+
+if __name__ == "__main__":
+    print(policy_json(), end="")
