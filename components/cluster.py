@@ -33,6 +33,7 @@ from components.swarm_reconcile import SwarmReconcile, SwarmReconcileArgs
 from to_node.commands import authorize_keys
 from to_node.software import NodeRelease
 from settings import GpuPool, Settings
+from settings.model import PROJECT
 from settings.aws_lookups import CLUSTER_TAG, running_names
 from swarm.gpu_check import GpuCheck
 from swarm.labels import pool_labels
@@ -118,7 +119,7 @@ class Cluster(pulumi.ComponentResource):
             self._kinds[pool.name] = self._kind(pool)
             pools.append((pool, NodePool(f"{name}-{pool.name}", NodePoolArgs(
                 role="worker", pool=pool.name, instance_type=pool.instance_type, count=pool.count,
-                ami_id=s.gpu_ami_id, root_volume_gib=pool.root_volume_gib,
+                ami_id=self._pool_image(name, pool), root_volume_gib=pool.root_volume_gib,
                 security_group_ids=[groups.cluster_id, groups.workers_id,
                                     *([groups.efa_id] if pool.efa_interfaces else [])],
                 node_name_prefix=f"{s.cluster_name}-{pool.name}", release=self._kinds[pool.name].release,
@@ -258,6 +259,23 @@ class Cluster(pulumi.ComponentResource):
             env=kind.env,
             expected_gpus=kind.expected_gpus, access_script=self._access, health_env=self._health_env(node),
         ), opts=self._child)
+
+    def _pool_image(self, name: str, pool: GpuPool) -> pulumi.Input[str]:
+        """The image a GPU pool's nodes launch from: the "latest" its first `up` found, kept in an SSM parameter of
+        the pool's (it keeps its value when "latest" moves: ignore_changes), so that a node made or replaced a
+        month later boots the driver branch of its pool, not the AMI's newest. A custom AMI is the operator's
+        own choice, used as it is. To move a pool to the image's newest release, replace the parameter
+        (`pulumi up --replace` with its URN): new nodes take it, and a roll by replacement moves the others."""
+        s = self._s
+        if not s.ami_from_ssm:
+            return s.gpu_ami_id
+        pinned = aws.ssm.Parameter(
+            f"{name}-{pool.name}-image", name=f"/{PROJECT}/{s.cluster_name}/{pool.name}/ami-id", type="String",
+            # insecure_value: an AMI id is no secret (value is marked one, and would make every node's inputs secret).
+            data_type="aws:ec2:image", insecure_value=s.gpu_ami_id, description=f"the AMI of pool {pool.name}'s nodes",
+            tags={**self._tags, "Name": f"{name}-{pool.name}-image"},
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["insecureValue"]))
+        return pinned.insecure_value
 
     def _health_env(self, node: Node) -> dict[str, str]:
         """The health settings, and a capacity-block node's block end: an extended block restarts its watcher

@@ -61,6 +61,10 @@ RESOURCES: dict[str, tuple[str, ...]] = {
     "aws:ec2/vpcEndpoint:VpcEndpoint": ("ec2:CreateVpcEndpoint", "ec2:DescribeVpcEndpoints", "ec2:DescribePrefixLists",
                                         "ec2:ModifyVpcEndpoint", "ec2:DeleteVpcEndpoints", *_TAGS),
     "aws:ec2/capacityReservation:CapacityReservation": ("ec2:DescribeCapacityReservations",),  # read (.get) only
+    # A GPU pool's image; SSM checks an aws:ec2:image value with the caller's ec2:DescribeImages.
+    "aws:ssm/parameter:Parameter": ("ssm:PutParameter", "ssm:GetParameter", "ssm:GetParameters",
+                                    "ssm:DescribeParameters", "ssm:AddTagsToResource", "ssm:ListTagsForResource",
+                                    "ssm:RemoveTagsFromResource", "ssm:DeleteParameter", "ec2:DescribeImages"),
     "aws:s3/bucket:Bucket": (
         "s3:CreateBucket", "s3:ListBucket", "s3:GetBucketPolicy", "s3:GetBucketAcl", "s3:GetBucketCORS",
         "s3:GetBucketWebsite", "s3:GetBucketVersioning", "s3:GetAccelerateConfiguration",

@@ -49,6 +49,7 @@ class Account:
     #        "validUntil", "status"}
     spot_requests: dict = field(default_factory=dict)
     objects: dict = field(default_factory=dict)  # "bucket/key" -> {"tags"}
+    parameters: dict = field(default_factory=dict)  # SSM parameter name -> (its value, the generation it was made in)
     quotas: dict = field(default_factory=dict)  # quota code -> value, over DEFAULT_QUOTA
     denied: set = field(default_factory=set)  # IAM actions the operator's credentials may not call
     generations: dict = field(default_factory=dict)  # resource name -> times replaced (its id changes)
@@ -364,6 +365,20 @@ def tag(inputs: dict) -> None:
     if inst is not None:
         check_tags({**inst["tags"], inputs["key"]: inputs["value"]}, "ec2", f"creating EC2 Tag ({inputs['key']})")
         inst["tags"][inputs["key"]] = inputs["value"]
+
+
+def ssm_parameter(resource: str, inputs: dict) -> dict:
+    """aws.ssm.Parameter as a second `up` finds it: one made in an earlier run of the same resource keeps its value
+    (the program's ignore_changes on value: no update, the state's outputs), a replaced one (Account.replace)
+    takes the new. A data type of aws:ec2:image must name an image (SSM checks it: ParameterValidationError)."""
+    check_tags(inputs.get("tags"), "ec2", f"creating SSM Parameter ({inputs.get('name')})")
+    if inputs.get("dataType") == "aws:ec2:image" and not str(inputs.get("insecureValue", "")).startswith("ami-"):
+        raise AwsError(f"creating SSM Parameter ({inputs.get('name')}): ParameterValidationError")
+    generation = ACCOUNT.generations.get(resource, 0)
+    kept = ACCOUNT.parameters.get(inputs["name"])
+    if kept is None or kept[1] != generation:
+        kept = ACCOUNT.parameters[inputs["name"]] = (inputs["insecureValue"], generation)
+    return {**inputs, "insecureValue": kept[0], "value": kept[0], "arn": f"arn:aws:ssm:us-east-1:{ACCOUNT_ID}:parameter{inputs['name']}"}
 
 
 def put_object(bucket: str, key: str, tags: dict | None) -> None:

@@ -13,7 +13,7 @@ import json
 
 from localswarm.fake_account import (  # noqa: F401 (the account's model, where the tests and the rehearsal find it)
     ACCOUNT, ACCOUNT_ID, Account, AwsError, allocate_address, associate_address, check_tags, launch, launch_template,
-    provider_delete, provider_read, put_object, request_spot, reset_account, tag)
+    provider_delete, provider_read, put_object, request_spot, reset_account, ssm_parameter, tag)
 from components import operator_policy
 from settings import aws_lookups
 
@@ -36,12 +36,13 @@ INSTANCE_TYPES = {
     "p5.48xlarge": ("x86_64", [("NVIDIA", "H100", 8)]),
     "g5g.xlarge": ("arm64", [("NVIDIA", "T4g", 1)]),
     "g4ad.xlarge": ("x86_64", [("AMD", "Radeon Pro V520", 1)]),
+    "p3.2xlarge": ("x86_64", [("NVIDIA", "V100", 1)]),
 }
 # vCPUs per instance (DescribeInstanceTypes' DefaultVCpus): the unit of EC2's instance quotas.
 VCPUS = {"t3.medium": 2, "t3.large": 2, "m7i.large": 2, "m7i.xlarge": 4, "m7g.large": 2, "g4dn.xlarge": 4,
          "g4dn.12xlarge": 48, "g5.xlarge": 4, "g6.xlarge": 4, "g6e.12xlarge": 48, "p4d.24xlarge": 96,
-         "p5.48xlarge": 192, "g5g.xlarge": 4, "g4ad.xlarge": 4}
-GPU_MEMORY_MIB = {"T4": 15360, "A10G": 23028, "L4": 23034, "L40S": 46068, "A100": 40960, "H100": 81559, "T4g": 15360}
+         "p5.48xlarge": 192, "g5g.xlarge": 4, "g4ad.xlarge": 4, "p3.2xlarge": 8}
+GPU_MEMORY_MIB = {"T4": 15360, "A10G": 23028, "L4": 23034, "L40S": 46068, "A100": 40960, "H100": 81559, "T4g": 15360, "V100": 16384}
 # EFA: instance type -> (efa_maximum_interfaces, maximum_network_cards), for the types that have it.
 EFA = {"p5.48xlarge": (32, 32), "p4d.24xlarge": (4, 4), "g6e.12xlarge": (1, 1), "g4dn.12xlarge": (1, 1)}
 # Where a type is offered, when not in every zone.

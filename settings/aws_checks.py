@@ -11,6 +11,7 @@ import ipaddress
 import pulumi
 
 from settings import aws_lookups
+from to_node import software as node_software
 from settings.config_checks import PoolConfig
 from settings.model import Managers, Network, cluster_name
 from settings.reader import Reader, key
@@ -185,6 +186,16 @@ def resolve_amis(r: Reader, image: str, ami_id: str | None, managers: Managers |
         return None, None
     if gpu_facts.architecture != "x86_64":
         r.error("amiId", f"{gpu_ami} is {gpu_facts.architecture}; the GPU nodes need an x86_64 image")
+    if image == "deep-learning":
+        for p in pools:
+            if p.valid and node_software.kernel_modules(p.instance_type) == "proprietary":
+                # The Base OSS AMI ships NVIDIA's open kernel module only (driver 595 in late 2026), which drives
+                # Turing and newer; R580 is the last branch for Maxwell, Pascal and Volta (NVIDIA's release notes).
+                r.error(f"gpuPools[{p.index}].instanceType",
+                        f"{p.instance_type}'s GPUs need NVIDIA's proprietary kernel module, and the Deep Learning "
+                        "Base OSS AMI has only the open one, whose driver no longer drives them; set image ubuntu "
+                        "(driver branch 580, with the proprietary module), or choose a Turing or newer type "
+                        "(g4dn and later)")
     for p in pools:
         if p.valid and p.root_volume_gib < gpu_facts.root_snapshot_gib:
             r.error(

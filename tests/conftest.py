@@ -93,6 +93,8 @@ class AwsMocks(pulumi_mocks.Mocks):
             fake_aws.check_tags(state.get("tags"), "s3-bucket", f"creating S3 Bucket ({args.name})")
             bucket, extra = bucket_state(args.name)
             return bucket, {**state, **extra}
+        if args.typ == "aws:ssm/parameter:Parameter":
+            return f"{args.name}-id", fake_aws.ssm_parameter(args.name, state)
         if args.typ == "aws:s3/bucketObjectv2:BucketObjectv2":
             fake_aws.put_object(str(state.get("bucket")), state.get("key", ""), state.get("tags"))
         if args.typ == "aws:ec2/vpcEndpoint:VpcEndpoint":

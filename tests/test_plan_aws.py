@@ -17,7 +17,7 @@ from datetime import timedelta
 
 from components import node_pool, provider_facts
 from localswarm import fake_account, fake_aws
-from tests.conftest import run_program, stack_config
+from tests.conftest import request_inputs, run_program, stack_config, unwrap
 from tests.test_plan import INFERENCE, INSTANCE, PROD, SPOT_REQUEST, TRAINING, plan, with_
 from tests.test_resource_graph import Graph
 
@@ -272,3 +272,22 @@ def test_launch_timeouts_fit_the_instance_family():
 def test_stack_config_has_the_prod_pools_the_tests_assume():
     pools = {p["name"]: p for p in __import__("json").loads(stack_config("prod")["gpu-swarm:gpuPools"])}
     assert pools["inference"]["interruption"] == "stop" and pools["training"]["efa"] is True
+
+
+# ---------------------------------------------------------------- the Deep Learning AMI's "latest" moves
+
+
+def test_a_node_made_after_the_images_latest_moved_boots_its_pools_image(monkeypatch):
+    """AWS publishes a new Deep Learning AMI (a new driver branch) between two ups that add a node: the new
+    node launches from the image its pool was made with, as its running neighbours do; replacing the pool's
+    image parameter moves the pool's new nodes to the newest."""
+    first, newer = fake_aws.DEEP_LEARNING_AMI, fake_aws.CUSTOM_AMI_NEXT  # both described by the fake, x86_64
+    pools = lambda n: with_(gpuPools=[TRAINING, {**INFERENCE, "count": n}])  # noqa: E731
+    result = plan(pools(2), pools(3), between=lambda: monkeypatch.setattr(fake_aws, "DEEP_LEARNING_AMI", newer))
+    assert result.instances_replaced() == {} and "gpu-swarm-inference-2" in result.created
+    run = run_program(pools(3), stack="prod", keep_account=True)
+    amis = {n: run.monitor.requests[n] for n in ("gpu-swarm-inference-0", "gpu-swarm-inference-2")}
+    assert {unwrap(request_inputs(r))["ami"] for r in amis.values()} == {first}
+    fake_aws.ACCOUNT.replace("gpu-swarm-inference-image")  # pulumi up --replace <its URN>
+    run = run_program(pools(3), stack="prod", keep_account=True)
+    assert unwrap(request_inputs(run.monitor.requests["gpu-swarm-inference-2"]))["ami"] == newer

@@ -87,6 +87,10 @@ BAD = [
     ("root-volume-below-dlami", {"image": "deep-learning", "gpuPools": pools({**T4, "rootVolumeGiB": 60})}, (),
      ["gpu-swarm:gpuPools[0].rootVolumeGiB: 60 GiB is smaller than the deep-learning image's 75 GiB snapshot",
       "use at least 75"]),
+    ("volta-on-the-deep-learning-ami", {"image": "deep-learning", "gpuPools": pools(
+        {"name": "v100", "instanceType": "p3.2xlarge", "count": 1, "rootVolumeGiB": 100})}, (),
+     ["gpu-swarm:gpuPools[0].instanceType: p3.2xlarge's GPUs need NVIDIA's proprietary kernel module",
+      "set image ubuntu"]),
     ("image-unknown", {"image": "debian"}, (),
      ["gpu-swarm:image: 'debian' is not an image choice; use ubuntu", "deep-learning", "custom (with amiId)"]),
     ("custom-without-ami", {"image": "custom"}, (), ["gpu-swarm:amiId: required when gpu-swarm:image is custom"]),
@@ -245,6 +249,13 @@ def test_the_providers_default_tags_count_and_the_bundle_takes_none_of_the_stack
     assert "aws:defaultTags has 10 tags" in str(err.value) and "aws.s3.BucketObjectv2" in str(err.value)
     use_mocks({**config, "aws:defaultTags": json.dumps({"tags": {f"d{i}": "v" for i in range(9)}})})
     assert load_settings().tag_map == {"team": "ml"}
+
+
+def test_volta_runs_on_plain_ubuntu_with_the_proprietary_module():
+    """The advice for a V100 pool on the Deep Learning AMI, followed: image ubuntu, whose 580 drives it."""
+    use_mocks(stack_config("dev", image="ubuntu", gpuPools=[
+        {"name": "v100", "instanceType": "p3.2xlarge", "count": 1, "rootVolumeGiB": 100}]))
+    assert load_settings().gpu_pools[0].gpu_model == "V100"
 
 
 def test_bad_ids_are_distinct():
