@@ -8,18 +8,16 @@
 #   bash bench/build_gpu_kit.sh --smoke    # seconds, nothing fetched: the pins, and cuda-probe built and run
 #
 # The kit (about 50 MB, one xz archive, so it fits the device's 64 MiB carry with the tree):
-# - Docker Engine 26.1.5, containerd 1.7.24, runc 1.1.15 and tini (as docker-init), from
-#   Debian trixie: Docker >= 25.0.3 is needed for generic resources on overlay networks
-#   (moby#44378); trixie's runc needs glibc >= 2.38, which the GPU machines have;
-# - nvidia-container-toolkit 1.20.0 built from its source (it vendors its modules) with
-#   trixie-backports' Go 1.25: nvidia-container-runtime, nvidia-ctk, nvidia-cdi-hook,
-#   nvidia-container-runtime-hook;
+# - the engine every node runs (node/versions.env DOCKER_VERSION, CONTAINERD_VERSION's minor):
+#   Debian forky's docker.io 28.5.2, containerd 2.1.9, runc 1.3.6 and tini (as docker-init);
+#   forky's runc needs glibc >= 2.38, which the GPU machines have;
+# - nvidia-container-toolkit TOOLKIT_VERSION, built from its Go module with this machine's Go
+#   (bench/gpu_kit/go.mod and go.sum pin it; the Go module proxy serves it): nvidia-container-runtime,
+#   nvidia-ctk, nvidia-cdi-hook, nvidia-container-runtime-hook;
 # - busybox-static, for the stand-in CUDA image (and to unpack the kit where xz is missing);
 # - bench/cuda_probe.c built here: it reaches the driver through dlopen("libcuda.so.1") only,
 #   so no CUDA header or toolkit is needed, and the runtime mounts libcuda into the task;
 # - wheels for the node software: nvidia-ml-py (versions.env's pin), PyYAML, prometheus_client.
-# Settings (environment): KIT_TOOLKIT_GIT, a git clone of NVIDIA/nvidia-container-toolkit
-# holding tag KIT_TOOLKIT_TAG (default: the mirror the project's tools fetch, else GitHub).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -32,16 +30,16 @@ STEP_PREFIX=kit STEP_COUNT=7
 
 KIT=${KIT_DIR:-$repo/.kit}
 BUILD=${KIT_BUILD_DIR:-$repo/.kit-build}
-SUITE=trixie
-TOOLKIT_TAG=${KIT_TOOLKIT_TAG:-v1.20.0}
-TOOLKIT_GIT=${KIT_TOOLKIT_GIT:-/work/.mirror/NVIDIA+nvidia-container-toolkit/repo}
+SUITE=forky
+TOOLKIT_TAG=v$TOOLKIT_VERSION
+TOOLKIT_MODULE=github.com/NVIDIA/nvidia-container-toolkit
 PYYAML_VERSION=6.0.3  # requirements.txt allows PyYAML 6.x
 : "${NVIDIA_ML_PY_VERSION:?node/versions.env must pin it}" "${PROMETHEUS_CLIENT_VERSION:?node/versions.env must pin it}"
 # CPython versions the wheels are for: Ubuntu 22.04 has 3.10, 24.04 3.12 (the GPU machines).
 # PyYAML falls back to pure Python when its C part does not match, so any of them works.
 PYTHONS=(3.10 3.11 3.12)
-DEBS=(docker.io docker-cli containerd runc tini busybox-static golang-1.25-go golang-1.25-src
-  libc6 libseccomp2) # the last two only let this machine (glibc 2.36) run trixie's runc --version
+DEBS=(docker.io docker-cli containerd runc tini-static busybox-static
+  libc6 libseccomp2) # the last two only let this machine (glibc 2.36) run forky's runc --version
 TOOLKIT_CMDS=(nvidia-container-runtime nvidia-ctk nvidia-cdi-hook nvidia-container-runtime-hook)
 # kit name <- path under the unpacked packages
 ENGINE_BINS=(dockerd:usr/sbin/dockerd docker:usr/bin/docker containerd:usr/bin/containerd
@@ -67,8 +65,9 @@ mkdir -p "$BUILD"/{apt/lists/partial,apt/cache/archives/partial,debs,stage/bin,s
 apt_opts=(-o "Dir::Etc::SourceList=$BUILD/apt/sources.list" -o Dir::Etc::SourceParts=/dev/null
   -o "Dir::State::Lists=$BUILD/apt/lists" -o "Dir::Cache=$BUILD/apt/cache" -o APT::Sandbox::User=root
   -o Dir::Etc::Preferences=/dev/null -o Dir::Etc::PreferencesParts=/dev/null)
-printf 'deb http://deb.debian.org/debian %s main\ndeb http://deb.debian.org/debian %s-backports main\n' \
-  "$SUITE" "$SUITE" >"$BUILD/apt/sources.list"
+# A mirror may hold forky's signed index past its week (localswarm/node_image.py says more).
+apt_opts+=(-o Acquire::Check-Valid-Until=false)
+printf 'deb http://deb.debian.org/debian %s main\n' "$SUITE" >"$BUILD/apt/sources.list"
 
 step_begin "Debian $SUITE packages: ${DEBS[*]}"
 have_all=1
@@ -97,33 +96,28 @@ for entry in "${ENGINE_BINS[@]}"; do
   install -m 0755 "$BUILD/root/${entry#*:}" "$BUILD/stage/bin/${entry%%:*}"
 done
 
-step_begin "nvidia-container-toolkit $TOOLKIT_TAG from source"
-src=$BUILD/toolkit-src
-if [ ! -d "$TOOLKIT_GIT" ]; then
-  say "  no clone at $TOOLKIT_GIT (KIT_TOOLKIT_GIT); cloning from GitHub"
-  TOOLKIT_GIT=$BUILD/toolkit.git
-  [ -d "$TOOLKIT_GIT" ] || quietly git clone --bare https://github.com/NVIDIA/nvidia-container-toolkit "$TOOLKIT_GIT"
-fi
-commit=$(git -C "$TOOLKIT_GIT" rev-parse "$TOOLKIT_TAG^{commit}") ||
-  { say "$TOOLKIT_GIT has no tag $TOOLKIT_TAG: fetch the repository again, or set KIT_TOOLKIT_TAG" >&2; exit 1; }
+step_begin "nvidia-container-toolkit $TOOLKIT_TAG from its Go module"
+mod=$here/gpu_kit
+grep -q "^require $TOOLKIT_MODULE $TOOLKIT_TAG\$" "$mod/go.mod" || {
+  say "bench/gpu_kit/go.mod does not require $TOOLKIT_MODULE $TOOLKIT_TAG (node/versions.env TOOLKIT_VERSION):" \
+    "run (cd bench/gpu_kit && go get $TOOLKIT_MODULE@$TOOLKIT_TAG && go mod tidy)" >&2
+  exit 1
+}
 built=1
 for cmd in "${TOOLKIT_CMDS[@]}"; do
-  [[ $("$BUILD/toolkit-out/$cmd" --version 2>/dev/null) == *"commit: $commit"* ]] || built=0
+  [[ $("$BUILD/toolkit-out/$cmd" --version 2>/dev/null) == *"version $TOOLKIT_VERSION"* ]] || built=0
 done
-if [ "$built" = 1 ]; then
-  step_skipped "$BUILD/toolkit-out holds commit $commit"
+if [ "$built" = 1 ] && [ "$BUILD/toolkit-out/nvidia-ctk" -nt "$mod/go.sum" ]; then
+  step_skipped "$BUILD/toolkit-out holds $TOOLKIT_TAG"
 else
-  rm -rf "$src" && mkdir -p "$src" "$BUILD/toolkit-out"
-  git -C "$TOOLKIT_GIT" archive "$commit" | tar -x -C "$src"
-  go_root=$BUILD/root/usr/lib/go-1.25
+  mkdir -p "$BUILD/toolkit-out"
   # As the toolkit's Makefile builds them: the NVML symbols resolve at run time (-z lazy).
   ldflags="-s -w '-extldflags=-Wl,--export-dynamic -Wl,--unresolved-symbols=ignore-in-object-files -Wl,-z,lazy'"
-  ldflags+=" -X github.com/NVIDIA/nvidia-container-toolkit/internal/info.version=${TOOLKIT_TAG#v}"
-  ldflags+=" -X github.com/NVIDIA/nvidia-container-toolkit/internal/info.gitCommit=$commit"
+  ldflags+=" -X $TOOLKIT_MODULE/internal/info.version=$TOOLKIT_VERSION"
   for cmd in "${TOOLKIT_CMDS[@]}"; do
-    (cd "$src" && quietly env GOROOT="$go_root" PATH="$go_root/bin:$PATH" GOTOOLCHAIN=local GOFLAGS=-mod=vendor \
-      CGO_ENABLED=1 GOCACHE="$BUILD/go-cache" GOPATH="$BUILD/go" go build -trimpath -ldflags "$ldflags" \
-      -o "$BUILD/toolkit-out/$cmd" "./cmd/$cmd")
+    # -mod=readonly: go.sum holds every module's hash; nothing is resolved anew.
+    (cd "$mod" && quietly env CGO_ENABLED=1 GOFLAGS="-mod=readonly -buildvcs=false" go build -trimpath \
+      -ldflags "$ldflags" -o "$BUILD/toolkit-out/$cmd" "$TOOLKIT_MODULE/cmd/$cmd")
   done
   step_done
 fi
@@ -160,20 +154,20 @@ else
 fi
 
 step_begin "every binary runs here (--version)"
-trixie_ld() {  # runc needs glibc 2.38: run it with trixie's C library, which this machine may lack
+forky_ld() {  # runc needs glibc 2.38: run it with forky's C library, which this machine may lack
   "$BUILD/root/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" --library-path \
     "$BUILD/root/usr/lib/x86_64-linux-gnu" "$@"
 }
 {
-  echo "# gpu-swarm GPU kit, built $(date -u +%FT%TZ) on $(uname -n) by bench/build_gpu_kit.sh"
-  echo "# nvidia-container-toolkit $TOOLKIT_TAG = commit $commit"
+  echo "# gpu-swarm GPU kit, built $(date -u +%FT%TZ) by bench/build_gpu_kit.sh"
+  echo "# nvidia-container-toolkit $TOOLKIT_TAG, from the Go module proxy (bench/gpu_kit/go.sum)"
   for bin in "$BUILD"/stage/bin/*; do
     name=${bin##*/}
     case $name in
       containerd-shim-runc-v2) out=$("$bin" -v) ;;
       busybox) out=$("$bin" --help 2>&1 | head -n1) ;;
       cuda-probe) out="bench/cuda_probe.c sha256 $(sha256sum <"$here/cuda_probe.c" | cut -c1-16)" ;;
-      runc) out=$("$bin" --version 2>/dev/null || trixie_ld "$bin" --version) ;;
+      runc) out=$("$bin" --version 2>/dev/null || forky_ld "$bin" --version) ;;
       # It goes on to print the runc it finds on PATH, which is this machine's, not the kit's.
       nvidia-container-runtime) out=$("$bin" --version | sed '/^runc version/,$d') ;;
       *) out=$("$bin" --version) ;;
