@@ -32,7 +32,6 @@ VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 DRIVER_CAPABILITIES_ENV = "NVIDIA_DRIVER_CAPABILITIES"
 _ASKS_FOR_NONE = ("void", "none", "")  # values of NVIDIA_VISIBLE_DEVICES that ask for no GPU
 _CONSTRAINT = re.compile(r"\s*(\S+?)\s*(==|!=)\s*(\S.*?)\s*$")
-_EVERY = "count all"
 
 
 @dataclass(frozen=True)
@@ -128,8 +127,7 @@ def _plan(where: str, service: dict, kind: str, pool_sizes: Mapping[str, int], s
     if requests and len(problems) == before:
         resolved = _resolve(*requests[0], service, kind, pool_sizes, shared_kind, problems, warnings, unresolved)
         if resolved:
-            plan.gpus, plan.driver_capabilities, how = resolved
-            plan.every_gpu = how.startswith(_EVERY)
+            plan.gpus, plan.driver_capabilities, how, plan.every_gpu = resolved
             if "gpus" in service:
                 plan.drop.append("gpus")
             changes.append(f"{requests[0][0].rsplit('[', 1)[0]}: {how} -> deploy.resources.reservations."
@@ -145,7 +143,8 @@ def _plan(where: str, service: dict, kind: str, pool_sizes: Mapping[str, int], s
 
 def _resolve(at: str, request, gpu_implied: bool, service: dict, kind: str, pool_sizes: Mapping[str, int],
              shared_kind: str | None, problems: list[str], warnings: list[str], unresolved: Set[str]):
-    """(GPUs, driver capabilities, how the count was read) for one request, or None when refused."""
+    """(GPUs, driver capabilities, how the count was read, whether it was `all`) for one request, or None
+    when refused."""
     if not isinstance(request, dict):
         problems.append(f"{at}: expected a mapping such as {{driver: nvidia, count: 1, capabilities: [gpu]}}, "
                         f"got {request!r}")
@@ -202,13 +201,13 @@ def _resolve(at: str, request, gpu_implied: bool, service: dict, kind: str, pool
     driver_caps = tuple(dict.fromkeys(c for c in capabilities or () if c in DRIVER_CAPABILITIES))
     if count == "all":
         n = _count_all(count_at, service, whole, problems)
-        return (n, driver_caps, f"{_EVERY} (every GPU of one node: {_sizes(whole)})") if n else None
+        return (n, driver_caps, f"count all (every GPU of one node: {_sizes(whole)})", True) if n else None
     largest = max(whole.values())
     if count > largest:
         problems.append(f"{count_at}: {count} GPUs per task, but the largest node has {largest} "
                         f"({_sizes(whole)}); the tasks would stay Pending forever")
         return None
-    return count, driver_caps, f"count {count}"
+    return count, driver_caps, f"count {count}", False
 
 
 def _count_all(at: str, service: dict, whole: Mapping[str, int], problems: list[str]) -> int | None:

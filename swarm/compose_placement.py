@@ -14,6 +14,7 @@ import yaml
 
 from swarm import compose_nodes as nodes
 from swarm.compose_spot import can_land_on
+from swarm.compose_volumes import mount_source, mount_target, volume_name
 from swarm.labels import POOL_GPU_COUNT_LABEL
 
 # Host paths every node has (Ubuntu with docker): a bind of these needs no warning.
@@ -46,20 +47,22 @@ def host_path_warnings(services: dict, pools: Mapping[str, Mapping[str, str]], k
     warnings = []
     for name, service in services.items():
         for i, volume in enumerate((service.get("volumes") or []) if isinstance(service, dict) else ()):
-            source, target = _bind(volume)
-            if not source.startswith("/") or any(source == p or source.startswith(p + "/") for p in _ON_EVERY_NODE):
+            mount, source = mount_source(volume)
+            target = mount_target(volume)
+            if mount != "bind" or not source.startswith("/") or any(
+                    source == p or source.startswith(p + "/") for p in _ON_EVERY_NODE):
                 continue
             gpus = reserved(service, kind)
             on = landing_pools(service, pools, kind, shared_kind) if pools else []
             where = (f"every node of the pool{'s' if len(on) > 1 else ''} {', '.join(on)}" if on and gpus else
                      f"every node, managers and the pools {', '.join(on)}, that its constraints allow" if on else
                      "every node the service can land on")
-            volume_name = source.rstrip("/").rsplit("/", 1)[-1].lower().strip(".") or "data"
+            named = volume_name(source)
             warnings.append(
                 f"services.{name}.volumes[{i}]: the bind source {source} must exist on {where}: swarm does not "
                 f"create it (Compose does), and rejects a task on a node where it is missing (\"bind source path "
-                f"does not exist\"). Create it on those nodes, or use a named volume (`{volume_name}:{target}` with "
-                f"`volumes: {{{volume_name}: {{}}}}` at the top level)")
+                f"does not exist\"). Create it on those nodes, or use a named volume (`{named}:{target}` with "
+                f"`volumes: {{{named}: {{}}}}` at the top level)")
     return warnings
 
 
@@ -155,12 +158,3 @@ def _walk(node):
     elif isinstance(node, nodes.SequenceNode):
         for v in node.value:
             yield from _walk(v)
-
-
-def _bind(volume) -> tuple[str, str]:
-    """(source, target) of a bind mount; ("", "") for anything else."""
-    if isinstance(volume, dict):
-        return (str(volume.get("source") or ""), str(volume.get("target") or "")) \
-            if volume.get("type") == "bind" else ("", "")
-    parts = str(volume).split(":")
-    return (parts[0], parts[1]) if len(parts) > 1 and parts[0].startswith("/") else ("", "")

@@ -337,4 +337,4 @@ def _nothing_left(known: list[str], active: tuple[str, ...]) -> str:
     return (f"has no services left to deploy: every service is in a profile, and no active profile names it "
             f"(active: {active_text}). The file's profiles: {profile_names(known)}; choose the ones to deploy in "
             f"the stack's `profiles` setting (gpu-swarm:stacks[].profiles, as `docker compose --profile "
-            f"{known[-1]}`)")
+            f"{next((p for p in reversed(known) if p), '')}`)")

@@ -11,10 +11,10 @@ Runs after compose_resolve.py; the GPU requests are compose_gpus.py's.
 """
 from __future__ import annotations
 
-import posixpath
 import re
 from typing import Callable
 
+from swarm.compose_volumes import mount_target, volume_problems
 from swarm.compose_yaml import BOOL, INT, STR, Scalar, Unresolved, plain, scalar
 
 # Service keys swarm takes as they are (docker CLI 26.1.5's v3 schema, less what it ignores).
@@ -113,7 +113,7 @@ def to_swarm(doc: dict, t: Translation) -> None:
         _shm(where, service, t)
         _network_mode(where, doc, service, t)
         _ports(where, service, t)
-        _volumes(where, doc, service, context, t)
+        t.problems += volume_problems(where, doc, service, context, t.is_file)
     _ports_taken_twice(doc.get("services") or {}, t)
     t.said()
 
@@ -249,7 +249,7 @@ def _shm(where: str, service: dict, t: Translation) -> None:
             t.problems.append(f"{where}.ipc: {ipc_text!r} is not an IPC mode")
         return
     volumes = service.setdefault("volumes", [])
-    if any(_target(v) == SHM for v in volumes):
+    if any(mount_target(v) == SHM for v in volumes):
         t.warnings.append(f"{where}.shm_size: left out, the service mounts {SHM} itself")
         return
     mount = {"type": scalar("tmpfs"), "target": scalar(SHM)}
@@ -330,57 +330,6 @@ def _host_ip(port: str) -> str:
     return parts[0] if len(parts) == 3 else ""
 
 
-def _volumes(where: str, doc: dict, service: dict, context: str | None, t: Translation) -> None:
-    volumes = service.get("volumes")
-    if not isinstance(volumes, list):
-        return
-    declared = doc.get("volumes") if isinstance(doc.get("volumes"), dict) else {}
-    for i, volume in enumerate(volumes):
-        kind, source = _source(volume)
-        at = f"{where}.volumes[{i}]"
-        if kind == "bind" and source.startswith((".", "~")):
-            t.problems.append(f"{at}: {source} is a path on the machine that deploys (for a stack, the manager), so "
-                              "the node the task lands on has no such path and swarm rejects the task. "
-                              + _relative_bind_fix(source, _target(volume), context, service, t))
-        elif kind == "volume" and source and source not in declared:
-            t.problems.append(f"{at}: the named volume {source!r} is not declared; add it at the top level: "
-                              f"volumes: {{{source}: {{}}}}")
-
-
-def _relative_bind_fix(source: str, target: str, context: str | None, service: dict, t: Translation) -> str:
-    """What to write instead of a relative bind: it depends on what the service reads there."""
-    base = source.rstrip("/").rsplit("/", 1)[-1]
-    if t.is_file(source) if t.is_file else _looks_like_a_file(base, target):
-        # A config holds the file's own bytes, wherever the task lands: the one form that keeps what it reads.
-        name = re.sub(r"[^A-Za-z0-9_.-]+", "-", base).strip("-.") or "config"
-        return (f"It is a file, which the service reads at {target}: make it a swarm config, created on a manager "
-                f"before the stack deploys (docker config create {name} {source}), and mount it with configs: "
-                f"[{{source: {name}, target: {target}}}] in the service and configs: {{{name}: {{external: true}}}} "
-                f"at the top level (a named volume would be an empty folder where the service reads {target})")
-    if _inside(source, context):
-        return (f"It is in the service's build context ({context}), the code its image {str(service.get('image'))!r} "
-                f"is built from: remove the mount, so the service runs the code in its image (a named volume "
-                f"would keep the first image's copy of {target} and hide every later image's code); if it is "
-                "data the service writes, use a named volume instead")
-    name = re.sub(r"[^a-z0-9_-]+", "-", base.lower()).strip("-._") or "data"
-    return (f"Use a named volume (`{name}:{target or '/data'}` with `volumes: {{{name}: {{}}}}` at the top level) "
-            "or an absolute path that exists on every node the service can land on")
-
-
-def _inside(source: str, context: str | None) -> bool:
-    """Whether a relative path lies in a relative build context (both from the stack file's folder)."""
-    if context is None or source.startswith("~") or "://" in context:
-        return False
-    path, root = posixpath.normpath(source), posixpath.normpath(context)
-    return root == "." and not path.startswith("..") or path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def _looks_like_a_file(source: str, target: str) -> bool:
-    """With no folder to look in: a source and target named with the same suffix (nginx.conf, router.yml)."""
-    suffix = posixpath.splitext(source)[1]
-    return bool(suffix) and posixpath.splitext(target)[1] == suffix
-
-
 def _ports_taken_twice(services: dict, t: Translation) -> None:
     """A port that two services publish: swarm's routing mesh publishes it once for the whole swarm, so
     `docker stack deploy` creates the first service and fails on the second ("port is already in use")."""
@@ -415,24 +364,6 @@ def _published(port) -> list[tuple[int, str]]:
     if not first.isdigit() or (last and not last.isdigit()):
         return []
     return [(n, protocol or "tcp") for n in range(int(first), int(last or first) + 1)]
-
-
-def _source(volume) -> tuple[str, str]:
-    """(bind|volume|other, source) of a short or long volume entry."""
-    if isinstance(volume, dict):
-        return str(volume.get("type", "volume")), str(volume.get("source", "") or "")
-    parts = str(volume).split(":")
-    if len(parts) < 2:
-        return "volume", ""  # an anonymous volume
-    source = parts[0]
-    return ("bind" if source.startswith(("/", ".", "~")) else "volume"), source
-
-
-def _target(volume) -> str:
-    if isinstance(volume, dict):
-        return str(volume.get("target", ""))
-    parts = str(volume).split(":")
-    return parts[1] if len(parts) > 1 else parts[0]
 
 
 def _mapping(parent: dict, key: str) -> dict:

@@ -134,8 +134,8 @@ def validate_stack_file(
     doc = yaml.safe_load(shown)  # the checks below see what will be deployed
     services = doc.get("services") if isinstance(doc, dict) else None
     if not isinstance(services, dict) or not services:
-        raise StackFileError(source, known + problems or ["has no services left to deploy: add a top-level `services:` "
-                                                  "mapping, or activate a profile"])
+        raise StackFileError(source, known + problems or ["has no services left to deploy: add a top-level "
+                                                          "`services:` mapping"])
     for section in ("configs", "secrets"):
         entries = doc.get(section)
         for item, spec in (entries.items() if isinstance(entries, dict) else ()):

@@ -246,3 +246,16 @@ def test_an_absolute_bind_names_the_pools_it_must_exist_on(tmp_path):
     assert warning.startswith("services.app.volumes[0]: the bind source /srv/models must exist on every node of the "
                               "pool h100: swarm does not create it")  # a10's single GPU cannot take 4
     swarm_loader(tmp_path, info.content)
+
+
+def test_an_extends_cycle_is_a_file_and_service_met_twice_and_hides_no_other_service(tmp_path):
+    (tmp_path / "b.yml").write_text("services:\n  app:\n    extends: {file: a.yml, service: app}\n")
+    (tmp_path / "a.yml").write_text("services:\n  app:\n    extends: {file: b.yml, service: app}\n")
+    text = ("services:\n  app:\n    extends: {file: a.yml, service: app}\n"
+            "  web:\n    image: nginx:1.27\n    volumes: ['./site:/usr/share/nginx/html']\n")
+    with pytest.raises(StackFileError) as err:
+        check(text, base_dir=tmp_path)
+    cycle, bind = err.value.problems
+    assert cycle == ("a.yml: services.app.extends: extends itself through app (this file) -> app (a.yml) -> "
+                     "app (b.yml) -> app (a.yml)")
+    assert bind.startswith("services.web.volumes[0]: ./site")
