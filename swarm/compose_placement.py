@@ -3,8 +3,9 @@
 Compose runs a file on one machine, where a missing bind source is created and services share the
 GPUs. On a swarm each task lands on a node of the pools its reservation and constraints allow: swarm
 does not create a bind source ("bind source path does not exist"), and a GPU is never shared between
-tasks, so GPUs past what the pools hold leave tasks Pending for ever while `pulumi up` succeeds. This is
-the one place a stack file meets the pools' sizes; it runs on the file as deployed (swarm/stack_files.py).
+tasks, so GPUs past what the pools hold leave tasks Pending while `pulumi up` succeeds. This is the one
+place a stack's GPUs are compared with what its pools hold (node counts from settings/stack_checks.py);
+it runs on the file as deployed (swarm/stack_files.py).
 """
 from __future__ import annotations
 
@@ -100,9 +101,9 @@ def capacity_warnings(services: dict, pools: Mapping[str, Mapping[str, str]], po
         anchors = sorted({anchored[n] for n in shared})
         return [
             f"the stack reserves {need} whole GPUs, but the pools its GPU services can land on hold {hold} ({held}): "
-            f"tasks for {need - hold} GPUs would wait, Pending, for ever, and `pulumi up` does not fail for a task "
-            f"that waits for a GPU. Tasks × GPUs: {', '.join(f'{n} {d[2]}' for n, d in wanted.items())}. On swarm a "
-            "GPU is never shared between tasks"
+            f"tasks that reserve {need - hold} of them would wait, Pending, until GPUs are freed or the pools grow, "
+            "and `pulumi up` does not fail for a task that waits for a GPU. Tasks × GPUs: "
+            f"{', '.join(f'{n} {d[2]}' for n, d in wanted.items())}. On swarm a GPU is never shared between tasks"
             + (f": `count: all` ({', '.join(every)}) takes every GPU of a node for each task, where Compose on one "
                "machine lets services share them" if every else "")
             + (f", and {', '.join(shared)} get it from {', '.join(anchors)}, a YAML anchor, so one of them that "

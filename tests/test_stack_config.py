@@ -137,7 +137,7 @@ def test_compose_default_profile_runs_without_a_profile_and_the_setting_may_name
 
 
 def test_more_gpus_than_the_pools_hold_is_said_at_preview_with_the_pools(project, monkeypatch):
-    """dev's one pool, t4, is one node of one GPU: a second replica would wait for ever, and `up` would succeed."""
+    """dev's one pool, t4, is one node of one GPU: a second replica would wait, and `up` would succeed."""
     (project / "stacks" / "rag.yml").write_text(RAG)
     said = []
     monkeypatch.setattr(pulumi.log, "warn", lambda msg, *a, **k: said.append(msg))
