@@ -20,24 +20,31 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from swarm.labels import pool_labels  # noqa: E402
 from swarm.stack_files import StackFileError, validate_stack_file  # noqa: E402
 
 CORPUS = REPO / "tests" / "data" / "compose-corpus"
 
 
 def preview(case: dict, cluster: dict, text: str):
-    """The preview's result for one case: its StackInfo, or its StackFileError."""
+    """The preview's result for one case on its cluster (the corpus's, as the case changes it): its
+    StackInfo, or its StackFileError."""
+    cluster = {**cluster, **case.get("cluster", {})}
+    pools = {name: pool_labels(SimpleNamespace(name=name, instance_type="g6e.48xlarge", gpu_model="L40S",
+                                               gpus_per_node=size, spot=False, slots_per_gpu=0))
+             for name, size in cluster["pool_sizes"].items()}
     try:
         return validate_stack_file(
             text, kind=cluster["kind"], max_gpus_per_node=cluster["max_gpus_per_node"],
             pool_sizes=cluster["pool_sizes"], source=f"corpus/{case['file']}",
             profiles=tuple(case.get("profiles", ())), variables=dict(case.get("variables", {})),
-            secrets=dict(case.get("secrets", {})), base_dir=CORPUS)
+            secrets=dict(case.get("secrets", {})), base_dir=CORPUS, pools=pools, pool_nodes=cluster["pool_nodes"])
     except StackFileError as err:
         return err
     except Exception as exc:  # a translator bug: the table says so, and the bench exits 1

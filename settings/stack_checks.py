@@ -75,9 +75,11 @@ def read_stacks(r: Reader) -> list[StackConfig]:
 
 
 def _profiles(r: Reader, at: str, value: Any) -> tuple[str, ...] | None:
+    """The active profiles; "" is Compose's default one (services with profiles: ["", rag] run without --profile),
+    so profiles: ["", ingest] runs them and ingest's, as COMPOSE_PROFILES=,ingest does."""
     if value is None:
         return ()
-    if not isinstance(value, list) or not all(isinstance(p, str) and p.strip() for p in value):
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
         r.error(f"{at}.profiles", f"expected a list of Compose profile names, found {value!r}; set it with "
                                   f"pulumi config set --path '{at}.profiles[0]' cuda")
         return None
@@ -145,7 +147,8 @@ def check_stacks(r: Reader, stacks: list[StackConfig], pools: list[GpuPool], kin
                                        source=stack.file, pool_sizes=whole_pools, efa_max=efa_max,
                                        profiles=stack.profiles, variables=dict(stack.variables),
                                        secrets=dict(stack.secrets), base_dir=path.parent,
-                                       pools={p.name: pool_labels(p) for p in pools})
+                                       pools={p.name: pool_labels(p) for p in pools},
+                                       pool_nodes={p.name: p.count for p in pools})
         except StackFileError as exc:
             for problem in exc.problems:
                 r.error(f"stacks[{stack.index}].file", f"{stack.file}: {problem}")

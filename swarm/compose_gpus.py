@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import AbstractSet as Set, Mapping
 
 from swarm import compose_nodes as nodes
 from swarm.labels import GPU_COUNT_LABEL, GPU_MEMORY_LABEL, GPU_PRODUCT_LABEL, POOL_GPU_COUNT_LABEL, POOL_LABEL
@@ -41,6 +41,7 @@ class ComposeRewrite:
     warnings: tuple[str, ...] = ()  # keys left out because gpu-swarm ignores them, and why
     problems: tuple[str, ...] = ()  # requests a swarm cannot honour; nothing is deployed
     diff: str = ""  # unified diff from the file as written to the file as deployed
+    every_gpu: tuple[str, ...] = ()  # services whose request was `all`: every GPU of the node a task lands on
 
 
 @dataclass
@@ -51,26 +52,31 @@ class _Plan:
     drop: list[str] = field(default_factory=list)  # service keys to leave out: gpus, runtime
     drop_visible: bool = False
     driver_capabilities: tuple[str, ...] = ()
+    every_gpu: bool = False  # the request was `all`
 
     def __bool__(self) -> bool:
         return bool(self.gpus or self.drop or self.drop_visible)
 
 
 def rewrite_gpu_requests(text: str, doc: dict, *, kind: str, pool_sizes: Mapping[str, int],
-                         shared_kind: str | None = None, source: str = "<stack>") -> ComposeRewrite:
+                         shared_kind: str | None = None, source: str = "<stack>",
+                         unresolved: Set[str] = frozenset()) -> ComposeRewrite:
     """Rewrite every service's Compose GPU request for a swarm whose whole-GPU pools have
-    `pool_sizes` GPUs per node (pool name -> GPUs; empty when every pool shares its GPUs)."""
+    `pool_sizes` GPUs per node (pool name -> GPUs; empty when every pool shares its GPUs).
+    unresolved: the paths of values whose ${...} is not set (compose_resolve.Resolved)."""
     problems: list[str] = []
     warnings: list[str] = []
     changes: list[str] = []
     plans = {}
     for name, service in (doc.get("services") or {}).items():
         if isinstance(service, dict):
-            plan = _plan(f"services.{name}", service, kind, pool_sizes, shared_kind, problems, warnings, changes)
+            plan = _plan(f"services.{name}", service, kind, pool_sizes, shared_kind, problems, warnings, changes,
+                         unresolved)
             if plan:
                 plans[str(name)] = plan
+    every = tuple(n for n, plan in plans.items() if plan.every_gpu)
     if problems or not plans:
-        return ComposeRewrite(text, (), tuple(warnings), tuple(problems))
+        return ComposeRewrite(text, (), tuple(warnings), tuple(problems), every_gpu=every)
     root = nodes.flattened(nodes.parse(text))
     for name, plan in plans.items():
         _apply(nodes.own_path(root, ["services", name]), plan, kind)
@@ -79,11 +85,11 @@ def rewrite_gpu_requests(text: str, doc: dict, *, kind: str, pool_sizes: Mapping
                                         out.splitlines(keepends=True),
                                         f"{source} (as written; comments and anchor names not kept)",
                                         f"{source} (as deployed)"))
-    return ComposeRewrite(out, tuple(changes), tuple(warnings), (), diff)
+    return ComposeRewrite(out, tuple(changes), tuple(warnings), (), diff, every)
 
 
 def _plan(where: str, service: dict, kind: str, pool_sizes: Mapping[str, int], shared_kind: str | None,
-          problems: list[str], warnings: list[str], changes: list[str]) -> _Plan:
+          problems: list[str], warnings: list[str], changes: list[str], unresolved: Set[str]) -> _Plan:
     plan = _Plan()
     before = len(problems)
     deploy = service.get("deploy") if isinstance(service.get("deploy"), dict) else {}
@@ -119,9 +125,9 @@ def _plan(where: str, service: dict, kind: str, pool_sizes: Mapping[str, int], s
                         "generic_resources; keep one of the two")
 
     if requests and len(problems) == before:
-        resolved = _resolve(*requests[0], service, kind, pool_sizes, shared_kind, problems, warnings)
+        resolved = _resolve(*requests[0], service, kind, pool_sizes, shared_kind, problems, warnings, unresolved)
         if resolved:
-            plan.gpus, plan.driver_capabilities, how = resolved
+            plan.gpus, plan.driver_capabilities, how, plan.every_gpu = resolved
             if "gpus" in service:
                 plan.drop.append("gpus")
             changes.append(f"{requests[0][0].rsplit('[', 1)[0]}: {how} -> deploy.resources.reservations."
@@ -136,8 +142,9 @@ def _plan(where: str, service: dict, kind: str, pool_sizes: Mapping[str, int], s
 
 
 def _resolve(at: str, request, gpu_implied: bool, service: dict, kind: str, pool_sizes: Mapping[str, int],
-             shared_kind: str | None, problems: list[str], warnings: list[str]):
-    """(GPUs, driver capabilities, how the count was read) for one request, or None when refused."""
+             shared_kind: str | None, problems: list[str], warnings: list[str], unresolved: Set[str]):
+    """(GPUs, driver capabilities, how the count was read, whether it was `all`) for one request, or None
+    when refused."""
     if not isinstance(request, dict):
         problems.append(f"{at}: expected a mapping such as {{driver: nvidia, count: 1, capabilities: [gpu]}}, "
                         f"got {request!r}")
@@ -162,14 +169,16 @@ def _resolve(at: str, request, gpu_implied: bool, service: dict, kind: str, pool
                                        or not all(isinstance(c, str) for c in capabilities)):
         problems.append(f"{at}.capabilities: expected a list such as [gpu], got {capabilities!r}")
     elif capabilities is not None:
-        if GPU_CAPABILITY not in capabilities and not gpu_implied:
+        # Any of them selects docker's nvidia driver, and the container gets the GPUs (moby's capset for it):
+        # [compute, utility] asks for a GPU as [gpu] does.
+        if not set(capabilities) & set(_KNOWN_CAPABILITIES) and not gpu_implied:
             problems.append(f"{at}.capabilities: {capabilities} does not ask for a GPU; gpu-swarm turns GPU "
                             "requests into reservations and nothing else, so add `gpu`, or remove the request")
         for unknown in [c for c in capabilities if c not in _KNOWN_CAPABILITIES]:
             problems.append(f"{at}.capabilities: {unknown!r} is not a capability of NVIDIA's driver; use "
                             f"{', '.join(_KNOWN_CAPABILITIES)}")
     if "device_ids" in request and not cdi_all and (driver != CDI or _cdi_gpus(request["device_ids"])):
-        problems.append(_device_ids_problem(at, request["device_ids"], kind))
+        problems.append(_device_ids_problem(at, request["device_ids"], kind, driver == CDI, unresolved))
     count_at = f"{at}.count" if "count" in request or not gpu_implied else f"{at}.device_ids" if cdi_all else at
     count = request.get("count", "all")  # Compose: no count (and no device_ids) means all; so does nvidia.com/gpu=all
     if isinstance(count, str) and count.strip().isdigit():
@@ -192,13 +201,13 @@ def _resolve(at: str, request, gpu_implied: bool, service: dict, kind: str, pool
     driver_caps = tuple(dict.fromkeys(c for c in capabilities or () if c in DRIVER_CAPABILITIES))
     if count == "all":
         n = _count_all(count_at, service, whole, problems)
-        return (n, driver_caps, f"count all (every GPU of one node: {_sizes(whole)})") if n else None
+        return (n, driver_caps, f"count all (every GPU of one node: {_sizes(whole)})", True) if n else None
     largest = max(whole.values())
     if count > largest:
         problems.append(f"{count_at}: {count} GPUs per task, but the largest node has {largest} "
                         f"({_sizes(whole)}); the tasks would stay Pending forever")
         return None
-    return count, driver_caps, f"count {count}"
+    return count, driver_caps, f"count {count}", False
 
 
 def _count_all(at: str, service: dict, whole: Mapping[str, int], problems: list[str]) -> int | None:
@@ -260,12 +269,20 @@ def _sizes(pools: Mapping[str, int]) -> str:
                      for n, names in sorted(by_size.items(), reverse=True))
 
 
-def _device_ids_problem(at: str, ids, kind: str) -> str:
-    n = len(ids) if isinstance(ids, list) and ids else 1
+def _device_ids_problem(at: str, ids, kind: str, cdi: bool, unresolved: Set[str]) -> str:
+    ids = ids if isinstance(ids, list) else [ids]
+    if any(f"{at}.device_ids[{i}]" in unresolved for i in range(len(ids))):
+        count = "`count: N`, N the number of GPUs the variable names,"
+    else:
+        # docker's nvidia driver joins the ids into NVIDIA_VISIBLE_DEVICES, so "0,1,2,3" is four GPUs; a CDI
+        # name is one device
+        named = [part.strip() for i in ids for part in ([str(i)] if cdi else str(i).split(",")) if part.strip()]
+        every = any(n.lower() == "all" for n in named)
+        count = "`count: all`" if every else f"`count: {len(named) or 1}`"
     return (f"{at}.device_ids: swarm cannot pin devices. A service reserves a number of {kind} and the scheduler "
             "picks which GPUs, on whichever node it places each task; an index or UUID names a GPU of one "
             "machine (indexes differ from node to node), so there is nothing to pin it to. Write "
-            f"`count: {n}` instead, and choose the kind of GPU with a placement constraint on the engine labels "
+            f"{count} instead, and choose the kind of GPU with a placement constraint on the engine labels "
             "each node's GPU agent sets: deploy.placement.constraints: "
             f"[node.engine.labels.{GPU_PRODUCT_LABEL} == NVIDIA-H100-80GB-HBM3] (or {GPU_MEMORY_LABEL}, "
             f"{GPU_COUNT_LABEL}; node.labels.{POOL_LABEL} for a pool)")
@@ -305,8 +322,8 @@ def _runtime(where: str, service: dict, asks_gpus: bool, plan: _Plan, problems: 
     else:
         problems.append(f"{where}.runtime: nvidia, but the service reserves no GPU, so on gpu-swarm it would run "
                         "without one (swarm cannot choose a runtime; a task gets exactly the GPUs it reserves). "
-                        "Ask for them: deploy.resources.reservations.devices: [{driver: nvidia, count: 1, "
-                        "capabilities: [gpu]}] (or count: all), and remove `runtime`")
+                        f"Ask for them: deploy.resources.reservations.devices: [{{driver: nvidia, {_count(service)}, "
+                        "capabilities: [gpu]}], and remove `runtime`")
 
 
 def _visible_devices(where: str, service: dict, asks_gpus: bool, plan: _Plan, problems: list[str],
@@ -325,8 +342,17 @@ def _visible_devices(where: str, service: dict, asks_gpus: bool, plan: _Plan, pr
         problems.append(f"{where}.environment.{VISIBLE_DEVICES}: {value if value is not None else '(from the shell)'}"
                         " asks for GPUs, but the service reserves none, so on gpu-swarm it gets none (the node's "
                         "runtime guard gives a task only the GPUs swarm assigned it). Ask for them: "
-                        "deploy.resources.reservations.devices: [{driver: nvidia, count: 1, capabilities: [gpu]}] "
-                        "(or count: all), and remove the variable")
+                        f"deploy.resources.reservations.devices: [{{driver: nvidia, {_count(service)}, "
+                        "capabilities: [gpu]}], and remove the variable")
+
+
+def _count(service: dict) -> str:
+    """The count that asks for the GPUs NVIDIA's runtime gives the service: those NVIDIA_VISIBLE_DEVICES names."""
+    found, value = _env_value(service.get("environment"), VISIBLE_DEVICES)
+    ids = [i for i in str(value).split(",") if i.strip()] if found and value is not None else []
+    if [i.strip().lower() for i in ids] == ["all"]:
+        return "count: all"
+    return f"count: {len(ids)}" if ids else "count: 1 (or count: all, every GPU of the node)"
 
 
 def _env_value(env, name: str) -> tuple[bool, object]:

@@ -9,13 +9,15 @@ value's text); compose_swarm.py then makes it what swarm accepts.
 """
 from __future__ import annotations
 
+import posixpath
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import yaml
 
 from swarm.compose_gpus import VISIBLE_DEVICES
 from swarm.compose_vars import InterpolationError, Variables, interpolate
-from swarm.compose_yaml import STR, Override, Reset, Scalar, load
+from swarm.compose_yaml import STR, Override, Reset, Scalar, Unresolved, load
 
 # Compose's merge rules (compose-spec merge.md), for `extends`: these replace what they extend...
 _REPLACED = {"command", "entrypoint"}
@@ -34,12 +36,27 @@ class ComposeError(ValueError):
         self.problems = problems
 
 
-def resolve(text: str, *, variables: Variables, profiles: tuple[str, ...] = (),
-            read: Callable[[str], str] | None = None, warnings: list[str] | None = None) -> dict:
-    """The file as Compose means it: a dict of Scalars with every variable, extends and profile applied.
+DEFAULT_PROFILE = ""  # Compose's profile of `docker compose up` with no --profile: `profiles: ["", gpu]` runs there
 
-    read(name) returns the text of a file that `extends: {file: name}` names (beside the stack
-    file); without it, extends from another file is refused. Raises ComposeError.
+
+@dataclass
+class Resolved:
+    """The file as Compose means it, and what kept it from meaning all of it."""
+
+    doc: dict  # Scalars, with every variable, extends and profile applied that could be
+    problems: list[str] = field(default_factory=list)  # each names its key and the fix
+    # Paths (services.x.command[2], services.y) whose value is not known: a ${...} that is not set, a service
+    # whose extends failed. The later checks do not judge them, so each problem is said once, in one preview.
+    unresolved: set[str] = field(default_factory=set)
+
+
+def resolve(text: str, *, variables: Variables, profiles: tuple[str, ...] = (),
+            read: Callable[[str], str] | None = None, warnings: list[str] | None = None) -> Resolved:
+    """The file as Compose means it, with the problems that every later check can still run beside.
+
+    read(name) returns the text of a file that `extends: {file: name}` names (a path relative to the
+    stack file's folder); without it, extends from another file is refused. Raises ComposeError only
+    when nothing is left to check: the file is no YAML mapping, or has no service to deploy.
     """
     doc = _load(text, "the file")
     problems: list[str] = []
@@ -50,6 +67,7 @@ def resolve(text: str, *, variables: Variables, profiles: tuple[str, ...] = (),
     # A value that cannot be interpolated matters only in a service that is deployed, or that one extends.
     wanted = _deployed_or_extended(services, profiles)
     problems = [p for p in problems if not p.startswith("services.") or p.split(".")[1] in wanted]
+    failed: set[str] = set()
     files: dict[str, dict] = {}
 
     def other_file(name: str) -> dict:
@@ -66,24 +84,41 @@ def resolve(text: str, *, variables: Variables, profiles: tuple[str, ...] = (),
     for name in list(services):
         if isinstance(services[name], dict):
             try:
-                services[name] = _extended(name, services, other_file, [])
+                services[name] = _extended(name, services, "", other_file, [])
             except ComposeError as exc:
-                problems += exc.problems
+                problems += [p for p in exc.problems if p not in problems]
+                failed.add(f"services.{name}")
             if name in wanted:
                 _passed_through(f"services.{name}.environment", services[name], variables, problems)
-    if problems:
-        raise ComposeError(problems)
-    _apply_profiles(services, profiles, problems, warnings if warnings is not None else [])
-    if problems:
-        raise ComposeError(problems)
-    return doc
+    known = _apply_profiles(services, profiles, problems, warnings if warnings is not None else [])
+    if not services:
+        raise ComposeError(problems + [_nothing_left(known, profiles)])
+    unresolved = {f for f in failed if f.split(".")[1] in services}
+    _find_unresolved(services, "services.", unresolved)
+    return Resolved(doc, problems, unresolved)
+
+
+def _find_unresolved(value: Any, where: str, found: set[str]) -> None:
+    if isinstance(value, Unresolved):
+        found.add(where.rstrip("."))
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _find_unresolved(v, f"{where}{k}.", found)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _find_unresolved(v, f"{where.rstrip('.')}[{i}].", found)
+
+
+def _active(service, active: tuple[str, ...]) -> bool:
+    """Whether Compose runs the service with these profiles active (none: its default profile, "")."""
+    profiles = service.get("profiles") if isinstance(service, dict) else None
+    if not isinstance(profiles, list):
+        return True
+    return "*" in active or bool(set(map(str, profiles)) & set(active or (DEFAULT_PROFILE,)))
 
 
 def _deployed_or_extended(services: dict, active: tuple[str, ...]) -> set[str]:
-    def on(service) -> bool:
-        profiles = service.get("profiles") if isinstance(service, dict) else None
-        return not isinstance(profiles, list) or "*" in active or bool(set(map(str, profiles)) & set(active))
-    wanted = {str(n) for n, s in services.items() if on(s)}
+    wanted = {str(n) for n, s in services.items() if _active(s, active)}
     for name in list(wanted):
         seen = services.get(name)
         while isinstance(seen, dict) and "extends" in seen:
@@ -116,7 +151,7 @@ def _interpolated(value: Any, variables: Variables, where: str, problems: list[s
             problem = f"{where.rstrip('.')}: {exc}" if where else str(exc)
             if problem not in problems:
                 problems.append(problem)
-            return value
+            return Unresolved(value, value.tag, value.style)
     if isinstance(value, dict):
         return type(value)((k, _interpolated(v, variables, f"{where}{k}.", problems)) for k, v in value.items())
     if isinstance(value, list):
@@ -157,24 +192,32 @@ def _passed_through(where: str, service: dict, variables: Variables, problems: l
                         f"--secret --path 'stackSecrets.<stack>.{name}' ...), or write {name}=value")
 
 
-def _extended(name: str, services: dict, other_file: Callable[[str], dict], seen: list[str]) -> dict:
-    """The service with what it extends merged under it (recursively), and its tags applied."""
+def _extended(name: str, services: dict, file: str, other_file: Callable[[str], dict],
+              seen: list[tuple[str, str]]) -> dict:
+    """The service with what it extends merged under it (recursively), and its tags applied.
+
+    file is where `services` come from ("" for the stack file), seen the (file, service) pairs on the way
+    here: a chain across files may keep one name (a CUDA variant of `app` extends the base file's `app`),
+    and only a pair met twice is a cycle, as in Compose. A `file:` is relative to the file that names it.
+    """
     service = services[name]
-    where = f"services.{name}.extends"
+    where = f"{file + ': ' if file else ''}services.{name}.extends"
     if "extends" not in service:
         return _untagged(service)
-    if name in seen:
-        raise ComposeError([f"{where}: extends itself through {' -> '.join(seen + [name])}"])
+    if (file, name) in seen:
+        chain = " -> ".join(f"{n} ({f or 'this file'})" for f, n in [*seen, (file, name)])
+        raise ComposeError([f"{where}: extends itself through {chain}"])
     spec = service["extends"]
-    base_name, file = (spec, None) if isinstance(spec, str) else (
+    base_name, base_file = (spec, None) if isinstance(spec, str) else (
         (spec.get("service"), spec.get("file")) if isinstance(spec, dict) else (None, None))
     if not isinstance(base_name, str) or not base_name:
         raise ComposeError([f"{where}: expected a service name, or {{service: NAME, file: FILE}}, got {spec!r}"])
-    pool = other_file(str(file)) if file else services
+    into = posixpath.normpath(posixpath.join(posixpath.dirname(file), str(base_file))) if base_file else file
+    pool = other_file(into) if into else services
     if base_name not in pool or not isinstance(pool[base_name], dict):
         known = ", ".join(sorted(pool)) or "none"
-        raise ComposeError([f"{where}: no service {base_name!r} in {file or 'this file'} (its services: {known})"])
-    base = _extended(base_name, pool, other_file, seen + [name])
+        raise ComposeError([f"{where}: no service {base_name!r} in {into or 'this file'} (its services: {known})"])
+    base = _extended(base_name, pool, into, other_file, [*seen, (file, name)])
     own = {k: v for k, v in service.items() if k != "extends"}
     return _merge(base, own)
 
@@ -241,8 +284,9 @@ def _untagged(value: Any) -> Any:
     return value
 
 
-def _apply_profiles(services: dict, active: tuple[str, ...], problems: list[str], warnings: list[str]) -> None:
-    """Leave out the services whose profiles are all inactive, as `docker compose --profile` does."""
+def _apply_profiles(services: dict, active: tuple[str, ...], problems: list[str], warnings: list[str]) -> list[str]:
+    """Leave out the services whose profiles are all inactive, as `docker compose --profile` does; returns
+    the file's profiles. With no profile chosen Compose's default one, "", is active."""
     declared: dict[str, list[str]] = {}
     for name, service in services.items():
         profiles = service.get("profiles") if isinstance(service, dict) else None
@@ -254,16 +298,16 @@ def _apply_profiles(services: dict, active: tuple[str, ...], problems: list[str]
         declared[name] = [str(p) for p in profiles]
     known = sorted({p for names in declared.values() for p in names})
     for profile in active:
-        if profile != "*" and profile not in known:
+        if profile not in ("*", DEFAULT_PROFILE) and profile not in known:
             problems.append(f"profiles: {profile!r} is no profile of the file (its profiles: "
-                            f"{', '.join(known) or 'none'}); fix the stack's `profiles` setting")
-    left_out = [n for n, names in declared.items() if "*" not in active and not set(names) & set(active)]
+                            f"{profile_names(known) or 'none'}); fix the stack's `profiles` setting")
+    left_out = [n for n in declared if not _active(services[n], active)]
     for name in left_out:
         del services[name]
     if left_out:
         warnings.append("left out, as `docker compose` leaves them out without their profile: "
-                        + ", ".join(f"{n} ({', '.join(declared[n])})" for n in left_out)
-                        + (f"; active profiles: {', '.join(active)}" if active else
+                        + ", ".join(f"{n} ({profile_names(declared[n])})" for n in left_out)
+                        + (f"; active profiles: {profile_names(active)}" if active else
                            "; no profile is active (set the stack's `profiles` setting to deploy them)"))
     for service in services.values():
         if isinstance(service, dict):
@@ -278,3 +322,19 @@ def _apply_profiles(services: dict, active: tuple[str, ...], problems: list[str]
                 why = (f"it is only in profile(s) {', '.join(declared[str(dep)])}, which are not active; add one to "
                        "the stack's `profiles` setting") if str(dep) in declared else "there is no such service"
                 problems.append(f"services.{name}.depends_on: {dep} is not deployed: {why}")
+    return known
+
+
+def profile_names(names) -> str:
+    """Profiles as a list to read: the default profile is `""`, as a file writes it."""
+    return ", ".join(p if p else '""' for p in names)
+
+
+def _nothing_left(known: list[str], active: tuple[str, ...]) -> str:
+    if not known:
+        return "has no services left to deploy: add a top-level `services:` mapping"
+    active_text = profile_names(active) if active else 'none chosen, so only Compose\'s default profile ""'
+    return (f"has no services left to deploy: every service is in a profile, and no active profile names it "
+            f"(active: {active_text}). The file's profiles: {profile_names(known)}; choose the ones to deploy in "
+            f"the stack's `profiles` setting (gpu-swarm:stacks[].profiles, as `docker compose --profile "
+            f"{next((p for p in reversed(known) if p), '')}`)")

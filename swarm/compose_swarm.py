@@ -12,8 +12,10 @@ Runs after compose_resolve.py; the GPU requests are compose_gpus.py's.
 from __future__ import annotations
 
 import re
+from typing import Callable
 
-from swarm.compose_yaml import BOOL, INT, STR, Scalar, plain, scalar
+from swarm.compose_volumes import mount_target, volume_problems
+from swarm.compose_yaml import BOOL, INT, STR, Scalar, Unresolved, plain, scalar
 
 # Service keys swarm takes as they are (docker CLI 26.1.5's v3 schema, less what it ignores).
 SWARM_KEYS = frozenset({
@@ -36,7 +38,6 @@ DROPPED = {
     "platform": "each node pulls the image's variant for its own platform",
     "annotations": "swarm has no container annotations; use labels",
     "memswap_limit": "swarm sets no swap limit",
-    "build": "`docker stack deploy` cannot build; the service runs its `image`",
 }
 # Keys swarm cannot honour at all, with what to do instead.
 REFUSED = {
@@ -68,9 +69,12 @@ _MINOR_FOR = {"generic_resources": 5, "external network name": 5, "tmpfs size": 
 
 
 class Translation:
-    """What one file's translation found: problems (nothing deployed), warnings and changes (shown at preview)."""
+    """What one file's translation found: problems (nothing deployed), warnings and changes (shown at preview).
 
-    def __init__(self):
+    is_file(path) says whether a relative bind source is a file beside the stack file (None: not known)."""
+
+    def __init__(self, is_file: Callable[[str], bool] | None = None):
+        self.is_file = is_file
         self.problems: list[str] = []
         self.warnings: list[str] = []
         self.changes: list[str] = []
@@ -91,13 +95,15 @@ def to_swarm(doc: dict, t: Translation) -> None:
         if not isinstance(service, dict):
             continue
         where = f"services.{name}"
+        context = _build(where, str(name), service, t)
         for key in list(service):
+            if key == "build":
+                continue  # with no image: refused by stack_files.py, which says what to do
             if key in REFUSED:
                 t.problems.append(f"{where}.{key}: {REFUSED[key]}")
             elif key in DROPPED:
-                if key != "build" or "image" in service:  # a service with no image is refused by stack_files.py
-                    del service[key]
-                    t.drop(str(name), key, DROPPED[key])
+                del service[key]
+                t.drop(str(name), key, DROPPED[key])
             elif key not in SWARM_KEYS and key not in TRANSLATED and not key.startswith("x-"):
                 t.problems.append(f"{where}.{key}: not a setting swarm services have (docker stack deploy refuses "
                                   "or ignores it); remove it")
@@ -107,8 +113,24 @@ def to_swarm(doc: dict, t: Translation) -> None:
         _shm(where, service, t)
         _network_mode(where, doc, service, t)
         _ports(where, service, t)
-        _volumes(where, doc, service, t)
+        t.problems += volume_problems(where, doc, service, context, t.is_file)
+    _ports_taken_twice(doc.get("services") or {}, t)
     t.said()
+
+
+def _build(where: str, name: str, service: dict, t: Translation) -> str | None:
+    """Leave out `build` beside an `image`, saying where the image must be; returns the build context."""
+    if "build" not in service or "image" not in service:
+        return None
+    build = service.pop("build")
+    context = str(build.get("context", ".") if isinstance(build, dict) else build)
+    t.warnings.append(
+        f"{where}.build: left out: `docker stack deploy` cannot build, so every node the service lands on pulls "
+        f"the image {str(service['image'])!r} from its registry. Build and push it to a registry that every node "
+        f"can pull from before `pulumi up` (docker compose build {name} && docker compose push {name}), naming "
+        "that registry in `image:` (registry.example.com/team/app:1.0); a tag only this machine has is pulled "
+        "from Docker Hub, and its tasks are rejected once the cluster is built")
+    return context
 
 
 def _top_level(doc: dict, t: Translation) -> None:
@@ -227,7 +249,7 @@ def _shm(where: str, service: dict, t: Translation) -> None:
             t.problems.append(f"{where}.ipc: {ipc_text!r} is not an IPC mode")
         return
     volumes = service.setdefault("volumes", [])
-    if any(_target(v) == SHM for v in volumes):
+    if any(mount_target(v) == SHM for v in volumes):
         t.warnings.append(f"{where}.shm_size: left out, the service mounts {SHM} itself")
         return
     mount = {"type": scalar("tmpfs"), "target": scalar(SHM)}
@@ -308,42 +330,40 @@ def _host_ip(port: str) -> str:
     return parts[0] if len(parts) == 3 else ""
 
 
-def _volumes(where: str, doc: dict, service: dict, t: Translation) -> None:
-    volumes = service.get("volumes")
-    if not isinstance(volumes, list):
-        return
-    declared = doc.get("volumes") if isinstance(doc.get("volumes"), dict) else {}
-    for i, volume in enumerate(volumes):
-        kind, source = _source(volume)
-        at = f"{where}.volumes[{i}]"
-        if kind == "bind" and source.startswith((".", "~")):
-            name = re.sub(r"[^a-z0-9_-]+", "-", source.rstrip("/").rsplit("/", 1)[-1].lower()).strip("-._") or "data"
+def _ports_taken_twice(services: dict, t: Translation) -> None:
+    """A port that two services publish: swarm's routing mesh publishes it once for the whole swarm, so
+    `docker stack deploy` creates the first service and fails on the second ("port is already in use")."""
+    owners: dict[tuple[int, str], list[str]] = {}
+    for name, service in services.items():
+        for i, port in enumerate((service.get("ports") or []) if isinstance(service, dict) else ()):
+            for key in _published(port):
+                owners.setdefault(key, []).append(f"services.{name}.ports[{i}]")
+    for (number, protocol), where in owners.items():
+        if len({w.split(".")[1] for w in where}) > 1:
             t.problems.append(
-                f"{at}: {source} is a path on the machine that deploys (for a stack, the manager), so on the GPU "
-                "node the task lands on it does not exist and swarm rejects the task. Use a named volume "
-                f"(`{name}:{_target(volume) or '/data'}` with `volumes: {{{name}: {{}}}}` at the top level) or an "
-                "absolute path that exists on every GPU node")
-        elif kind == "volume" and source and source not in declared:
-            t.problems.append(f"{at}: the named volume {source!r} is not declared; add it at the top level: "
-                              f"volumes: {{{source}: {{}}}}")
+                f"ports: {number}/{protocol} is published by {' and '.join(where)}; swarm's routing mesh publishes "
+                "a port once for the whole swarm, so `docker stack deploy` would create the first service and fail "
+                f"on the next (\"port '{number}' is already in use\"). Publish one of them on another port "
+                f"(\"{number + 1}:<its target>\"), or leave it unpublished and reach it from the stack's network by "
+                "its service name")
 
 
-def _source(volume) -> tuple[str, str]:
-    """(bind|volume|other, source) of a short or long volume entry."""
-    if isinstance(volume, dict):
-        return str(volume.get("type", "volume")), str(volume.get("source", "") or "")
-    parts = str(volume).split(":")
+def _published(port) -> list[tuple[int, str]]:
+    """(published port, protocol) of each port the entry publishes on the routing mesh; [] for none or host mode."""
+    if isinstance(port, dict):
+        if str(port.get("mode", "ingress")) == "host" or not str(port.get("published", "")).strip().isdigit():
+            return []
+        return [(int(str(port["published"])), str(port.get("protocol") or "tcp"))]
+    if isinstance(port, Unresolved):
+        return []
+    spec, _, protocol = str(port).partition("/")
+    parts = spec.rsplit(":", 2)
     if len(parts) < 2:
-        return "volume", ""  # an anonymous volume
-    source = parts[0]
-    return ("bind" if source.startswith(("/", ".", "~")) else "volume"), source
-
-
-def _target(volume) -> str:
-    if isinstance(volume, dict):
-        return str(volume.get("target", ""))
-    parts = str(volume).split(":")
-    return parts[1] if len(parts) > 1 else parts[0]
+        return []  # a target only: swarm picks a free published port
+    first, _, last = parts[-2].partition("-")
+    if not first.isdigit() or (last and not last.isdigit()):
+        return []
+    return [(n, protocol or "tcp") for n in range(int(first), int(last or first) + 1)]
 
 
 def _mapping(parent: dict, key: str) -> dict:

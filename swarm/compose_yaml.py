@@ -43,6 +43,11 @@ class Scalar(str):
         return self.tag == NULL
 
 
+class Unresolved(Scalar):
+    """A value whose ${...} could not be resolved, kept as written: its problem is said once, where the
+    reference is, and the checks that would judge the value are left out (swarm/stack_files.py)."""
+
+
 class Reset:
     """`!reset`: the key is removed from what it extends, or set to its type's empty value."""
 
@@ -134,6 +139,7 @@ def _represent_scalar(dumper: _Dumper, data: Scalar) -> ScalarNode:
 
 
 _Dumper.add_representer(Scalar, _represent_scalar)
+_Dumper.add_representer(Unresolved, _represent_scalar)
 # The tags as written, for the file as the user wrote it (the diff at preview); what is deployed has none.
 _Dumper.add_representer(Reset, lambda dumper, data: ScalarNode("!reset", ""))
 _Dumper.add_representer(Override, lambda dumper, data: _retagged(dumper.represent_data(data.value), "!override"))

@@ -19,6 +19,7 @@ from typing import Mapping, Sequence
 import yaml
 
 from swarm.compose_gpus import rewrite_gpu_requests
+from swarm.compose_placement import capacity_warnings, host_path_warnings
 from swarm.compose_resolve import ComposeError, resolve
 from swarm.compose_spot import spot_grace
 from swarm.compose_swarm import Translation, raise_version, to_swarm
@@ -76,6 +77,7 @@ def validate_stack_file(
     pool_sizes: Mapping[str, int] | None = None, efa_max: int = 0, profiles: Sequence[str] = (),
     variables: Mapping[str, str] | None = None, secrets: Mapping[str, str] | None = None,
     base_dir: Path | None = None, pools: Mapping[str, Mapping[str, str]] | None = None,
+    pool_nodes: Mapping[str, int] | None = None,
 ) -> StackInfo:
     """Read a compose file as Compose means it, make it what swarm accepts, and check it against the cluster.
 
@@ -89,40 +91,51 @@ def validate_stack_file(
     beside its GPUs. `profiles`, `variables` and `secrets` are the stack's Compose profiles
     and the values of its ${...} references (compose_resolve.py); `extends: {file: ...}` is
     read from `base_dir`. `pools` gives each pool's node labels (swarm/labels.py pool_labels): a
-    service that can land on a spot pool gets time to checkpoint (compose_spot.py). The checks run on
-    what will be deployed, StackInfo.content.
-    Raises StackFileError listing all problems, each once.
+    service that can land on a spot pool gets time to checkpoint (compose_spot.py), and an absolute bind
+    source is named with the pools it must exist on. `pool_nodes` gives each pool's node count: the stack's
+    GPUs are then compared with what the pools hold (compose_placement.py). The checks run on what will be
+    deployed, StackInfo.content.
+    Raises StackFileError listing all problems, each once: a value that cannot be known (an unset ${...})
+    is named once, and every other check still runs, so one preview says all.
     """
     sizes = dict(pool_sizes) if pool_sizes is not None else ({"": max_gpus_per_node} if max_gpus_per_node else {})
     read = (lambda name: (base_dir / name).read_text(encoding="utf-8")) if base_dir is not None else None
+    is_file = (lambda name: (base_dir / Path(name)).is_file()) if base_dir is not None else None
+    unresolved: set[str] = set()
 
-    def deployable(mask: bool) -> tuple[str, Variables, list[str], list[str], list[str]]:
+    def deployable(mask: bool) -> tuple[str, Variables, list[str], list[str], list[str], list[str]]:
         values = Variables(dict(variables or {}), dict(secrets or {}), mask_secrets=mask)
         warnings: list[str] = []
         try:
-            doc = resolve(text, variables=values, profiles=tuple(profiles), read=read, warnings=warnings)
+            resolved = resolve(text, variables=values, profiles=tuple(profiles), read=read, warnings=warnings)
         except ComposeError as exc:
             raise StackFileError(source, _once(exc.problems)) from None
-        translation = Translation()
+        doc = resolved.doc
+        unresolved.update(resolved.unresolved)
+        translation = Translation(is_file)
         to_swarm(doc, translation)
         escaped = _dollars_escaped(doc)
         rewrite = rewrite_gpu_requests(dump(escaped), plain(escaped), kind=kind, pool_sizes=sizes,
-                                       shared_kind=shared_kind, source=source)
+                                       shared_kind=shared_kind, source=source, unresolved=resolved.unresolved)
         final = load(rewrite.text)
         changes = [*translation.changes, *rewrite.changes, *spot_grace(final, pools or {}, kind, shared_kind)]
         raise_version(final, changes)
-        return (dump(final), values, [*translation.problems, *rewrite.problems],
-                [*warnings, *translation.warnings, *rewrite.warnings], changes)
+        services = plain(final.get("services") or {})
+        placed = host_path_warnings(services, pools or {}, kind, shared_kind)
+        if pool_nodes is not None:
+            placed += capacity_warnings(services, pools or {}, pool_nodes, kind, shared_kind, rewrite.every_gpu, text)
+        return (dump(final), values, resolved.problems, [*translation.problems, *rewrite.problems],
+                [*warnings, *translation.warnings, *rewrite.warnings, *placed], changes)
 
-    shown, values, problems, warnings, changes = deployable(mask=True)
+    shown, values, known, problems, warnings, changes = deployable(mask=True)
     unused = sorted(set(variables or {}) - values.used) + sorted(set(secrets or {}) - values.used_secrets)
     if unused:
         warnings.append(f"variables {', '.join(unused)}: set in the stack's config but not used by the file")
     doc = yaml.safe_load(shown)  # the checks below see what will be deployed
     services = doc.get("services") if isinstance(doc, dict) else None
     if not isinstance(services, dict) or not services:
-        raise StackFileError(source, problems or ["has no services left to deploy: add a top-level `services:` "
-                                                  "mapping, or activate a profile"])
+        raise StackFileError(source, known + problems or ["has no services left to deploy: add a top-level "
+                                                          "`services:` mapping"])
     for section in ("configs", "secrets"):
         entries = doc.get(section)
         for item, spec in (entries.items() if isinstance(entries, dict) else ()):
@@ -159,6 +172,7 @@ def validate_stack_file(
                                  reserved.get(kind, 0), reserved.get(shared_kind, 0) if shared_kind else 0,
                                  reserved.get(EFA_KIND, 0)))
 
+    problems = known + [p for p in problems if not _about(p, unresolved)]
     if problems:
         raise StackFileError(source, _once(problems))
     as_written = dump(load(text))
@@ -181,6 +195,13 @@ def _dollars_escaped(value):
     if isinstance(value, list):
         return type(value)(_dollars_escaped(v) for v in value)
     return value
+
+
+def _about(problem: str, unresolved: set[str]) -> bool:
+    """Whether a check's problem judges a value that is not known, at or under an unresolved path: the
+    value's own problem (services.x.image: ${REGISTRY} is not set) says what to do."""
+    return any(problem.startswith(path) and problem[len(path):len(path) + 1] in (".", "[", ":", " ", "")
+               for path in unresolved)
 
 
 _SERVICE_PROBLEM = re.compile(r"^services\.([^.\[:\s]+)(.*)$", re.DOTALL)

@@ -13,6 +13,7 @@ two loaders that are not ours judge what was accepted:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import json
 import os
@@ -20,10 +21,12 @@ import re
 import shlex
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
+from swarm.labels import pool_labels
 from swarm.stack_files import StackFileError, validate_stack_file
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,6 +37,7 @@ KIND = CLUSTER["kind"]
 CASES = SPEC["cases"]
 ACCEPTED = [c for c in CASES if c["outcome"] == "accepted"]
 REFUSED = [c for c in CASES if c["outcome"] == "refused"]
+FOLLOWED = [c for c in CASES if "follow" in c]
 NO_ENGINE = "unix:///nonexistent.sock"
 CONNECTION_ERROR = f"Cannot connect to the Docker daemon at {NO_ENGINE}. Is the docker daemon running?"
 STACKS = sorted((REPO / "stacks").glob("*.yml")) + sorted((REPO / "stacks" / "examples").glob("*.yml"))
@@ -46,12 +50,23 @@ STACK_CLUSTERS = {
 DRIVER_CAPABILITIES = {"compute", "compat32", "graphics", "utility", "video", "display"}
 
 
-def translate(case: dict):
+def cluster(case: dict) -> dict:
+    return {**CLUSTER, **case.get("cluster", {})}
+
+
+def translate(case: dict, **instead):
+    """The preview of the case, as settings run it for a cluster of the case's pools; `instead` gives
+    another file, profiles, variables or secrets (the file once its advice is followed)."""
+    c, case = cluster(case), {**case, **instead}
+    pools = {name: pool_labels(SimpleNamespace(name=name, instance_type="g6e.48xlarge", gpu_model="L40S",
+                                               gpus_per_node=size, spot=False, slots_per_gpu=0))
+             for name, size in c["pool_sizes"].items()}
     return validate_stack_file(
         (CORPUS / case["file"]).read_text(encoding="utf-8"), kind=KIND,
-        max_gpus_per_node=CLUSTER["max_gpus_per_node"], pool_sizes=CLUSTER["pool_sizes"],
+        max_gpus_per_node=c["max_gpus_per_node"], pool_sizes=c["pool_sizes"],
         source=f"corpus/{case['file']}", profiles=tuple(case.get("profiles", ())),
-        variables=dict(case.get("variables", {})), secrets=dict(case.get("secrets", {})), base_dir=CORPUS)
+        variables=dict(case.get("variables", {})), secrets=dict(case.get("secrets", {})), base_dir=CORPUS,
+        pools=pools, pool_nodes=c["pool_nodes"])
 
 
 def stack_options(path: Path) -> dict:
@@ -165,12 +180,19 @@ def expectations(case: dict, services: dict) -> list[str]:
 
 # ---------------------------------------------------------------- the preview's own result
 
+def followed(case: dict) -> str:
+    return case["follow"].get("file", f"followed/{case['id']}.yml")
+
+
 def test_every_corpus_file_has_a_case_and_every_case_a_file():
     files = {p.name for p in CORPUS.glob("*.yml")} - set(SPEC.get("fragments", ()))
     used = {c["file"] for c in CASES}
     assert used <= files, f"cases name missing files: {sorted(used - files)}"
     assert files == used, f"files with no case: {sorted(files - used)}"
     assert len(files) >= 18 and len({c["id"] for c in CASES}) == len(CASES)
+    follows = {followed(c) for c in FOLLOWED}
+    assert follows - files == {f"followed/{p.name}" for p in (CORPUS / "followed").glob("*.yml")}
+    assert not [c["id"] for c in REFUSED if "follow" not in c], "every refusal's advice is followed to a deploy"
 
 
 @pytest.mark.parametrize("case", ACCEPTED, ids=[c["id"] for c in ACCEPTED])
@@ -293,21 +315,33 @@ def compose_cli() -> str:
 
 
 def compose_config(path: Path, profiles=(), values: dict | None = None) -> dict:
+    """Compose's meaning of the file: one loader run per file, profiles and values, for the whole session."""
+    return json.loads(_compose_config(path, tuple(profiles), tuple(sorted((values or {}).items()))))
+
+
+@functools.lru_cache(maxsize=None)
+def _compose_config(path: Path, profiles: tuple[str, ...], values: tuple[tuple[str, str], ...]) -> str:
     flags = [a for p in profiles for a in ("--profile", p)]
     proc = subprocess.run([compose_cli(), "-f", path.name, *flags, "config", "--format", "json"], cwd=path.parent,
-                          env=dict(values or {}), capture_output=True, text=True, timeout=60)
+                          env=dict(values), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, f"docker-compose config refused {path.name}:\n{proc.stderr}"
-    return json.loads(proc.stdout)
+    return proc.stdout
 
 
 def compose_gpus(service: dict, per_node: int) -> int:
-    """The GPUs Compose gives one container: its device requests and `gpus`, `count: all` (-1) a node's."""
+    """The GPUs Compose gives one container: its device requests and `gpus`, `count: all` (-1) a node's.
+    docker's nvidia driver joins device_ids into NVIDIA_VISIBLE_DEVICES, so "0,1" is two GPUs (a CDI name
+    is one device). With no request, `runtime: nvidia` gives what NVIDIA_VISIBLE_DEVICES names."""
     requests = list(service.get("gpus") or [])
     requests += ((service.get("deploy") or {}).get("resources") or {}).get("reservations", {}).get("devices") or []
+    visible = environment(service).get("NVIDIA_VISIBLE_DEVICES")
+    if not requests and service.get("runtime") == "nvidia" and visible:
+        return per_node if visible == "all" else len([i for i in visible.split(",") if i.strip()])
     total = 0
     for r in requests:
-        ids = r.get("device_ids") or []
-        every = r.get("count") == -1 or any(i.endswith("=all") for i in ids)
+        ids = [part for i in r.get("device_ids") or [] for part in ([i] if r.get("driver") == "cdi" else i.split(","))
+               if part.strip()]
+        every = r.get("count") == -1 or any(i.endswith("=all") or i == "all" for i in ids)
         total += per_node if every else r.get("count") or len(ids)
     return total + reserved(service).get(KIND, 0)
 
@@ -337,8 +371,10 @@ def published(service: dict) -> set[tuple[int, str | None, str]]:
     return found
 
 
-def compose_differences(meant: dict, info, per_node: int) -> list[str]:
-    """Where what we deploy differs from what Compose means."""
+def compose_differences(meant: dict, info, per_node: int, changed: dict | None = None) -> list[str]:
+    """Where what we deploy differs from what Compose means; changed: service -> keys (image, command,
+    entrypoint, user, working_dir, ports, environment or environment.NAME, gpus, shm) that followed advice
+    changes on purpose."""
     ours = yaml.safe_load(info.content)["services"]
     if set(meant) != set(ours):
         return [f"services: Compose runs {sorted(meant)}, we deploy {sorted(ours)}"]
@@ -346,44 +382,104 @@ def compose_differences(meant: dict, info, per_node: int) -> list[str]:
     for name in sorted(meant):
         theirs, mine = meant[name], ours[name]
         if theirs.get("image") != mine.get("image"):
-            wrong.append(f"{name}.image: Compose {theirs.get('image')!r}, we {mine.get('image')!r}")
+            wrong.append((name, "image", f"{name}.image: Compose {theirs.get('image')!r}, we {mine.get('image')!r}"))
         for key in ("command", "entrypoint"):
             if command(theirs.get(key)) != command(mine.get(key)):
-                wrong.append(f"{name}.{key}: Compose {command(theirs.get(key))}, we {command(mine.get(key))}")
+                wrong.append((name, key, f"{name}.{key}: Compose {command(theirs.get(key))}, "
+                                         f"we {command(mine.get(key))}"))
         for key in ("user", "working_dir"):
             if unescape(scalar(theirs.get(key))) != unescape(scalar(mine.get(key))):
-                wrong.append(f"{name}.{key}: Compose {theirs.get(key)!r}, we {mine.get(key)!r}")
+                wrong.append((name, key, f"{name}.{key}: Compose {theirs.get(key)!r}, we {mine.get(key)!r}"))
         if published(theirs) != published(mine) and (published(mine) or not any(
                 w.startswith(f"services.{name}.ports") for w in info.warnings)):
-            wrong.append(f"{name}.ports: Compose publishes {sorted(published(theirs), key=str)}, "
-                         f"we {sorted(published(mine), key=str)}")
+            wrong.append((name, "ports", f"{name}.ports: Compose publishes {sorted(published(theirs), key=str)}, "
+                                         f"we {sorted(published(mine), key=str)}"))
         env, our_env = environment(theirs), environment(mine)
         for key in sorted(set(env) | set(our_env)):
             if key not in our_env:
                 if not any(key in w for w in info.warnings):
-                    wrong.append(f"{name}.environment.{key}: dropped with no warning")
+                    wrong.append((name, f"environment.{key}", f"{name}.environment.{key}: dropped with no warning"))
             elif key not in env:
                 asked = {c for r in ((theirs.get("deploy") or {}).get("resources") or {}).get("reservations", {})
                          .get("devices") or [] for c in r.get("capabilities") or []} & DRIVER_CAPABILITIES
                 if not (key == "NVIDIA_DRIVER_CAPABILITIES" and set(our_env[key].split(",")) == asked):
-                    wrong.append(f"{name}.environment.{key}: we add {our_env[key]!r}, Compose has no such variable")
+                    wrong.append((name, f"environment.{key}", f"{name}.environment.{key}: we add {our_env[key]!r}, "
+                                                       "Compose has no such variable"))
             elif env[key] != our_env[key]:
-                wrong.append(f"{name}.environment.{key}: Compose {env[key]!r}, we {our_env[key]!r}")
+                wrong.append((name, f"environment.{key}", f"{name}.environment.{key}: Compose {env[key]!r}, "
+                                                   f"we {our_env[key]!r}"))
         if compose_gpus(theirs, per_node) != reserved(mine).get(KIND, 0):
-            wrong.append(f"{name}: Compose gives {compose_gpus(theirs, per_node)} GPUs, "
-                         f"we reserve {reserved(mine).get(KIND, 0)}")
+            wrong.append((name, "gpus", f"{name}: Compose gives {compose_gpus(theirs, per_node)} GPUs, "
+                                        f"we reserve {reserved(mine).get(KIND, 0)}"))
         if compose_shm(theirs) != shm_sizes({name: mine}).get(name):
-            wrong.append(f"{name}: Compose's /dev/shm is {compose_shm(theirs)} bytes, "
-                         f"ours {shm_sizes({name: mine}).get(name)}")
-    return wrong
+            wrong.append((name, "shm", f"{name}: Compose's /dev/shm is {compose_shm(theirs)} bytes, "
+                                       f"ours {shm_sizes({name: mine}).get(name)}"))
+    return [text for name, key, text in wrong if not {key, key.split(".")[0]} & set((changed or {}).get(name, ()))]
 
 
 @pytest.mark.parametrize("case", ACCEPTED, ids=[c["id"] for c in ACCEPTED])
 def test_compose_means_what_we_deploy_for_the_accepted_case(case):
     meant = compose_config(CORPUS / case["file"], case.get("profiles", ()),
                            {**case.get("variables", {}), **case.get("secrets", {})})["services"]
-    wrong = compose_differences(meant, translate(case), max(CLUSTER["pool_sizes"].values()))
+    wrong = compose_differences(meant, translate(case), max(cluster(case)["pool_sizes"].values()))
     assert not wrong, "what we deploy is not what Compose means:\n" + "\n".join(wrong)
+
+
+# ---------------------------------------------------------------- following the preview's advice
+
+def mounted(service: dict) -> dict[str, tuple[str, str]]:
+    """target -> (volume|bind|tmpfs|config, source) of what a service as swarm's loader writes it mounts."""
+    found = {v["target"]: (v["type"], str(v.get("source") or "")) for v in service.get("volumes") or []}
+    return {**found, **{c.get("target") or f"/{c['source']}": ("config", c["source"])
+                        for c in service.get("configs") or []}}
+
+
+def within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+@pytest.mark.parametrize("case", FOLLOWED, ids=[c["id"] for c in FOLLOWED])
+def test_following_the_advice_deploys_what_compose_means_in_the_second_preview(case, tmp_path):
+    """The first preview refuses the file (or warns, with advice); the case's follow-up file is the file
+    with that advice taken. The second preview must accept it, swarm's loader load it, and what is deployed
+    must be what Compose means by the case's own file, less what the advice changes on purpose (`changed`):
+    every path Compose mounts is mounted (a file as a config that the advice named, at the same target),
+    and no mount hides code that the service's image is built from."""
+    follow = case["follow"]
+    if case["outcome"] == "refused":
+        with pytest.raises(StackFileError) as err:
+            translate(case)
+        said = err.value.problems
+    else:
+        said = translate(case).warnings
+    values = {k: follow.get(k, case.get(k, {})) for k in ("variables", "secrets")}
+    profiles = follow.get("profiles", case.get("profiles", ()))
+    info = translate(case, file=followed(case), profiles=profiles, **values)  # raises: a third preview is needed
+    for pattern in follow.get("gone", ()):
+        assert not [w for w in info.warnings if re.search(pattern, w)], f"the advice was taken, yet: {info.warnings}"
+    loaded = swarm_loader(tmp_path, info.content)["services"]
+    meant = compose_config(CORPUS / case["file"], profiles, {**case.get("variables", {}), **case.get("secrets", {}),
+                                                              **values["variables"], **values["secrets"]})["services"]
+    wrong = compose_differences(meant, info, max(cluster(case)["pool_sizes"].values()), follow.get("changed"))
+    for name, service in meant.items():
+        context = (service.get("build") or {}).get("context")
+        ours = mounted(loaded[name])
+        for volume in service.get("volumes") or []:
+            target, source = volume["target"], str(volume.get("source") or "")
+            if volume["type"] == "bind" and context and within(source, context):
+                hiding = [t for t in ours if within(target, t)]
+                if hiding:
+                    wrong.append(f"{name}: {hiding} hides {target}, the code the image is built from ({source})")
+            elif target not in ours:
+                wrong.append(f"{name}: Compose mounts {target}, we do not")
+            elif volume["type"] == "bind" and os.path.isfile(source):
+                kind, config = ours[target]
+                advised = [p for p in said if f"docker config create {config} " in p
+                           and os.path.relpath(source, CORPUS) in p]
+                if kind != "config" or not advised:
+                    wrong.append(f"{name}: {target} is the file {source} in Compose; we mount {kind} {config}, "
+                                 "which no advice named")
+    assert not wrong, "what the followed advice deploys is not what Compose means:\n" + "\n".join(wrong)
 
 
 COMPOSE_STACKS = [p for p in STACKS if p.name != "monitoring.yml"]  # its configs are files: render() names them

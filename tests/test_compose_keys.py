@@ -170,3 +170,92 @@ def test_a_dollar_that_is_text_stays_text_after_swarms_own_interpolation(tmp_pat
     info = check(one("command: [sh, -c, 'echo $$HOME costs $$5 ${GREETING:-hi}']\n"))
     loaded = swarm_loader(tmp_path, info.content)["services"]["app"]
     assert loaded["command"] == ["sh", "-c", "echo $HOME costs $5 hi"]
+
+
+def test_build_beside_an_image_says_every_node_must_pull_that_image(tmp_path):
+    info = check(one("build: ./trainer\n", image="trainer:dev"))
+    assert "build" not in yaml.safe_load(info.content)["services"]["app"]
+    (warning,) = [w for w in info.warnings if w.startswith("services.app.build: left out")]
+    assert "'trainer:dev'" in warning and "push it to a registry that every node can pull from" in warning
+    swarm_loader(tmp_path, info.content)
+
+
+PORTS = [
+    # (id, ports of service a, ports of service b, the port both publish, or None)
+    ("same-short", "['8080:80']", "['8080:8080']", "8080/tcp"),
+    ("long-and-short", "[{target: 80, published: 8080}]", "['8080:80']", "8080/tcp"),
+    ("range-overlap", "['9000-9002:9000-9002']", "['9001:80']", "9001/tcp"),
+    ("udp-beside-tcp", "['5000:5000/udp']", "['5000:5000']", None),
+    ("host-mode", "[{target: 80, published: 8080, mode: host}]", "[{target: 80, published: 8080, mode: host}]", None),
+    ("targets-only", "['80']", "['80']", None),
+]
+
+
+@pytest.mark.parametrize("case", PORTS, ids=[c[0] for c in PORTS])
+def test_a_port_two_services_publish_is_refused_naming_both(case, tmp_path):
+    _, a, b, both = case
+    text = one(f"ports: {a}\n") + f"  other:\n    image: busybox:1.36\n    ports: {b}\n"
+    if both is None:
+        swarm_loader(tmp_path, check(text).content)
+        return
+    with pytest.raises(StackFileError) as err:
+        check(text)
+    (problem,) = err.value.problems
+    assert problem.startswith(f"ports: {both} is published by services.app.ports[0] and services.other.ports[0]")
+
+
+def test_an_unset_variable_hides_no_other_check_and_is_not_judged_again():
+    text = one("""\
+        command: ["serve", "${MODEL}"]
+        ports: ["${PORT}:80"]
+        volumes: ["${DATA_DIR}:/data", "./cache:/cache"]
+        """) + "  other:\n    image: busybox:1.36\n    ports: ['${PORT}:80']\n    privileged: true\n"
+    with pytest.raises(StackFileError) as err:
+        check(text)
+    problems = err.value.problems
+    assert [p.split(":")[0] for p in problems] == [
+        "services.app.command[1]", "services.app.ports[0]", "services.app.volumes[0]", "services.app.volumes[1]",
+        "services.other.privileged"], problems
+    assert problems[1].endswith("(the same in services other)")
+    assert not [p for p in problems if "not declared" in p or "is published by" in p], problems
+
+
+@pytest.mark.parametrize("source,fix", [
+    ("./nginx.conf:/etc/nginx/nginx.conf:ro", "docker config create nginx.conf ./nginx.conf"),
+    ("./data:/data", "named volume (`data:/data`"),
+])
+def test_a_relative_bind_is_told_what_to_become_by_what_it_holds(source, fix):
+    """With no folder to look in (the rehearsal's --stack), a file is known by its name."""
+    with pytest.raises(StackFileError) as err:
+        check(one(f"volumes: ['{source}']\n"))
+    (problem,) = err.value.problems
+    assert fix in problem, problem
+
+
+def test_an_absolute_bind_names_the_pools_it_must_exist_on(tmp_path):
+    from swarm.labels import POOL_GPU_COUNT_LABEL, POOL_LABEL, POOL_SLOTS_PER_GPU_LABEL
+    pools = {p: {POOL_LABEL: p, POOL_GPU_COUNT_LABEL: n, POOL_SLOTS_PER_GPU_LABEL: "0"}
+             for p, n in (("a10", "1"), ("h100", "8"))}
+    info = check(one("volumes: ['/srv/models:/models:ro', '/var/run/docker.sock:/var/run/docker.sock']\n" + dedent("""\
+        deploy:
+          resources:
+            reservations:
+              devices: [{driver: nvidia, count: 4, capabilities: [gpu]}]
+        """)), pools=pools)
+    (warning,) = [w for w in info.warnings if "must exist" in w]
+    assert warning.startswith("services.app.volumes[0]: the bind source /srv/models must exist on every node of the "
+                              "pool h100: swarm does not create it")  # a10's single GPU cannot take 4
+    swarm_loader(tmp_path, info.content)
+
+
+def test_an_extends_cycle_is_a_file_and_service_met_twice_and_hides_no_other_service(tmp_path):
+    (tmp_path / "b.yml").write_text("services:\n  app:\n    extends: {file: a.yml, service: app}\n")
+    (tmp_path / "a.yml").write_text("services:\n  app:\n    extends: {file: b.yml, service: app}\n")
+    text = ("services:\n  app:\n    extends: {file: a.yml, service: app}\n"
+            "  web:\n    image: nginx:1.27\n    volumes: ['./site:/usr/share/nginx/html']\n")
+    with pytest.raises(StackFileError) as err:
+        check(text, base_dir=tmp_path)
+    cycle, bind = err.value.problems
+    assert cycle == ("a.yml: services.app.extends: extends itself through app (this file) -> app (a.yml) -> "
+                     "app (b.yml) -> app (a.yml)")
+    assert bind.startswith("services.web.volumes[0]: ./site")

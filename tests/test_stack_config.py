@@ -109,6 +109,48 @@ def test_profiles_and_variables_choose_what_is_deployed(project):
     assert [s.name for s in stack.info.services] == ["llm-cpu"] and "ghcr.io/example/llm:1.0-cpu" in stack.content
 
 
+RAG = dedent("""\
+    services:
+      llm:
+        image: ghcr.io/example/llm:1.0
+        profiles: ["", rag]
+        deploy:
+          replicas: ${LLM_REPLICAS:-1}
+          resources:
+            reservations:
+              devices: [{driver: nvidia, count: 1, capabilities: [gpu]}]
+      ingestor:
+        image: ghcr.io/example/ingest:1.0
+        profiles: [ingest]
+    """)
+
+
+def test_compose_default_profile_runs_without_a_profile_and_the_setting_may_name_it(project):
+    """profiles: ["", rag] runs under a plain `docker compose up`; ["", ingest] is COMPOSE_PROFILES=,ingest."""
+    (project / "stacks" / "rag.yml").write_text(RAG)
+    use_mocks(stack_config("dev", stacks=[{"name": "rag", "file": "stacks/rag.yml"}]))
+    (stack,) = load_settings().stacks
+    assert [s.name for s in stack.info.services] == ["llm"]
+    use_mocks(stack_config("dev", stacks=[{"name": "rag", "file": "stacks/rag.yml", "profiles": ["", "ingest"]}]))
+    (stack,) = load_settings().stacks
+    assert [s.name for s in stack.info.services] == ["llm", "ingestor"]
+
+
+def test_more_gpus_than_the_pools_hold_is_said_at_preview_with_the_pools(project, monkeypatch):
+    """dev's one pool, t4, is one node of one GPU: a second replica would wait, and `up` would succeed."""
+    (project / "stacks" / "rag.yml").write_text(RAG)
+    said = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda msg, *a, **k: said.append(msg))
+    stacks = [{"name": "rag", "file": "stacks/rag.yml", "variables": {"LLM_REPLICAS": "2"}}]
+    use_mocks(stack_config("dev", stacks=stacks))
+    (stack,) = load_settings().stacks
+    (warning,) = [w for w in stack.info.warnings if "whole GPUs" in w]
+    assert warning.startswith("the stack reserves 2 whole GPUs, but the pools its GPU services can land on hold 1 "
+                              "(t4: 1 node × 1)") and "llm 2 × 1" in warning
+    run_program(stack_config("dev", stacks=stacks), stack="dev")
+    assert f"stack rag: {warning}" in said  # shown at preview beside the stack's resource
+
+
 def test_a_secret_reaches_the_deploy_only_as_a_secret_and_nothing_shows_it(project, monkeypatch):
     said = []
     monkeypatch.setattr(pulumi.log, "info", lambda msg, *a, **k: said.append(msg))
