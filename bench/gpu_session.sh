@@ -358,6 +358,10 @@ sweep() {  # sweep CGROUP: end what a program left running, and the containers o
   ((orphans == 0)) || say "   ended $orphans process(es) of containers whose engine had gone"
 }
 
+unpath() {  # unpath DIR: the checkout's path in DIR's text files becomes <repo>: results are committed, paths are not
+  grep -rIlF -- "$repo/" "$1" 2>/dev/null | while IFS= read -r file; do sed -i "s|$repo/|<repo>/|g" "$file"; done
+}
+
 pack() {  # pack NAME: what the program wrote at $OUT/NAME (a folder or a file) and its console
   # output -> $OUT/NAME.tar.gz, under the 16 MiB a file may have (bigger files are left out, by name)
   local name=$1 limit big
@@ -368,6 +372,7 @@ pack() {  # pack NAME: what the program wrote at $OUT/NAME (a folder or a file) 
     if [ -e "$OUT_DIR/$name" ]; then mv "$OUT_DIR/$name" "$stage/$name/out"; fi  # it wrote a file
   fi
   cp "$STATE/console-$name.log" "$stage/$name/console.log"
+  unpath "$stage"
   for limit in $((12 * 1024 * 1024)) $((1024 * 1024)); do  # again with small files only, if still too big
     big=$(cd "$stage" && find "$name" -type f -size +"$limit"c -printf '%p (%s bytes)\n')
     if [ -n "$big" ]; then
@@ -460,6 +465,7 @@ finish() {
   if [ -n "$CONTAINERD_PID" ]; then
     kill "$CONTAINERD_PID" 2>/dev/null && timeout 15 tail --pid="$CONTAINERD_PID" -f /dev/null
   fi
+  unpath "$STATE/logs"
   (cd "$STATE" && tar -czf "$OUT_DIR/session.tar.gz" logs) || say "could not pack $LOGS"
   [ -n "$CG_BASE" ] && rmdir "$CG_GROUP" 2>/dev/null
   write_summary
