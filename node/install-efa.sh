@@ -45,8 +45,8 @@ echo "$EFA_INSTALLER_SHA256  $tmp/efa.tar.gz" | sha256sum -c --quiet - ||
   die "$url does not have the sha256 pinned in versions.env ($EFA_INSTALLER_SHA256)"
 tar -C "$tmp" -xzf "$tmp/efa.tar.gz"
 retry apt_get update
-# -y: no questions. The kernel module is built for the running kernel (DKMS), whose
-# metapackages the NVIDIA step holds where it uses prebuilt modules.
+# -y: no questions. The kernel module is built for the running kernel (DKMS), which the NVIDIA
+# step holds with its metapackages: the module is there again after a reboot.
 (cd "$tmp/aws-efa-installer" && ./efa_installer.sh -y) || die "aws-efa-installer $EFA_INSTALLER_VERSION failed"
 hold_efa_packages
 modprobe efa || die "the efa kernel module does not load on kernel $(uname -r)"
