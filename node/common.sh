@@ -73,6 +73,15 @@ hold_nvidia_packages() {
     log "held ${#pkgs[@]} NVIDIA packages against unattended upgrades: ${pkgs[*]}"
   fi
 }
+# The kernel stays the one the driver was set up for (and DKMS modules built for, EFA's among them), on
+# every image: a kernel from unattended-upgrades would boot without them. A deliberate roll moves it.
+hold_kernel() {
+  local pkg kernel
+  kernel=$(uname -r)
+  for pkg in linux-aws linux-image-aws linux-headers-aws "linux-image-$kernel" "linux-modules-$kernel"; do
+    if dpkg -s "$pkg" >/dev/null 2>&1; then apt-mark hold "$pkg" >/dev/null; fi
+  done
+}
 # install_unit FILE: put the unit FILE in the unit folder. systemd loads a unit it does not hold when
 # the unit is first asked for (one it found missing before, too: the folder changed), so only a unit
 # it holds another copy of (or could not say) needs a reload first. NeedDaemonReload cannot tell:

@@ -19,6 +19,7 @@ if command -v nvidia-smi >/dev/null; then
     "$(modinfo -F version nvidia 2>/dev/null || echo missing), nvidia-smi of" \
     "$(dpkg-query -W -f='${Version}' "nvidia-utils-$NVIDIA_DRIVER_BRANCH-server" 2>/dev/null || echo 'another package'))"
   hold_nvidia_packages
+  hold_kernel
   skip "NVIDIA driver $version"
 fi
 [ "${GPU_SWARM_IMAGE:-}" != deep-learning ] || die "no nvidia-smi on a Deep Learning AMI: check the AMI id"
@@ -48,11 +49,7 @@ else
 fi
 apt_install --allow-change-held-packages "${pkgs[@]}"
 hold_nvidia_packages
-# The kernel stays the one the driver was installed for (and DKMS modules built for, EFA's among them):
-# a kernel from unattended-upgrades would boot without them. A deliberate roll moves it.
-for pkg in linux-aws linux-image-aws linux-headers-aws "linux-image-$kernel" "linux-modules-$kernel"; do
-  if dpkg -s "$pkg" >/dev/null 2>&1; then apt-mark hold "$pkg" >/dev/null; fi
-done
+hold_kernel
 # Before the module loads: a module and tools of two versions fail every CUDA call, so refuse them here.
 module=$(modinfo -k "$kernel" -F version nvidia 2>/dev/null || :)
 tools=$(dpkg-query -W -f='${Version}' "nvidia-utils-$branch" 2>/dev/null || :)

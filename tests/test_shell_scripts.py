@@ -304,6 +304,7 @@ ii  python3
 def fake_dpkg(node: Node) -> None:
     node.fake("dpkg-query", f"printf '%s' '{INSTALLED}'")
     node.fake("apt-mark", "exit 0")
+    node.fake("dpkg", "exit 0")  # dpkg -s: the kernel's packages are installed
 
 
 def test_install_driver_skips_a_working_driver_and_holds_its_packages(node):
@@ -317,11 +318,12 @@ def test_install_driver_skips_a_working_driver_and_holds_its_packages(node):
     # One nvidia-smi call proves the driver answers and names its version: it runs at every boot.
     assert [c for c in node.called() if c.startswith("nvidia-smi")] == [
         "nvidia-smi --query-gpu=driver_version --format=csv,noheader"]
-    # Installed NVIDIA packages only: not a removed one (rc), not the kernel, not python3.
-    assert [c for c in node.called() if c.startswith("apt-mark")] == [
-        "apt-mark hold nvidia-utils-580-server libnvidia-compute-580-server "
-        "linux-modules-nvidia-580-server-open-6.8.0-1021-aws nvidia-fabricmanager-580 libnvidia-container1 "
-        "nvidia-container-toolkit"]
+    # Installed NVIDIA packages only: not a removed one (rc), not python3; then the kernel the driver is for.
+    holds = [c for c in node.called() if c.startswith("apt-mark")]
+    assert holds[0] == ("apt-mark hold nvidia-utils-580-server libnvidia-compute-580-server "
+                        "linux-modules-nvidia-580-server-open-6.8.0-1021-aws nvidia-fabricmanager-580 "
+                        "libnvidia-container1 nvidia-container-toolkit")
+    assert "apt-mark hold linux-image-aws" in holds[1:]
 
 
 # What nvidia-smi prints, and its exit code, when the driver's module is not loaded (exit 9).
