@@ -36,19 +36,24 @@ PATHS = {"/latest/meta-data/spot/instance-action": "spot-instance-action.json",
          "/latest/meta-data/events/maintenance/scheduled": "maintenance-scheduled.json"}
 
 
+class _Answering(BaseHTTPRequestHandler):
+    def _answer(self, status: int, body: str = "") -> None:
+        data = body.encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *_):  # quiet: the watcher logs what matters
+        pass
+
+
 def notice_file(root: Path, node: str, kind: str = "spot-instance-action") -> Path:
     return root / node / "imds" / f"{kind}.json"
 
 
 def make_handler(root: Path, token: str):
-    class Handler(BaseHTTPRequestHandler):
-        def _answer(self, status: int, body: str = "") -> None:
-            data = body.encode()
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(_Answering):
         def _split(self) -> tuple[str, str]:
             node, _, rest = self.path.lstrip("/").partition("/")
             return node, "/" + rest
@@ -66,9 +71,6 @@ def make_handler(root: Path, token: str):
                 return self._answer(404)
             file = root / node / "imds" / PATHS[path]
             self._answer(200, file.read_text()) if file.exists() else self._answer(404)
-
-        def log_message(self, *_):  # quiet: the watcher logs what matters
-            pass
 
     return Handler
 
@@ -96,14 +98,7 @@ def make_instance_handler(records: Path):
     """IMDS as each instance sees it, found by the address a request comes from."""
     tokens: dict[str, str] = {}  # address -> its token
 
-    class Handler(BaseHTTPRequestHandler):
-        def _answer(self, status: int, body: str = "") -> None:
-            data = body.encode()
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(_Answering):
         def _record(self) -> dict | None:
             try:
                 return json.loads((records / f"{self.client_address[0]}.json").read_text())
@@ -136,9 +131,6 @@ def make_instance_handler(records: Path):
             if key is None or key not in record:
                 return self._answer(404)
             self._answer(200, str(record[key]))
-
-        def log_message(self, *_):
-            pass
 
     return Handler
 
