@@ -35,7 +35,8 @@ def test_the_ami_configuration(ca):
     assert files["/usr/local/share/ca-certificates/gpu-swarm-rehearsal-ca.crt"][0] == ca.read_bytes()
     assert set(standins.image_files()) <= set(files)
     assert {"apt-daily.timer", "apt-daily-upgrade.timer"} <= set(node_image.MASKED)
-    assert {"docker.io", "docker-cli", "cloud-init", "openssh-server", "python3"} <= set(node_image.PACKAGES)
+    assert {"cloud-init", "openssh-server", "python3"} <= set(node_image.PACKAGES)
+    assert {"docker.io", "docker-cli", "containerd", "runc"} == set(node_image.ENGINE_PACKAGES)
     assert "python3-venv" not in node_image.PACKAGES  # as on plain Ubuntu: the agent's venv must not need it
 
 

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from to_node.software import min_versions
+
+PINNED = min_versions()["DOCKER_VERSION"]
 REPO = Path(__file__).resolve().parent.parent
 COPIED = ("scripts/setup.sh", "scripts/steps.sh", "scripts/test.sh", "localswarm/install-engine.sh",
           "node/versions.env", "requirements.txt")
@@ -40,7 +43,7 @@ class Checkout:
         path.write_text(f"#!/usr/bin/env bash\n{body}\n")
         path.chmod(0o755)
 
-    def engine(self, version: str = "26.1.5+dfsg1") -> None:
+    def engine(self, version: str = PINNED + "+dfsg4") -> None:
         """A new enough engine already unpacked under the prefix."""
         self.fake("dockerd", f'echo "Docker version {version}, build 411e817"', self.prefix / "usr" / "sbin")
 
@@ -130,7 +133,7 @@ echo "Successfully installed grpcio iniconfig pulumi_aws"
     assert [(title, status) for _, title, status, _ in step_ends(result.stdout)] == [
         ("[1/4] Debian packages", "done"),
         ("[2/4] Python packages (requirements.txt) into .venv", "done"),
-        ("[3/4] Docker Engine >= 25.0.3", "skipped"),
+        (f"[3/4] Docker Engine {PINNED}", "skipped"),
         ("[4/4] rehearsal node image (Debian trixie, mmdebstrap)", "skipped")]
     assert re.fullmatch(r"setup: done in \d+\.\d s", lines[-1])
 
@@ -144,7 +147,7 @@ def test_setup_says_what_it_skips(checkout):
 
     assert result.returncode == 0, result.stdout + result.stderr
     assert [status for _, _, status, _ in step_ends(result.stdout)] == ["skipped"] * 4
-    assert f"{checkout.prefix}/usr/sbin/dockerd is Docker version 26.1.5+dfsg1" in result.stdout
+    assert f"{checkout.prefix}/usr/sbin/dockerd is Docker version {PINNED}+dfsg4" in result.stdout
 
 
 def test_setup_builds_the_node_image_and_says_how_long_and_how_big(checkout):
@@ -192,9 +195,9 @@ def test_setup_stops_with_pips_output_when_pip_fails(checkout):
     assert "Docker Engine" not in result.stdout
 
 
-def fake_trixie(checkout: Checkout, dockerd_version: str = "26.1.5+dfsg1") -> None:
+def fake_forky(checkout: Checkout, dockerd_version: str = PINNED + "+dfsg4") -> None:
     """apt-get that downloads three .debs of 1 MB each, and dpkg-deb that unpacks a dockerd."""
-    checkout.fake("apt-get", """echo "Get:1 http://deb.debian.org/debian trixie InRelease"
+    checkout.fake("apt-get", """echo "Get:1 http://deb.debian.org/debian forky InRelease"
 case " $* " in *" download "*)
   for p in "$@"; do case "$p" in docker.io|docker-cli|containerd) head -c 1000000 /dev/zero >"${p}_1_amd64.deb" ;; esac; done ;;
 esac""")
@@ -204,16 +207,16 @@ chmod +x "$3/usr/sbin/dockerd\"""")
 
 
 def test_engine_install_times_its_steps_and_reports_the_debs_it_fetched(checkout):
-    fake_trixie(checkout)
+    fake_forky(checkout)
     result = checkout.run("localswarm/install-engine.sh")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "engine:   fetched 3 packages, 3.0 MB: containerd_1_amd64.deb docker-cli_1_amd64.deb " \
            "docker.io_1_amd64.deb" in result.stdout.splitlines()
     assert "Get:1" not in result.stdout
     assert [title for _, title, _, _ in step_ends(result.stdout)] == [
-        "[1/3] package index of Debian trixie", "[2/3] download docker.io docker-cli containerd",
+        "[1/3] package index of Debian forky", "[2/3] download docker.io docker-cli containerd",
         f"[3/3] unpack into {checkout.prefix}"]
-    assert result.stdout.splitlines()[-1] == "engine: installed Docker version 26.1.5+dfsg1, build 411e817"
+    assert result.stdout.splitlines()[-1] == f"engine: installed Docker version {PINNED}+dfsg4, build 411e817"
     assert (checkout.prefix / "usr" / "bin" / "docker-init").is_symlink()
 
 
@@ -222,19 +225,21 @@ def test_engine_install_shows_why_apt_failed_and_what_to_do(checkout):
     result = checkout.run("localswarm/install-engine.sh")
     assert result.returncode == 1
     assert "    E: The repository is not signed." in result.stderr
-    assert "install a Docker Engine >= 25.0.3 yourself" in result.stderr
+    assert f"install Docker Engine {PINNED} yourself" in result.stderr
     assert not checkout.prefix.exists()
 
 
-def test_engine_check_names_a_new_enough_engine_and_installs_nothing(checkout):
-    fake_trixie(checkout)
+def test_engine_check_names_the_pinned_engine_and_installs_nothing(checkout):
+    fake_forky(checkout)
     missing = checkout.run("localswarm/install-engine.sh", "--check")
     assert (missing.returncode, missing.stdout) == (1, "")
     assert not checkout.prefix.exists()
-    checkout.engine("25.0.3")
+    checkout.engine("29.8.1")  # newer, and not what nodes run: not the rehearsal's
+    assert checkout.run("localswarm/install-engine.sh", "--check").returncode == 1
+    checkout.engine(PINNED)
     found = checkout.run("localswarm/install-engine.sh", "--check")
     assert found.returncode == 0
-    assert found.stdout == f"{checkout.prefix}/usr/sbin/dockerd is Docker version 25.0.3, build 411e817\n"
+    assert found.stdout == f"{checkout.prefix}/usr/sbin/dockerd is Docker version {PINNED}, build 411e817\n"
 
 
 def test_test_sh_shows_skip_reasons_and_passes_arguments_on(checkout):
