@@ -12,6 +12,7 @@ import re
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -464,6 +465,60 @@ def test_without_the_mps_relay_every_gpu_is_unhealthy(tmp_path):
     finally:
         daemon.kill()
         daemon.wait()
+
+
+def test_a_stalled_mps_server_is_found_drained_named_and_started_again(standin_node, tmp_path):
+    """The measured stall (H200): a slot task took its server descriptor and dropped it; every later client got
+    nothing, and nothing recovered by itself. The watcher finds it within seconds, names who got the last
+    descriptor, kills daemon and server by pid, starts them again, and gives the GPU back once they serve."""
+    import threading
+    from tests import mps_standin
+    assert mps(standin_node, "start").returncode == 0
+    folder, other = standin_node.mps_dir / A, standin_node.mps_dir / B
+    relayed = folder / "tasks" / "control"
+    before = {gpu: int((standin_node.mps_dir / gpu / "daemon.pid").read_text()) for gpu in (A, B)}
+    servers = mps_standin.children(before[A])
+    (tmp_path / "watcher").mkdir()
+    watcher = WatcherNode(tmp_path / "watcher")
+    watcher.inventory.write_text(json.dumps([{**inventory_gpu(0), "uuid": A}, {**inventory_gpu(1), "uuid": B}]))
+    watcher.write_daemon({"node-generic-resources": [f"NVIDIA-GPU-SHARED={g}-s{k}" for g in (A, B) for k in range(2)]})
+    proc = subprocess.Popen([sys.executable, str(REPO / "node" / "gpu_health.py"), *watcher.sim(), "--json",
+                             "--no-maintenance", "--sharing-mode", "mps", "--mps-dir", str(standin_node.mps_dir),
+                             "--interval", "1", "--mps-probe-interval", "0.3", "--mps-probe-timeout", "1",
+                             "--mps-hold", "1", "--mps-restart", f"bash {REPO / 'node' / 'gpu-swarm-mps'} start"],
+                            env=standin_node.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reports: list[dict] = []
+    logged: list[str] = []
+    threading.Thread(target=lambda: reports.extend(json.loads(line) for line in proc.stdout), daemon=True).start()
+    threading.Thread(target=lambda: logged.extend(proc.stderr), daemon=True).start()
+
+    def seen(condition: str, after: int = 0, within: float = 30) -> dict:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            found = [r for r in reports[after:] if r["condition"] == condition]
+            if found:
+                return found[0]
+            time.sleep(0.1)
+        raise AssertionError(f"no {condition} report in {reports}; the watcher said: {''.join(logged)}")
+    try:
+        assert seen("healthy")["reason"] == "ok"
+        mps_standin.cuda_client(relayed, drop=True)  # a valid handshake, and the descriptor dropped
+        stalled = seen("unhealthy")
+        assert (stalled["reason"], stalled["gpu"]) == (f"mps_server_stuck_after_pid_{os.getpid()}_on_{A}", A)
+        assert stalled["gpus"][B] == {"condition": "healthy", "reason": "ok"}
+        back = seen("healthy", after=reports.index(stalled))
+        assert back["gpus"][A]["condition"] == "healthy"
+        after = int((folder / "daemon.pid").read_text())
+        assert after != before[A] and all(mps_standin.gone(pid, 1) for pid in [before[A], *servers])
+        assert int((other / "daemon.pid").read_text()) == before[B]  # its neighbour GPU's daemon untouched
+        ceiling, _ = gpu_resources.mps_daemon_limits([81559, 46068], 4)
+        assert mps_standin.cuda_client(relayed) == ceiling  # through the same relay, which never stopped
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    err = "".join(logged)
+    assert f"{A}: the MPS daemon or its server no longer serves" in err and "starting it again" in err, err
+    assert f"{A}: the MPS daemon and its server serve again" in err
 
 
 def test_the_mps_script_passes_shellcheck_and_is_strict():
