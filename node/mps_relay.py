@@ -107,10 +107,16 @@ def _receive(sock: socket.socket, size: int = MAX_MESSAGE) -> tuple[bytes, tuple
 
 
 def _send(sock: socket.socket, data: bytes, creds: tuple[int, int, int] | None, fds: list[int]) -> None:
-    ancillary = [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, CREDS.pack(*creds))] if creds else []
-    if fds:
-        ancillary.append((socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes()))
-    sock.sendmsg([data], ancillary)
+    """data with its sender's credentials (root may pass another process's on) and descriptors. A sender that
+    has exited by now (a client's last word, sent as it ends) cannot be named: the relay's own go instead."""
+    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
+    if creds:
+        try:
+            sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, CREDS.pack(*creds)), *rights])
+            return
+        except ProcessLookupError:
+            pass
+    sock.sendmsg([data], rights)
 
 
 def check(count: int, data: bytes, fds: list[int], flags: int) -> None:
@@ -334,14 +340,8 @@ def pending(sock: socket.socket) -> str:
 
 
 def greet(sock: socket.socket, creds: tuple[int, int, int] | None) -> None:
-    """OUTBHELL, as the daemon says it: with its credentials (root may send another process's), or the
-    relay's own when its pid file names no process."""
-    try:
-        _send(sock, HELLO, creds, [])
-    except OSError as e:
-        if not creds or e.errno not in (errno.ESRCH, errno.EINVAL, errno.EPERM):
-            raise
-        _send(sock, HELLO, None, [])
+    """OUTBHELL, as the daemon says it: with its credentials (its pid file's), else the relay's own."""
+    _send(sock, HELLO, creds, [])
 
 
 def _close(fds: list[int]) -> None:
@@ -416,6 +416,9 @@ class Relay:
         try:
             data, creds, fds, flags = _receive(conn.sock)
         except BlockingIOError:
+            return
+        except ConnectionResetError:  # closed with the greeting unread: an idle peer that left
+            self.end(conn, None)
             return
         except OSError as e:
             self.end(conn, f"it failed: {e}")
