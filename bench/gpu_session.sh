@@ -33,6 +33,7 @@
 #                             stand-in, with /usr/bin/cuda-probe) and the post-join check's
 #   GPU_SESSION_PYTHON        the venv with nvidia-ml-py, PyYAML and prometheus_client (pinned)
 #   CUDA_PROBE                a built bench/cuda_probe.c;  GPU_SESSION_CUDA_IMAGE  the stand-in
+#   MPS_PEER                  a built bench/mps_peer.c (static), in the stand-in image as /usr/bin/mps-peer
 #   GPU_SESSION_ENGINE        up, or down when the engine did not start
 #   GPU_SESSION_ENDS_AT       unix time at which the program's budget ends
 # In $OUT: session.log (everything printed), summary.json, session.tar.gz (kit versions as run
@@ -167,7 +168,7 @@ install_kit() {
     name=${bin##*/}
     case $name in
       nvidia-*) install -m 0755 "$bin" "$NVBIN/$name" ;;  # where the toolkit's package puts them
-      cuda-probe) ;;  # goes into images only
+      cuda-probe | mps-peer) ;;  # go into images only
       *) install -m 0755 "$bin" "$BIN/$name" ;;
     esac
     if ldd "$bin" 2>&1 | grep -q 'not found'; then missing+=" $name: $(ldd "$bin" 2>&1 | grep 'not found' | paste -sd' ');"; fi
@@ -305,7 +306,7 @@ engine_answers() { docker version --format '{{.Server.Version}}' >/dev/null 2>&1
 build_images() {
   GPU_SWARM_VERSIONS="$repo/node/versions.env" GPU_SWARM_NODE_ENV=/nonexistent GPU_SWARM_STATE="$STATE" \
     GPU_SWARM_LOG=/dev/null bash "$repo/node/build-check-image.sh" || return 1
-  bash "$repo/bench/cuda_standin.sh" "$CUDA_IMAGE" "$KITROOT/bin/cuda-probe" || return 1
+  bash "$repo/bench/cuda_standin.sh" "$CUDA_IMAGE" "$KITROOT/bin/cuda-probe" "$KITROOT/bin/mps-peer" || return 1
   docker image ls --format '   {{.Repository}}:{{.Tag}} {{.Size}}'
   if ((NO_GPU)); then  # no GPU: a container that reserved none still goes guard -> nvidia runtime -> runc
     local said
@@ -491,7 +492,8 @@ else
   [ -z "$SETUP_FAILED" ] && step engine start_engine
   [ -z "$SETUP_FAILED" ] && step images build_images
 fi
-export GPU_SESSION_PYTHON=$PYTHON CUDA_PROBE=$KITROOT/bin/cuda-probe GPU_SESSION_CUDA_IMAGE=$CUDA_IMAGE \
+export GPU_SESSION_PYTHON=$PYTHON CUDA_PROBE=$KITROOT/bin/cuda-probe MPS_PEER=$KITROOT/bin/mps-peer \
+  GPU_SESSION_CUDA_IMAGE=$CUDA_IMAGE \
   GPU_SESSION_ENGINE=$ENGINE GPU_SESSION_KIT=$KITROOT
 write_summary
 for i in "${!NAMES[@]}"; do run_program "$i"; done

@@ -6,7 +6,7 @@
  *   mps-peer fdpass PATH              OUTBCRED with a descriptor of the peer's (no client passes one)
  *   mps-peer drop PATH                a CUDA client's whole handshake, its server descriptor closed unused
  *   mps-peer mute PATH SECONDS        the same, the descriptor held SECONDS without a word on it
- *   mps-peer hold PATH COUNT SECONDS  COUNT connections that never speak, held SECONDS
+ *   mps-peer hold PATH COUNT SECONDS  COUNT connections that never speak, kept open SECONDS (reopened)
  *   mps-peer standin-client PATH      a CUDA client of the stand-in daemon (localswarm/standins): its ceiling.
  *                                     Never against a real MPS server: what it sends there is the stand-in's.
  *
@@ -17,6 +17,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -186,20 +187,40 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(mode, "hold") && argc == 5) {
-        int count = atoi(argv[3]), held = 0, refused = 0, missing = 0;
+        /* COUNT connections that never speak, kept open for SECONDS: one the peer closes is opened again. */
+        int count = atoi(argv[3]), open_now = 0, refused = 0, reopened = 0;
+        double until = now_s() + atof(argv[4]);
+        int *fds = calloc((size_t)count, sizeof(int));
+        struct pollfd *polls = calloc((size_t)count, sizeof(struct pollfd));
         for (int i = 0; i < count; i++) {
-            int fd = open_socket(path, 1);
-            if (fd >= 0) held++;
-            else if (fd == -ENOENT || fd == -ENOTDIR) missing++;
-            else refused++;
+            fds[i] = open_socket(path, 1);
+            if (fds[i] == -ENOENT || fds[i] == -ENOTDIR) {
+                printf("mps-peer: no socket at %s\n", path);
+                return 2;
+            }
+            if (fds[i] >= 0) open_now++; else refused++;
         }
-        if (missing == count) {
-            printf("mps-peer: no socket at %s\n", path);
-            return 2;
-        }
-        printf("mps-peer: hold: %d of %d connections open, %d refused, idle for %s s\n", held, count, refused, argv[4]);
+        printf("mps-peer: hold: %d of %d connections open (%d refused), kept for %s s\n", open_now, count, refused,
+               argv[4]);
         fflush(stdout);
-        sleep((unsigned)atoi(argv[4]));
+        double next_pass = 0;  /* closed ones are opened again once a second: a flood, not a busy loop */
+        while (now_s() < until) {
+            for (int i = 0; i < count; i++) polls[i] = (struct pollfd){.fd = fds[i], .events = POLLIN};
+            poll(polls, (nfds_t)count, 100);
+            if (now_s() < next_pass) continue;
+            next_pass = now_s() + 1;
+            for (int i = 0; i < count; i++) {
+                char buf[64];
+                ssize_t got = 1;
+                while (fds[i] >= 0 && (got = recv(fds[i], buf, sizeof buf, MSG_DONTWAIT)) > 0) {}  /* the greeting */
+                if (fds[i] < 0 || got == 0 || (got < 0 && errno != EAGAIN)) {
+                    if (fds[i] >= 0) close(fds[i]);
+                    fds[i] = open_socket(path, 1);
+                    reopened++;
+                }
+            }
+        }
+        printf("mps-peer: hold: done; %d connections were closed by the peer and opened again\n", reopened);
         return 0;
     }
     if (!strcmp(mode, "standin-client")) {

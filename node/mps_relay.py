@@ -325,6 +325,8 @@ class Gpu:
         with open(f"{path}.tmp", "w", encoding="utf-8") as f:
             f.write("\n".join(kept) + "\n")
         os.replace(f"{path}.tmp", path)
+        quiet(f"{self.uuid} {conn.peer} descriptor", f"{self.uuid}: OUTBCUFD, a descriptor to the MPS server, to "
+              f"{conn.who()} (every one: {path})")
 
 
 def pending(sock: socket.socket) -> str:
