@@ -382,6 +382,19 @@ def test_stop_ends_a_daemon_stuck_behind_a_stalled_server_and_gives_the_gpus_bac
     assert standin_node.called()[-2:] == [f"nvidia-smi -i {A} -c DEFAULT", f"nvidia-smi -i {B} -c DEFAULT"]
 
 
+def test_the_units_descriptor_limit_holds_the_relays_connections_and_a_reload_starts_what_is_missing():
+    """600 idle connections exhausted the default 1024; the watchdog restarts a daemon with a reload, in this
+    unit's cgroup (a start from the watcher's own would die with the watcher)."""
+    sys.path.insert(0, str(REPO / "node"))
+    import health_mps
+    import mps_relay
+    from contract import MPS_RELAY_MAX_CONNECTIONS
+    unit = (REPO / "node" / MPS_UNIT).read_text()
+    assert int(re.search(r"^LimitNOFILE=(\d+)$", unit, re.M)[1]) >= MPS_RELAY_MAX_CONNECTIONS + mps_relay.RESERVE_FDS
+    assert "ExecReload=/bin/bash /opt/gpu-swarm/software/gpu-swarm-mps start" in unit
+    assert health_mps.RESTART == ("systemctl", "reload", MPS_UNIT)
+
+
 @pytest.fixture
 def step_node(tmp_path):
     made = ShellNode(tmp_path)
