@@ -9,9 +9,12 @@ relay no slot task reaches any daemon and the guard starts none: every GPU is un
 
 A daemon that runs but no longer serves is worse: MPS's own weakness (measured on an H200) lets one
 client that takes its server descriptor and never speaks on it stop the server for every client of the
-GPU, and the daemon blocks for good on the next command that needs the server. MpsWatchdog asks each
-daemon, every few seconds, for its server and that server's memory ceiling, with the node's own
-nvidia-cuda-mps-control in the daemon's namespace and a time limit. Two unanswered asks in a row make the
+GPU, and the daemon blocks for good on the next command that needs the server. MpsWatchdog asks a
+daemon for its server and that server's memory ceiling, with the node's own nvidia-cuda-mps-control in
+the daemon's namespace and a time limit, within seconds of the relay handing out a server descriptor
+(only a client that got one can stall the server) and once a minute besides: each ask is four lines of
+the daemon's control.log, which lives in /run, so asking every few seconds for weeks would fill the
+node's memory. Two unanswered asks in a row make the
 GPU unhealthy (mps_server_stuck_after_<who>_on_<uuid>: the task that got the server's last descriptor
 before the stall, from the relay's last-clients), which drains the node; everything in the daemon's
 namespace is killed by pid, and `systemctl reload gpu-swarm-mps` starts that daemon and its server
@@ -32,6 +35,7 @@ from health_rules import OK, RANK, Tracker
 MPS_RELAY_DOWN = "mps_relay_down"
 STUCK = "mps_server_stuck"
 RESTART = ("systemctl", "reload", MPS_UNIT)  # in the unit's own cgroup, not the watcher's
+BACKSTOP_S = 60.0  # a daemon no descriptor went out of is asked this often all the same
 _REASON_ROOM = 120  # condition_labels keeps this much of a reason
 
 
@@ -75,6 +79,7 @@ class MpsWatchdog:
         self.failures, self.retry = failures, retry
         self.failed: dict[str, int] = {}
         self.last_ok: dict[str, float] = {}  # when the last answered ask began
+        self.asked: dict[str, float] = {}  # when the last ask began (the watcher's clock)
         self.stuck: dict[str, dict] = {}  # uuid -> {"reason", "since", "restarted"}
 
     # ---- asking
@@ -103,11 +108,24 @@ class MpsWatchdog:
             return str(e)
         return None
 
+    def due(self, uuid: str, now: float) -> bool:
+        """A descriptor handed out since the last answered ask, an ask that failed, a stall, or a minute."""
+        if uuid in self.stuck or self.failed.get(uuid) or now - self.asked.get(uuid, -BACKSTOP_S) >= BACKSTOP_S:
+            return True
+        try:
+            handed = os.stat(f"{self.mps_dir}/{uuid}/{MPS_LAST_CLIENTS}").st_mtime
+        except OSError:
+            return False
+        return handed >= self.last_ok.get(uuid, 0.0)
+
     def check(self, uuids: list[str], tracker: Tracker, now: float) -> None:
-        """Every GPU whose daemon runs: asked once; stuck after `failures` unanswered asks in a row."""
+        """Every GPU whose daemon runs and is due: asked once; stuck after `failures` unanswered asks in a row."""
         for uuid in uuids:
             if not mps_daemon_alive(self.mps_dir, uuid) and uuid not in self.stuck:
                 continue  # check_mps says so: mps_daemon_down
+            if not self.due(uuid, now):
+                continue
+            self.asked[uuid] = now
             began = time.time()
             why = self.probe(uuid) if mps_daemon_alive(self.mps_dir, uuid) else "its daemon is not running"
             if why is None:

@@ -948,3 +948,37 @@ def test_mps_probe_settings_are_checked():
     args = health.parse_args([])
     assert (args.mps_probe_interval, args.mps_probe_timeout, args.mps_hold) == (2, 3, 60)
     assert args.mps_restart == "systemctl reload gpu-swarm-mps.service"
+
+
+def test_the_watchdog_asks_a_daemon_after_each_descriptor_it_handed_out_and_once_a_minute_besides(tmp_path):
+    """Each ask is four lines of the daemon's control.log in /run: every 2 s for weeks would fill the node's memory.
+    Only a client that got a server descriptor can stall the server, so that is when to ask."""
+    import tempfile
+    from tests import mps_standin
+    root = Path(tempfile.mkdtemp(prefix="wd", dir="/tmp"))
+    daemon = mps_standin.Daemon(root, uuid(0))
+    try:
+        (root / uuid(0) / "daemon.pid").write_text(f"{daemon.pid}\n")
+        daemon.control("start_server -uid 0")
+        calls = tmp_path / "calls"
+        utility = tmp_path / "utility"
+        utility.write_text(f"#!/bin/sh\necho x >>{calls}\nexec {daemon.script} \"$@\"\n")
+        utility.chmod(0o755)
+        watchdog = health_mps.MpsWatchdog(str(root), print, utility=str(utility))
+        tracker = rules.Tracker(300)
+        asked = lambda: len(calls.read_text().splitlines()) if calls.exists() else 0  # noqa: E731
+        watchdog.check([uuid(0)], tracker, 1000)
+        assert asked() == 2 and not watchdog.stuck  # its server, and the server's ceiling
+        watchdog.check([uuid(0)], tracker, 1002)
+        assert asked() == 2  # nothing handed out since: not asked
+        (root / uuid(0) / "last-clients").write_text('{"at": 1, "pid": 1}\n')  # the relay handed one out
+        watchdog.check([uuid(0)], tracker, 1004)
+        assert asked() == 4
+        watchdog.check([uuid(0)], tracker, 1006)
+        assert asked() == 4
+        watchdog.check([uuid(0)], tracker, 1004 + health_mps.BACKSTOP_S)
+        assert asked() == 6
+    finally:
+        daemon.kill()
+        import shutil
+        shutil.rmtree(root, ignore_errors=True)
