@@ -80,20 +80,24 @@ def new_client(container: str, mib: int = 64, limit_s: float = 8) -> float | Non
 class Watcher:
     """The node's health watcher, on this bench's engine: its labels reach dockerd, its JSON reports come here."""
 
-    def __init__(self, out: Path, slots: int):
+    def __init__(self, out: Path, slots: int, hold: float = 5):
         self.reports: list[dict] = []
-        self.log = open(out / "health-watcher.log", "w")
+        path = out / "health-watcher.log"
+        started = path.read_text().count("watching ") if path.exists() else 0
+        self.log = open(path, "a")
         cmd = [sys.executable, str(REPO / "node" / "gpu_health.py"), "--json", "--daemon-json",
                str(ENGINE.root / "daemon.json"), "--state-file", str(out / "health-state.json"),
                "--dockerd-pidfile", str(ENGINE.run_dir / "dockerd.pid"), "--docker-socket",
                str(ENGINE.run_dir / "docker.sock"), "--kind", KIND, "--shared-kind", SHARED_KIND,
                "--sharing-mode", "mps", "--mps-dir", MPS_DIR, "--no-maintenance", "--interval", "5",
-               "--mps-probe-interval", "1", "--mps-probe-timeout", "2", "--mps-hold", "5",
+               "--mps-probe-interval", "1", "--mps-probe-timeout", "2", "--mps-hold", str(hold),
                "--mps-restart", f"bash {shlex.quote(str(REPO / 'node' / 'gpu-swarm-mps'))} start"]
         env = {**os.environ, "GPU_SWARM_SLOTS_PER_GPU": str(slots)}  # node.env, for the restart's ceilings
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
         threading.Thread(target=self._read, daemon=True).start()
-        wait(lambda: self.reports, 60, "the health watcher's first report")
+        # It prints a report when the labels change, so a second watcher says nothing new: its first line will do.
+        wait(lambda: path.read_text().count("watching ") > started, 60, "the health watcher to start")
+        time.sleep(1)  # its first check and ask
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -189,7 +193,11 @@ def daemon_escapes(out: Path, share: int, slot: list[str], gpus: list[str], expo
         print(f"evidence: the relay's escapes done at {time.monotonic() - began:.0f} s", flush=True)
         latencies(out, attacker, loner, neighbour, pipe, latency_runs, after)
         print(f"evidence: the timed clients done at {time.monotonic() - began:.0f} s", flush=True)
-        stalls(out, attacker, neighbour, gpu, watcher, exporter, stall_rounds, after)
+        other = [r for r in watcher.reports if r["condition"] != "healthy"]
+        check("the watcher saw every GPU healthy through every other escape", not other,
+              "; ".join(f"{r['condition']}: {r['reason']}" for r in other)[:200] or "no other condition")
+        watcher.stop()
+        stalls(out, attacker, neighbour, gpu, slots, exporter, stall_rounds, after)
         print(f"evidence: the stalls done at {time.monotonic() - began:.0f} s", flush=True)
     finally:
         watcher.stop()
@@ -249,38 +257,45 @@ def latencies(out: Path, attacker: str, loner: str, neighbour: str, pipe: str, r
     (out / "new-client-seconds.json").write_text(json.dumps(figures, indent=1))
 
 
-def stalls(out: Path, attacker: str, neighbour: str, gpu: str, watcher: Watcher, exporter: Exporter,
-           rounds: int, after) -> None:
+def stalls(out: Path, attacker: str, neighbour: str, gpu: str, slots: int, exporter: Exporter, rounds: int,
+           after) -> None:
     """A valid handshake whose server descriptor is dropped stalls MPS's server for the whole GPU: each round,
-    the time from the drop to a neighbour's working client, and what the watcher said."""
+    the time from the drop to a neighbour's working client, and what a watcher started for the round said (the
+    first one holds the stall 30 s, long enough for the engine labels to reach the swarm's node list)."""
     expected = f"mps_server_stuck_after_attacker_on_{gpu}"
     times, named, restarted, labelled, metric = [], 0, 0, False, False
-    other = [r for r in watcher.reports if r["condition"] != "healthy"]
-    check("the watcher saw every GPU healthy through every other escape", not other,
-          "; ".join(f"{r['condition']}: {r['reason']}" for r in other)[:200] or "no other condition")
-    for _ in range(rounds):
-        daemon = Path(MPS_DIR, gpu, "daemon.pid").read_text().strip()
-        t0 = time.time()
-        rc, said = exec_in(attacker, 'mps-peer drop "$CUDA_MPS_PIPE_DIRECTORY/control"')
-        working = None
-        while time.time() - t0 < 180:
-            if new_client(neighbour, limit_s=5) is not None:
-                working = time.time() - t0
-                break
-        stalled = watcher.first(t0, "unhealthy", 30)
-        if stalled and stalled["reason"] == expected and stalled["gpu"] == gpu:
-            named += 1
-        if Path(MPS_DIR, gpu, "daemon.pid").read_text().strip() != daemon:
-            restarted += 1
-        if stalled and not labelled:
-            labels = docker("node", "inspect", "self", "--format", "{{json .Description.Engine.Labels}}").stdout
-            labelled = expected in labels
-            metric = any(n == "gpu_swarm_condition" and labels.get("reason") == expected
-                         for n, labels, _ in exporter.scrape() or ())
-        times.append(working)
-        (out / "stall-rounds.log").open("a").write(f"drop: {rc} {said}; working after {working}; watcher: "
-                                                    f"{json.dumps(stalled)[:600]}\n")
-        watcher.first(time.time(), "healthy", 60)  # the hold: the node back before the next round
+    for round_ in range(rounds):
+        watcher = Watcher(out, slots, hold=30 if round_ == 0 else 1)
+        try:
+            daemon = Path(MPS_DIR, gpu, "daemon.pid").read_text().strip()
+            t0 = time.time()
+            rc, said = exec_in(attacker, 'mps-peer drop "$CUDA_MPS_PIPE_DIRECTORY/control"')
+            working = None
+            while time.time() - t0 < 180:
+                if new_client(neighbour, limit_s=5) is not None:
+                    working = time.time() - t0
+                    break
+            stalled = watcher.first(t0, "unhealthy", 30)
+            if stalled and stalled["reason"] == expected and stalled["gpu"] == gpu:
+                named += 1
+            if Path(MPS_DIR, gpu, "daemon.pid").read_text().strip() != daemon:
+                restarted += 1
+            if round_ == 0 and stalled:
+                try:  # what `docker node inspect` shows, `up`'s wait and `localswarm status` among its readers
+                    labelled = bool(wait(lambda: expected in docker(
+                        "node", "inspect", "self", "--format", "{{json .Description.Engine.Labels}}").stdout, 30,
+                                         "the stall in the node's engine labels"))
+                except RuntimeError:
+                    labelled = False
+                metric = any(n == "gpu_swarm_condition" and labels.get("reason") == expected
+                             for n, labels, _ in exporter.scrape() or ())
+            times.append(working)
+            with (out / "stall-rounds.log").open("a") as log:
+                log.write(f"drop: {rc} {said}; working after {working}; watcher: {json.dumps(stalled)[:600]}\n")
+            if round_ == 0:
+                watcher.first(t0, "healthy", 60)  # its hold, seen through: the GPU given back
+        finally:
+            watcher.stop()
     ok = [t for t in times if t is not None]
     check(f"a dropped server descriptor stalls the GPU, and the watcher finds it, drains it as {expected[:40]}..., "
           f"names the attacker's service and starts daemon and server again, every round ({rounds})",

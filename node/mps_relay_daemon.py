@@ -114,10 +114,11 @@ class Gpu:
 
     def connect_daemon(self) -> socket.socket:
         pid = self.daemon_pid()
-        pipe = f"{self.mps_dir}/{self.uuid}/pipe"
+        if not pid:  # none, or one gpu-swarm-mps has not given its ceilings yet: it would start a server without
+            raise OSError(f"no {MPS_DAEMON_PID}: the GPU's daemon is not running, or is starting")
         # Through a descriptor of the folder: its path in the daemon's namespace (/proc/<pid>/root/...) need not
         # fit in a socket address's 108 bytes.
-        folder = os.open(f"/proc/{pid}/root{pipe}" if pid else pipe, os.O_PATH | os.O_DIRECTORY)
+        folder = os.open(f"/proc/{pid}/root{self.mps_dir}/{self.uuid}/pipe", os.O_PATH | os.O_DIRECTORY)
         daemon = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             daemon.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)

@@ -366,6 +366,41 @@ def test_no_process_outside_a_daemons_namespace_finds_its_sockets_and_clients_pa
     assert probe.stdout == "listed\n", probe.stdout + probe.stderr
 
 
+def test_a_client_that_comes_while_a_daemon_is_started_again_never_gets_a_server_without_its_ceiling(standin_node):
+    """A daemon starts a server for the first client it sees, with the defaults it has then. The watchdog starts
+    daemons again while the relay runs, so the relay must not pass a client before the ceilings are set."""
+    import threading
+    from tests import mps_standin
+    assert mps(standin_node, "start").returncode == 0
+    ceiling, _ = gpu_resources.mps_daemon_limits([81559, 46068], 4)
+    folder = standin_node.mps_dir / A
+    stop, got = threading.Event(), []
+
+    def clients():
+        while not stop.is_set():
+            try:
+                got.append(mps_standin.cuda_client(folder / "tasks" / "control", timeout=2))
+            except (OSError, AssertionError):
+                time.sleep(0.01)
+    threading.Thread(target=clients, daemon=True).start()
+    try:
+        for _ in range(3):  # what the watchdog does: everything in the namespace killed, then start
+            import health_mps
+            health_mps.kill_namespace(str(folder))
+            assert mps(standin_node, "start").returncode == 0
+            time.sleep(0.5)
+    finally:
+        stop.set()
+    daemon = int((folder / "daemon.pid").read_text())
+    (server,) = mps_standin.children(daemon)
+    inside = subprocess.run(["nsenter", "--target", str(daemon), "--mount", "--", str(standin_node.bin /
+                            "nvidia-cuda-mps-control")], input=f"get_device_pinned_mem_limit {server} 0\n",
+                            capture_output=True, text=True, timeout=10,
+                            env={**standin_node.env, "CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe")})
+    assert inside.stdout.strip() == f"{ceiling}M"
+    assert got and set(got) == {ceiling}, sorted(set(got))
+
+
 def test_stop_ends_a_daemon_stuck_behind_a_stalled_server_and_gives_the_gpus_back(standin_node):
     """A client that drops its server descriptor stalls the server; `quit` then never returns (H200, 90 s)."""
     from tests import mps_standin
