@@ -102,12 +102,16 @@ def root():
     shutil.rmtree(made)
 
 
-@pytest.fixture
-def node(root):
+def fake_daemon(root: Path) -> FakeDaemon:
     (root / GPU / "pipe").mkdir(parents=True)
     # the daemon's pid, as gpu-swarm-mps writes it: the relay reaches its pipe through /proc/<pid>/root
     (root / GPU / "daemon.pid").write_text(f"{os.getpid()}\n")
-    daemon = FakeDaemon(root / GPU / "pipe")
+    return FakeDaemon(root / GPU / "pipe")
+
+
+@pytest.fixture
+def node(root):
+    daemon = fake_daemon(root)
     relay = start_relay(root)
     yield root, daemon, relay
     relay.kill()
@@ -245,8 +249,7 @@ def test_a_descriptor_with_the_last_word_is_refused(node):
 @pytest.mark.parametrize("sends", [[], ["4f5554424352454400"]])  # nothing; its greeting and then nothing
 def test_an_idle_connection_never_reaches_the_daemon_and_ends_after_its_time(root, sends):
     """Measured on an H200: one idle connection held the daemon, and every neighbour's new client with it."""
-    (root / GPU / "pipe").mkdir(parents=True)
-    daemon = FakeDaemon(root / GPU / "pipe")
+    daemon = fake_daemon(root)
     relay = start_relay(root, handshake_s=1.5)
     try:
         idle = connect(root)
@@ -322,8 +325,7 @@ def flood(root: Path, count: int):
 def test_a_flood_of_1000_idle_connections_from_one_container_leaves_its_neighbours_served(root):
     """The relay holds MPS_RELAY_PER_CONTAINER of them and closes the rest at once: no backlog fills, and a
     neighbour's client passes while every one of the flood's connections is still open."""
-    (root / GPU / "pipe").mkdir(parents=True)
-    daemon = FakeDaemon(root / GPU / "pipe")
+    daemon = fake_daemon(root)
     relay = start_relay(root, handshake_s=60)
     try:
         with flood(root, 1000) as (held, refused):
@@ -340,8 +342,7 @@ def test_a_flood_of_1000_idle_connections_from_one_container_leaves_its_neighbou
 
 def test_a_full_descriptor_table_closes_the_newest_connection_never_the_relay(root):
     """Measured: 600 idle connections under the default 1024 made accept() fail with EMFILE and the relay exit."""
-    (root / GPU / "pipe").mkdir(parents=True)
-    daemon = FakeDaemon(root / GPU / "pipe")
+    daemon = fake_daemon(root)
     relay = start_relay(root, nofile=48, handshake_s=2)
     try:
         with flood(root, 200):
@@ -455,3 +456,22 @@ def test_the_relay_waits_with_poll_and_selectors_never_select():
     """select() breaks on descriptors past 1023, which a relay with a higher limit gets."""
     source = (REPO / "node" / "mps_relay.py").read_text()
     assert "select.select(" not in source and "selectors.DefaultSelector()" in source
+
+
+def test_no_client_passes_to_a_daemon_gpu_swarm_mps_has_not_named_yet(root):
+    """gpu-swarm-mps names a daemon in daemon.pid once its ceilings are set: before that, a daemon would start
+    a server without them for the first client it saw."""
+    daemon = fake_daemon(root)
+    (root / GPU / "daemon.pid").unlink()
+    relay = start_relay(root)
+    try:
+        with pytest.raises(AssertionError):
+            cuda_client(root)
+        assert daemon.accepted == 0 and "not running, or is starting" in relay_log(root)
+        (root / GPU / "daemon.pid").write_text(f"{os.getpid()}\n")
+        cuda_client(root)
+        assert daemon.accepted == 1
+    finally:
+        relay.kill()
+        relay.wait()
+        daemon.sock.close()
