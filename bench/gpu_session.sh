@@ -306,7 +306,9 @@ engine_answers() { docker version --format '{{.Server.Version}}' >/dev/null 2>&1
 build_images() {
   GPU_SWARM_VERSIONS="$repo/node/versions.env" GPU_SWARM_NODE_ENV=/nonexistent GPU_SWARM_STATE="$STATE" \
     GPU_SWARM_LOG=/dev/null bash "$repo/node/build-check-image.sh" || return 1
-  bash "$repo/bench/cuda_standin.sh" "$CUDA_IMAGE" "$KITROOT/bin/cuda-probe" "$KITROOT/bin/mps-peer" || return 1
+  local peer=()
+  if [ -x "$KITROOT/bin/mps-peer" ]; then peer=("$KITROOT/bin/mps-peer"); fi # a kit built before it has none
+  bash "$repo/bench/cuda_standin.sh" "$CUDA_IMAGE" "$KITROOT/bin/cuda-probe" "${peer[@]}" || return 1
   docker image ls --format '   {{.Repository}}:{{.Tag}} {{.Size}}'
   if ((NO_GPU)); then  # no GPU: a container that reserved none still goes guard -> nvidia runtime -> runc
     local said
@@ -492,8 +494,8 @@ else
   [ -z "$SETUP_FAILED" ] && step engine start_engine
   [ -z "$SETUP_FAILED" ] && step images build_images
 fi
-export GPU_SESSION_PYTHON=$PYTHON CUDA_PROBE=$KITROOT/bin/cuda-probe MPS_PEER=$KITROOT/bin/mps-peer \
-  GPU_SESSION_CUDA_IMAGE=$CUDA_IMAGE \
+if [ -x "$KITROOT/bin/mps-peer" ]; then export MPS_PEER=$KITROOT/bin/mps-peer; fi # else gpu_mps.py builds one
+export GPU_SESSION_PYTHON=$PYTHON CUDA_PROBE=$KITROOT/bin/cuda-probe GPU_SESSION_CUDA_IMAGE=$CUDA_IMAGE \
   GPU_SESSION_ENGINE=$ENGINE GPU_SESSION_KIT=$KITROOT
 write_summary
 for i in "${!NAMES[@]}"; do run_program "$i"; done
