@@ -5,7 +5,7 @@
 # Debian's packages come through a private apt state, and the work lands in .kit-build/.
 #
 #   bash bench/build_gpu_kit.sh            # idempotent: a second run only checks and says so
-#   bash bench/build_gpu_kit.sh --smoke    # seconds, nothing fetched: the pins, and cuda-probe built and run
+#   bash bench/build_gpu_kit.sh --smoke    # seconds, nothing fetched: the pins; cuda-probe and mps-peer built and run
 #
 # The kit (about 50 MB, one xz archive, so it fits the device's 64 MiB carry with the tree):
 # - the engine every node runs (node/versions.env DOCKER_VERSION, CONTAINERD_VERSION's minor):
@@ -17,6 +17,7 @@
 # - busybox-static, for the stand-in CUDA image (and to unpack the kit where xz is missing);
 # - bench/cuda_probe.c built here: it reaches the driver through dlopen("libcuda.so.1") only,
 #   so no CUDA header or toolkit is needed, and the runtime mounts libcuda into the task;
+# - bench/mps_peer.c built here, static: the MPS bench's tasks speak the MPS control wire with it;
 # - wheels for the node software: nvidia-ml-py (versions.env's pin), PyYAML, prometheus_client.
 set -euo pipefail
 
@@ -26,7 +27,7 @@ repo=$(dirname "$here")
 . "$repo/node/versions.env"
 # shellcheck source=../scripts/steps.sh
 . "$repo/scripts/steps.sh"
-STEP_PREFIX=kit STEP_COUNT=7
+STEP_PREFIX=kit STEP_COUNT=8
 
 KIT=${KIT_DIR:-$repo/.kit}
 BUILD=${KIT_BUILD_DIR:-$repo/.kit-build}
@@ -52,10 +53,12 @@ if [ "${1:-}" = --smoke ]; then
   smoke=$(mktemp -d)
   trap 'rm -rf "$smoke"' EXIT
   cc -O2 -Wall -Werror -o "$smoke/cuda-probe" "$here/cuda_probe.c" -ldl
+  cc -O2 -Wall -Werror -static -o "$smoke/mps-peer" "$here/mps_peer.c"
   rc=0
   said=$("$smoke/cuda-probe" 16 2>&1) || rc=$?
+  peer=$("$smoke/mps-peer" hold "$smoke/no-socket" 1 0) && exit 1 # no socket there: it must say so, exit 2
   echo "kit smoke: pins nvidia-ml-py $NVIDIA_ML_PY_VERSION, prometheus_client $PROMETHEUS_CLIENT_VERSION," \
-    "PyYAML $PYYAML_VERSION, toolkit $TOOLKIT_TAG; cuda-probe built, ran: exit $rc: $said"
+    "PyYAML $PYYAML_VERSION, toolkit $TOOLKIT_TAG; cuda-probe built, ran: exit $rc: $said; mps-peer built: $peer"
   if command -v nvidia-smi >/dev/null; then exit "$rc"; fi
   [[ $rc == 2 && $said == *"no libcuda.so.1"* ]]
   exit
@@ -131,6 +134,14 @@ else
   step_done
 fi
 
+step_begin "mps-peer (bench/mps_peer.c, static)"
+if [ "$BUILD/stage/bin/mps-peer" -nt "$here/mps_peer.c" ]; then
+  step_skipped "built from this mps_peer.c"
+else
+  quietly cc -O2 -Wall -Werror -static -o "$BUILD/stage/bin/mps-peer" "$here/mps_peer.c"
+  step_done
+fi
+
 step_begin "wheels: nvidia-ml-py $NVIDIA_ML_PY_VERSION, PyYAML $PYYAML_VERSION, prometheus_client $PROMETHEUS_CLIENT_VERSION"
 pip=("$repo/.venv/bin/python" -m pip)
 [ -x "$repo/.venv/bin/python" ] || pip=(python3 -m pip)
@@ -167,6 +178,7 @@ forky_ld() {  # runc needs glibc 2.38: run it with forky's C library, which this
       containerd-shim-runc-v2) out=$("$bin" -v) ;;
       busybox) out=$("$bin" --help 2>&1 | head -n1) ;;
       cuda-probe) out="bench/cuda_probe.c sha256 $(sha256sum <"$here/cuda_probe.c" | cut -c1-16)" ;;
+      mps-peer) out="bench/mps_peer.c sha256 $(sha256sum <"$here/mps_peer.c" | cut -c1-16)" ;;
       runc) out=$("$bin" --version 2>/dev/null || forky_ld "$bin" --version) ;;
       # It goes on to print the runc it finds on PATH, which is this machine's, not the kit's.
       nvidia-container-runtime) out=$("$bin" --version | sed '/^runc version/,$d') ;;

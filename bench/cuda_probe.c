@@ -1,9 +1,10 @@
 /* A task that really uses its GPU: through the CUDA driver API (libcuda.so.1, which the NVIDIA
  * runtime mounts into the container), it creates a context on each GPU it can see, allocates
  * MIB mebibytes there, prints the GPU's UUID, and holds on until it is stopped, so that the
- * tasks sharing a GPU run CUDA work at the same time. Nothing else is needed in the image.
+ * tasks sharing a GPU run CUDA work at the same time; with `once` it exits then (a new client's
+ * whole start, for the MPS bench's timings). Nothing else is needed in the image.
  *
- *   cuda-probe [MIB]      (default 1024)
+ *   cuda-probe [MIB [once]]      (default 1024)
  *
  * Exit 0 on success, 2 when libcuda is missing, 3 when a CUDA call fails. Build: cc -O2 -o cuda-probe cuda_probe.c -ldl
  */
@@ -11,6 +12,8 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int CUresult;
@@ -36,7 +39,14 @@ typedef CUresult (*cuMemAlloc_v2_t)(CUdeviceptr *, size_t);
 typedef CUresult (*cuMemsetD8_v2_t)(CUdeviceptr, unsigned char, size_t);
 typedef CUresult (*cuCtxSynchronize_t)(void);
 
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
 int main(int argc, char **argv) {
+    double started = now_ms();
     size_t mib = argc > 1 ? strtoul(argv[1], NULL, 10) : 1024;
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
     if (!cuda) { fprintf(stderr, "cuda-probe: no libcuda.so.1 (%s): this container got no GPU\n", dlerror()); return 2; }
@@ -59,7 +69,9 @@ int main(int argc, char **argv) {
                "%02x%02x%02x%02x%02x%02x)\n", i, mib, b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9],
                b[10], b[11], b[12], b[13], b[14], b[15]);
     }
+    printf("cuda-probe: ready in %.0f ms\n", now_ms() - started);  /* a new client's whole start */
     fflush(stdout);
+    if (argc > 2 && strcmp(argv[2], "once") == 0) return 0;
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
     while (!stop) pause();

@@ -164,7 +164,7 @@ class Engine:
             for _ in range(10):  # a task's last lines reach the service's log a moment after it ends
                 done = self.docker("service", "logs", "--raw", name, check_rc=False)
                 logs = done.stdout + done.stderr
-                if logs.strip() or state.startswith("Rejected"):
+                if logs.strip() or state.startswith("Rejected") or "starting container failed" in state:  # never ran
                     break
                 time.sleep(0.5)
             return state + "\n" + logs

@@ -2,12 +2,13 @@
 """MPS sharing and the guard's ledger on real NVIDIA GPUs (one or more), with the project's own node software.
 
     python3 bench/gpu_mps.py --out DIR [--slots 4] [--start-runs 15]     # as root
-    bash bench/gpu_session.sh 'mps:200=bench/gpu_mps.py'                # on a bare GPU machine, with .kit
+    bash bench/gpu_session.sh 'mps:480=bench/gpu_mps.py --start-runs 9'  # on a bare GPU machine, with .kit
     python3 bench/gpu_mps.py --smoke [--gpus 2]     # no GPU: stand-in GPUs (bench/gpu_standins.py), as root
 
 Needs root, an NVIDIA GPU and its driver (nvidia-smi, nvidia-cuda-mps-control), Docker Engine
 >= 25.0.3 and nvidia-container-toolkit >= 1.19 on PATH, and a built bench/cuda_probe.c
-(--cuda-probe, else $CUDA_PROBE as bench/gpu_session.sh sets it). It starts an engine of its
+(--cuda-probe, else $CUDA_PROBE as bench/gpu_session.sh sets it) and bench/mps_peer.c ($MPS_PEER, else
+built here with cc). It starts an engine of its
 own (data under /var/lib/gpu-swarm-mps), a one-node swarm, and writes the guard's settings where
 a node has them (/etc/gpu-swarm/runtime.env, put back at the end), so that daemon.json names the
 guard without runtimeArgs, as on a node. Swarm chooses which GPU or slot a task gets, so every
@@ -32,10 +33,13 @@ about a GPU's index: the same checks hold on 1, 2 or 4 GPUs.
    MPS; each fails while the others keep running and keep their memory. A task's two CUDA
    processes get a ceiling each (what MPS limits is a process: README). A task gets almost its
    whole share; a task with no reservation sees no GPU and no MPS pipe; one that names a held
-   slot, or mounts the MPS directory, does not start. Last, a task that brings nvidia-cuda-mps-control
-   and sends set_device_pinned_mem_limit <server> 0 200G through its socket (the relay's,
-   node/mps_relay.py) is refused: every server keeps its ceiling, and the task gets no more.
-   node/gpu-swarm-mps stop puts every GPU back in compute mode Default.
+   slot does not start. Then what a task may try against its GPU's daemon (bench/gpu_mps_daemon.py), as
+   root in its container, by a slot task and by one with no reservation: mounts that reach the MPS folder,
+   control words through the relay, a passed descriptor, one idle connection and a flood of 1,000 (a
+   neighbour's new client timed, median of --latency-runs), a dropped server descriptor (found, drained,
+   named and restarted by the health watcher; stall to a working GPU, median of --stall-rounds); after
+   each, the ceilings read on the host, the daemon answering, a neighbour allocating within its share.
+   node/gpu-swarm-mps stop puts every GPU back in the compute mode it had when the bench began.
 It prints a table of every check, writes results.json, logs and nvidia-smi evidence to --out,
 and exits 1 when a check fails.
 """
@@ -57,6 +61,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import gpu_standins  # noqa: E402  (--smoke)
 from gpu_bench import KIND, SHARED_KIND, UUID, check, print_results, run, wait  # noqa: E402
 from gpu_bench import start_guard_server as guard_server  # noqa: E402
+from gpu_mps_daemon import daemon_escapes  # noqa: E402
 from gpu_mps_escapes import hostile  # noqa: E402
 from gpu_mps_node import (ENGINE, IMAGE, Exporter, containers, docker, given, gone, gpu_of_slot,  # noqa: E402
                           job, modes, paired_cost, smi, start_times, task_env, time_left, used, apps)
@@ -131,7 +136,7 @@ def whole_gpu(out: Path, gpus: list[str], start_runs: int, cost_runs: int) -> No
           if cost.stdout.strip() else cost.stderr[-200:])
 
 
-def mps(out: Path, gpus: list[str], slots: int, mib: int) -> None:
+def mps(out: Path, gpus: list[str], slots: int, mib: int, latency_runs: int = 11, stall_rounds: int = 5) -> None:
     # The unit loads node.env, where the pool's slots are; the daemons' ceilings come from them.
     started = run(["bash", str(REPO / "node" / "gpu-swarm-mps"), "start"], check_rc=False, timeout=120,
                   env={**os.environ, "GPU_SWARM_SLOTS_PER_GPU": str(slots)})
@@ -201,6 +206,7 @@ def mps(out: Path, gpus: list[str], slots: int, mib: int) -> None:
     try:
         exporter.check_sharers(logs, sizes, mib)
         hostile(out, share, slot, gpus, exporter)
+        daemon_escapes(out, share, slot, gpus, exporter, slots, latency_runs, stall_rounds)
     finally:
         exporter.stop()
     gone("steady")
@@ -214,12 +220,17 @@ def main() -> int:
     parser.add_argument("--start-runs", type=int, default=15, help="interleaved starts per variant")
     parser.add_argument("--cuda-probe", default=os.environ.get("CUDA_PROBE"), help="a built bench/cuda_probe.c")
     parser.add_argument("--guard-cost-runs", type=int, default=100, help="bench/guard_cost.py's --runs")
+    parser.add_argument("--mps-peer", default=os.environ.get("MPS_PEER"), help="a built bench/mps_peer.c (else "
+                        "$MPS_PEER, as bench/gpu_session.sh sets it; else built here with cc)")
+    parser.add_argument("--latency-runs", type=int, default=11, help="a neighbour's new clients timed per case")
+    parser.add_argument("--stall-rounds", type=int, default=5, help="dropped server descriptors, each recovered")
     parser.add_argument("--smoke", action="store_true", help=gpu_standins.SMOKE_HELP)
     parser.add_argument("--gpus", type=int, default=2, help="stand-in GPUs for --smoke (default %(default)s)")
     args = parser.parse_args()
     if args.smoke:
         return gpu_standins.smoke("gpu_mps.py", args.gpus, "--start-runs", "1", "--guard-cost-runs", "3",
-                                  "--slots", "2", "--mib", "512", out=args.out)
+                                  "--slots", "2", "--mib", "512", "--latency-runs", "3", "--stall-rounds", "2",
+                                  out=args.out)
     if not args.out:
         parser.error("--out is required")
     out = Path(args.out)
@@ -235,7 +246,11 @@ def main() -> int:
     gpus = UUID.findall(smi("-L"))
     if not gpus:
         sys.exit("nvidia-smi -L lists no GPU")
-    print(f"{len(gpus)} GPU(s): {', '.join(gpus)}", flush=True)
+    if not args.mps_peer:  # the kit carries one; a machine with a compiler builds it
+        args.mps_peer = str(out / "mps-peer")
+        run(["cc", "-O2", "-static", "-o", args.mps_peer, str(REPO / "bench" / "mps_peer.c")])
+    found = modes(gpus)
+    print(f"{len(gpus)} GPU(s): {', '.join(gpus)}; compute modes {found}", flush=True)
     saved = Path(RUNTIME_ENV_PATH).read_bytes() if Path(RUNTIME_ENV_PATH).exists() else None
     made_dir = not Path(RUNTIME_ENV_PATH).parent.exists()
     ENGINE.clear()
@@ -249,14 +264,14 @@ def main() -> int:
                   "path": str(REPO / "node" / "gpu-swarm-runtime")}, "no runtimeArgs: no /bin/sh wrapper")
         server = start_guard_server(out)
         ENGINE.start(out)
-        run(["bash", str(REPO / "bench" / "cuda_standin.sh"), IMAGE, args.cuda_probe], env=ENGINE.env())
+        run(["bash", str(REPO / "bench" / "cuda_standin.sh"), IMAGE, args.cuda_probe, args.mps_peer], env=ENGINE.env())
         ENGINE.script(formation.init_swarm(run(["hostname", "-I"]).stdout.split()[0]))
         whole_gpu(out, gpus, args.start_runs, args.guard_cost_runs)
-        mps(out, gpus, args.slots, args.mib)
+        mps(out, gpus, args.slots, args.mib, args.latency_runs, args.stall_rounds)
     except Exception as e:  # a broken step is a failed check, with its reason in the table
         check("the run itself", False, f"{type(e).__name__}: {e}"[:400])
     finally:
-        for name in ("holder", "steady", "big", "twice"):
+        for name in ("holder", "steady", "big", "twice", "attacker", "loner"):
             docker("service", "rm", name, check_rc=False)
         docker("swarm", "leave", "--force", check_rc=False)
         ENGINE.stop()
@@ -269,9 +284,9 @@ def main() -> int:
         if Path(MPS_DIR, MPS_RELAY_LOG).exists():
             shutil.copy(Path(MPS_DIR, MPS_RELAY_LOG), out / "mps-relay.log")
         mode = modes(gpus)
-        check("gpu-swarm-mps stop: every GPU back in compute mode Default",
-              stopped.returncode == 0 and set(mode.values()) == {"Default"},
-              f"{sorted(set(mode.values()))}; {stopped.stdout.strip()[-120:]}")
+        check("gpu-swarm-mps stop: every GPU back in the compute mode it had when the bench began",
+              stopped.returncode == 0 and mode == found,
+              f"{sorted(set(mode.values()))}, found {sorted(set(found.values()))}; {stopped.stdout.strip()[-120:]}")
         if saved is None:
             Path(RUNTIME_ENV_PATH).unlink(missing_ok=True)
             if made_dir:

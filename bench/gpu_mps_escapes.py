@@ -67,10 +67,6 @@ def hostile(out: Path, share: int, slot: list[str], gpus: list[str], exporter: "
     check("a service naming a held slot without a reservation does not start",
           log.startswith(("Failed", "Rejected")) and f"slot {held_slot} is held by container" in log,
           log.splitlines()[0][:200])
-    log = job("mounts-mps", "ls /mps", "--mount", f"type=bind,source={MPS_DIR},target=/mps")
-    check("a service that mounts the MPS pipes itself does not start", log.startswith(("Failed", "Rejected")) and
-          "where the node's MPS daemons listen" in log, log.splitlines()[0][:200])
-    control_commands(out, share, over, slot, gpus)
 
 
 def two_processes(out: Path, share: int, slot: list[str], exporter: "Exporter") -> None:
@@ -95,52 +91,5 @@ def two_processes(out: Path, share: int, slot: list[str], exporter: "Exporter") 
           memory >= 2 * each, f"{said.count('allocated')} of 2 allocated {each} MiB; the task's memory in the "
           f"exporter {memory} MiB")
     gone("twice")
-
-
-def mps_control(gpu: str, command: str) -> str:
-    """One command to a GPU's control daemon on the host, through its own pipe (as gpu-swarm-mps does)."""
-    done = subprocess.run(["nvidia-cuda-mps-control"], input=command + "\n", capture_output=True, text=True,
-                          timeout=20, env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": f"{MPS_DIR}/{gpu}/pipe"})
-    return done.stdout.strip()
-
-
-def control_commands(out: Path, share: int, over: int, slot: list[str], gpus: list[str]) -> None:
-    """A slot task that brings nvidia-cuda-mps-control and tells its GPU's daemon a higher ceiling, the hole
-    found on 2xH100 (bench/results/gpu-session-2xH100-sharing/): now through the socket the guard gives it, the
-    relay's (node/mps_relay.py). Given every server's pid, as a task that guessed them; then it allocates past
-    its share with no limit of its own. Run last: had the daemon obeyed, every later client would have the
-    raised ceiling. What the daemons hold is read on the host, before and after."""
-    control = shutil.which("nvidia-cuda-mps-control")
-    servers = {g: mps_control(g, "get_server_list").split() for g in gpus}
-
-    def limits() -> dict[str, list[str]]:
-        return {g: [mps_control(g, f"get_device_pinned_mem_limit {s} 0") for s in servers[g]] for g in gpus}
-    before = limits()
-    own = "/usr/local/bin/own-mps-control"  # the task's own copy; the toolkit may mount one too (utility)
-    pids = " ".join(p for g in gpus for p in servers[g])
-    own_cmd = f"timeout 10 {own}"  # refused mid-way, it might wait for an answer: it has 10 s
-    attack = (f"ls -la $CUDA_MPS_PIPE_DIRECTORY; touch $CUDA_MPS_PIPE_DIRECTORY/x 2>&1; "
-              f"echo get_server_list | {own_cmd}; echo \"list: rc $?\"; "
-              f"echo set_default_device_pinned_mem_limit 0 200G | {own_cmd}; echo \"default: rc $?\"; "
-              f"for s in {pids}; do echo set_device_pinned_mem_limit $s 0 200G | {own_cmd}; "
-              "echo \"server $s: rc $?\"; "
-              # a probe that got the memory holds it until stopped: it has 5 s to say which
-              f"done; unset CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; cuda-probe {over} & p=$!; sleep 5; kill $p; wait $p; "
-              "echo \"cuda-probe: exit $?\"")
-    try:
-        log = job("control", attack, *slot, "--mount", f"type=bind,source={control},target={own},readonly",
-                  timeout=90)
-    except RuntimeError as e:
-        log = f"no answer: {e}"
-    (out / "control-commands.log").write_text(log)
-    after = limits()
-    relay_log = Path(MPS_DIR, MPS_RELAY_LOG)
-    refused = relay_log.read_text().count("a control command") if relay_log.exists() else 0
-    probe = next((line for line in log.splitlines() if "allocated" in line or "CUDA error" in line), "no probe line")
-    check(f"a slot task that sends set_device_pinned_mem_limit <server> 0 200G through its MPS socket is refused, "
-          f"every server keeps its ceiling, and the task gets no more than its {share} MiB",
-          before == after and all(before.values()) and "allocated" not in log and "CUDA error 2" in log and
-          "Read-only file system" in log,
-          f"servers' limits {before} -> {after}; the relay refused {refused} control connection(s); {probe}")
 
 

@@ -33,6 +33,7 @@
 #                             stand-in, with /usr/bin/cuda-probe) and the post-join check's
 #   GPU_SESSION_PYTHON        the venv with nvidia-ml-py, PyYAML and prometheus_client (pinned)
 #   CUDA_PROBE                a built bench/cuda_probe.c;  GPU_SESSION_CUDA_IMAGE  the stand-in
+#   MPS_PEER                  a built bench/mps_peer.c (static), in the stand-in image as /usr/bin/mps-peer
 #   GPU_SESSION_ENGINE        up, or down when the engine did not start
 #   GPU_SESSION_ENDS_AT       unix time at which the program's budget ends
 # In $OUT: session.log (everything printed), summary.json, session.tar.gz (kit versions as run
@@ -167,7 +168,7 @@ install_kit() {
     name=${bin##*/}
     case $name in
       nvidia-*) install -m 0755 "$bin" "$NVBIN/$name" ;;  # where the toolkit's package puts them
-      cuda-probe) ;;  # goes into images only
+      cuda-probe | mps-peer) ;;  # go into images only
       *) install -m 0755 "$bin" "$BIN/$name" ;;
     esac
     if ldd "$bin" 2>&1 | grep -q 'not found'; then missing+=" $name: $(ldd "$bin" 2>&1 | grep 'not found' | paste -sd' ');"; fi
@@ -305,7 +306,9 @@ engine_answers() { docker version --format '{{.Server.Version}}' >/dev/null 2>&1
 build_images() {
   GPU_SWARM_VERSIONS="$repo/node/versions.env" GPU_SWARM_NODE_ENV=/nonexistent GPU_SWARM_STATE="$STATE" \
     GPU_SWARM_LOG=/dev/null bash "$repo/node/build-check-image.sh" || return 1
-  bash "$repo/bench/cuda_standin.sh" "$CUDA_IMAGE" "$KITROOT/bin/cuda-probe" || return 1
+  local peer=()
+  if [ -x "$KITROOT/bin/mps-peer" ]; then peer=("$KITROOT/bin/mps-peer"); fi # a kit built before it has none
+  bash "$repo/bench/cuda_standin.sh" "$CUDA_IMAGE" "$KITROOT/bin/cuda-probe" "${peer[@]}" || return 1
   docker image ls --format '   {{.Repository}}:{{.Tag}} {{.Size}}'
   if ((NO_GPU)); then  # no GPU: a container that reserved none still goes guard -> nvidia runtime -> runc
     local said
@@ -497,6 +500,7 @@ else
   [ -z "$SETUP_FAILED" ] && step engine start_engine
   [ -z "$SETUP_FAILED" ] && step images build_images
 fi
+if [ -x "$KITROOT/bin/mps-peer" ]; then export MPS_PEER=$KITROOT/bin/mps-peer; fi # else gpu_mps.py builds one
 export GPU_SESSION_PYTHON=$PYTHON CUDA_PROBE=$KITROOT/bin/cuda-probe GPU_SESSION_CUDA_IMAGE=$CUDA_IMAGE \
   GPU_SESSION_ENGINE=$ENGINE GPU_SESSION_KIT=$KITROOT
 write_summary

@@ -7,12 +7,13 @@ What the benches run stays real: dockerd, swarm, the agent, the guard and its le
 node/gpu-swarm-mps, the exporter. What the GPU does is played by:
 - the rehearsal's stand-ins (localswarm/standins): NVML (pynvml.py) and nvidia-container-runtime,
   which gives a container the device nodes and an nvidia-smi of exactly the GPUs it asked for;
-- the rehearsal's nvidia-cuda-mps-control, which daemonizes under its own name and keeps the
-  ceiling `set_default_device_pinned_mem_limit` gave it (the rehearsal's GPU nodes run it too);
+- the rehearsal's nvidia-cuda-mps-control: the control daemon, its utility and its MPS server on the
+  recorded wire, with the failure modes measured on an H200 (the rehearsal's GPU nodes run it too);
 - written here: an nvidia-smi for the host that also answers -i, compute modes (-c, the
   rehearsal's hardware.with_compute_mode) and --query-compute-apps; a cuda-probe (bench/cuda_probe.c's
-  output) that allocates on the GPUs its container's nvidia-smi lists, within the lower of its
-  MPS daemon's ceiling and its own CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, as MPS does (FACTS), and
+  output) that allocates on the GPUs its container's nvidia-smi lists, within the lower of the
+  ceiling its MPS server gives it (a client's handshake through the task's socket, bench/mps_peer.c)
+  and its own CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, as MPS does (FACTS), and
   gets no context on an MPS GPU without its pipe (CUDA error 46 in Exclusive_Process, FACTS);
 - a "driver" thread: it finds the probes' processes in /proc and writes each GPU's compute
   processes (host pid, MiB) into the hardware file, so that NVML and nvidia-smi see who holds
@@ -62,8 +63,9 @@ sys.exit(smi_main(sys.argv[1:]))
 '''
 
 
-# Runs in the task's container (the stand-in image: busybox sh). CUDA sees the GPUs the runtime
-# gave the container; the rehearsal's runtime mounts an nvidia-smi that lists exactly those.
+# Runs in the task's container (the stand-in image: busybox sh, and mps-peer). CUDA sees the GPUs the
+# runtime gave the container; the rehearsal's runtime mounts an nvidia-smi that lists exactly those. An MPS
+# client's ceiling is what its server says, through the task's socket (the relay's): mps-peer's stand-in client.
 CUDA_PROBE = r'''#!/bin/sh
 mib=${1:-1024}
 if ! uuids=$(nvidia-smi --query-gpu=uuid --format=csv,noheader 2>/dev/null) || [ -z "$uuids" ]; then
@@ -82,9 +84,14 @@ if [ -z "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && ls -d @MPS_DIR@/*/pipe >/dev/null 2>
 fi
 limit=""
 if [ -n "${CUDA_MPS_PINNED_DEVICE_MEM_LIMIT:-}" ]; then limit=$(mib_of "$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"); fi
-ceiling=${CUDA_MPS_PIPE_DIRECTORY:+$CUDA_MPS_PIPE_DIRECTORY/pinned_mem_limit}
-if [ -n "$ceiling" ] && [ -f "$ceiling" ]; then
-  c=$(mib_of "$(cat "$ceiling")")
+if [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then
+  if ! said=$(mps-peer standin-client "$CUDA_MPS_PIPE_DIRECTORY/control"); then
+    echo "cuda-probe: cuInit(0) failed with CUDA error 46 (the MPS server did not answer: $said)" >&2
+    exit 3
+  fi
+  c=${said#limit }
+  c=${c%% *}
+  ready=${said##* in }
   if [ -z "$limit" ] || [ "$c" -lt "$limit" ]; then limit=$c; fi
 fi
 count=0
@@ -99,6 +106,8 @@ for u in $uuids; do
   echo "GPU $i: allocated $mib MiB (UUID: $u)"
   held="${held:+$held,}$u=$mib" i=$((i + 1))
 done
+echo "cuda-probe: ready in ${ready:-0 ms}"  # a stand-in's client: its handshake with the MPS server, as timed
+if [ "${2:-}" = once ]; then exit 0; fi
 trap 'exit 0' TERM INT
 export @MARK@="$held"
 sleep 2147483647 &
@@ -196,6 +205,9 @@ def write_tools(root: Path, gpus: int) -> dict[str, str]:
     from node.contract import MPS_DIR  # where the guard mounts a slot task's GPU's pipe
     (root / "cuda-probe").write_text(CUDA_PROBE.replace("@MARK@", MARK).replace("@MPS_DIR@", MPS_DIR))
     (root / "cuda-probe").chmod(0o755)
+    import subprocess  # the tasks' MPS peer, as bench/build_gpu_kit.sh builds it for a GPU machine
+    subprocess.run(["cc", "-O2", "-static", "-o", str(root / "mps-peer"), str(REPO / "bench" / "mps_peer.c")],
+                   check=True)
     hardware = root / "hardware.json"
     hardware.write_text(json.dumps({"driver": "580.159.04", "cuda": 13000, "gpus": [
         {"uuid": uuid(i), "name": "Stand-in H100", "memory_mib": MEMORY_MIB, "compute_mode": 0, "processes": []}
@@ -206,7 +218,7 @@ def write_tools(root: Path, gpus: int) -> dict[str, str]:
     path = [str(bin_dir), str(Path(engine.dockerd).parent), str(Path(engine.docker).parent), os.environ["PATH"]]
     return {**os.environ, "PATH": os.pathsep.join(path), "PYTHONPATH": str(STANDINS),
             "GPU_SWARM_REHEARSAL_HARDWARE": str(hardware), "GPU_SWARM_REHEARSAL_TOOLKIT_CONFIG": str(toolkit),
-            "CUDA_PROBE": str(root / "cuda-probe")}
+            "CUDA_PROBE": str(root / "cuda-probe"), "MPS_PEER": str(root / "mps-peer")}
 
 
 @contextlib.contextmanager
@@ -251,7 +263,7 @@ def smoke(script: str, gpus: int, *args: str, out: str | None = None, timeout: f
 
 # Timings of a stand-in runtime on a busy small machine say nothing about a GPU machine's: on
 # stand-ins these checks count as run once they were measured; every other check must pass.
-TIMED = ("cost per container start",)
+TIMED = ("cost per container start", "a neighbour's new client under", "from a stalled server to a working GPU")
 
 
 def judged(results_file: Path, returncode: int) -> int:

@@ -117,7 +117,7 @@ def fake_mps_daemon(work: Path) -> list[subprocess.Popen]:
     """Processes named as MPS's control daemon and as the relay (node/mps_relay.py), with their pid
     files where the guard looks: it checks both before a slot task starts."""
     started = []
-    for name, pid_file in (("nvidia-cuda-mps-control", f"{GPU}/pipe/nvidia-cuda-mps-control.pid"),
+    for name, pid_file in (("nvidia-cuda-mps-control", f"{GPU}/daemon.pid"),
                            ("mps_relay", MPS_RELAY_PID)):
         binary = work / name
         shutil.copy(shutil.which("sleep"), binary)

@@ -177,7 +177,15 @@ AGENT_REPORT_PATH = "/run/gpu-swarm/report.json"  # the agent's unit writes its 
 GUARD_LEDGER_PATH = "/run/gpu-swarm/gpu-claims"  # which container holds which GPU or slot: the guard (gpu_guard.py)
 # writes and reads it, under <path>.lock; the agent passes its path in runtime.env. Gone at reboot, as the holders are
 MPS_DIR = "/run/gpu-swarm/mps"  # <uuid>/pipe and <uuid>/log of each GPU's MPS control daemon: gpu-swarm-mps starts
-# them there; the watcher reads each daemon's pid file
+# them there, the pipe folder in a mount namespace of the daemon's own (outside it, an empty folder)
+MPS_DAEMON_PID = "daemon.pid"  # <MPS_DIR>/<uuid>/daemon.pid: gpu-swarm-mps names the GPU's daemon there (its own pid
+# file is in its private pipe folder); the guard, the relay and the watcher read it
+MPS_NAMESPACE = "namespace"  # <MPS_DIR>/<uuid>/namespace: the daemon's mount namespace (mnt:[inode]); what is
+# killed, by pid, when the daemon or its server is stuck (gpu-swarm-mps stop, the watcher)
+MPS_LAST_CLIENTS = "last-clients"  # <MPS_DIR>/<uuid>/last-clients: mps_relay.py writes the last tasks that got a
+# descriptor to the GPU's MPS server (OUTBCUFD), as JSON lines; the watcher names the one before a stall
+MPS_RELAY_MAX_CONNECTIONS = 4000  # task connections mps_relay.py holds at once (gpu-swarm-mps.service: LimitNOFILE)
+MPS_RELAY_PER_CONTAINER = 64  # of those, one container's (or one host cgroup's): a flood of more is closed at once
 MPS_TASK_DIR = "tasks"  # <MPS_DIR>/<uuid>/tasks/control: mps_relay.py's socket, which passes CUDA clients to the
 # daemon's pipe/control and refuses control commands; the guard mounts this folder (read-only) where a slot task's
 # CUDA_MPS_PIPE_DIRECTORY points, never the daemon's pipe

@@ -26,7 +26,7 @@ message that `docker service ps --no-trunc` shows.
 Every container start pays for this program, so it imports nothing it can do without: no re
 (UUIDs are checked by hand), no json package (whose import pulls in re, enum and more, half of
 the start-up; guard_files.py, a sibling, reads and writes the files with the C codec _json;
-guard_efa.py is loaded for EFA tasks only) and no os. The sh front imports it, so Python caches its bytecode. Stdlib only.
+guard_efa.py is loaded for EFA tasks only, guard_mounts.py on MPS nodes only) and no os. The sh front imports it, so Python caches its bytecode. Stdlib only.
 """
 
 import posix  # os without what it imports (stat, posixpath, _collections_abc): a tenth of a create
@@ -242,15 +242,28 @@ def _efa(spec: dict, env: list[str], kind: str, node_devices: str) -> str:
 
 
 def _refuse_mps_mounts(spec: dict, mps_dir: str, own_gpu: str | None) -> None:
-    """Only a slot task reaches an MPS daemon, and only its GPU's: through the mount added here, of the
-    relay's folder (mps_relay.py), never the daemon's own pipe, whose socket takes control commands."""
+    """No container reaches an MPS daemon's folder but through the one mount added here: a slot task's GPU's
+    relay folder (mps_relay.py), never the daemon's own pipe, whose sockets take control commands. Compared by
+    the real host path (guard_mounts.py): a symlink (/var/run), a bind of the folder or of one above it, the
+    folder's parents (/run/gpu-swarm, /run, /) and the host's /proc all reach it."""
+    from guard_mounts import mount_table, places, reaches, real  # MPS nodes only
     own = f"{mps_dir}/{own_gpu}/{MPS_TASK_DIR}" if own_gpu else None
+    found = None
     for mount in spec.get("mounts") or []:
-        source = _normpath(mount.get("source") or "")
-        if source and (source == mps_dir or source.startswith(mps_dir + "/")) and source != own:
-            raise Refused(f"the container mounts {source}, where the node's MPS daemons listen; only a task that "
-                          f"reserved a slot of an MPS pool reaches them, and the node mounts its GPU's for it: "
-                          f"remove the mount")
+        text = mount.get("source") or ""
+        if not text.startswith("/"):
+            continue  # proc, tmpfs, overlay: no host path
+        source = real(text)
+        if own and source == real(own):
+            continue
+        if found is None:
+            found = places(real(mps_dir), mount_table())
+        if reaches(source, found):
+            where = "" if source == _normpath(text) else f" (on the host: {source})"
+            raise Refused(f"the container mounts {text}{where}, which reaches {mps_dir}, where the node's MPS daemons "
+                          "listen (or, for /proc, every process's files): only a task that reserved a slot of an MPS "
+                          "pool reaches its GPU's daemon, through the relay folder the node mounts for it: remove "
+                          "the mount")
 
 
 def mib(text: str) -> int | None:

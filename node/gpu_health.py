@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import signal
 import sys
 import time
@@ -35,7 +36,7 @@ from gpu_detect import BadInput, DetectionFailed  # noqa: E402
 from gpu_resources import DEFAULT_KIND, default_shared_kind, validate_kind  # noqa: E402
 from health_rules import (OK, Tracker, condition_labels, ignored_xids, merge_labels, node_condition,  # noqa: E402
                           watched_uuids)
-from health_mps import check_mps  # noqa: E402
+from health_mps import RESTART, MpsWatchdog, check_mps  # noqa: E402
 from health_sources import (CAPACITY_BLOCK_DRAIN_S, CAPACITY_BLOCK_TERMINATION_S, DEFAULT_IMDS,  # noqa: E402
                             MAINTENANCE_LEAD_S, Imds, Nvml, Simulation, parse_block_end)
 from sentinel import signal_sentinel  # noqa: E402
@@ -114,7 +115,10 @@ def run(args, log, clock=time.time) -> int:
     source = Simulation(args.inventory, args.faults, log) if args.inventory else Nvml(uuids, log)
     watch_imds = args.spot or args.maintenance or args.capacity_block_end is not None
     imds = Imds(args.imds, log, args.spot, args.maintenance, block_end=args.capacity_block_end) if watch_imds else None
+    watchdog = MpsWatchdog(args.mps_dir, log, args.docker_socket, args.mps_probe_timeout, args.mps_hold,
+                           shlex.split(args.mps_restart)) if args.sharing_mode == "mps" else None
     imds_state, next_check, error, changes = OK, 0.0, None, 0
+    next_probe = 0.0  # MPS: a stuck server is found within seconds, not at the next --interval
     next_poll = 0.0  # IMDS: a notice gives two minutes, so it is asked more often than the GPUs are checked
     asked = [what for what, on in (("scheduled maintenance", args.maintenance), ("spot notices", args.spot),
                                    ("its Capacity Block's end", args.capacity_block_end is not None)) if on]
@@ -128,8 +132,11 @@ def run(args, log, clock=time.time) -> int:
                 if now >= next_check:
                     source.check(uuids, tracker, now, ignored)
                     if args.sharing_mode == "mps":
-                        check_mps(uuids, tracker, now, args.mps_dir)
+                        check_mps(uuids, tracker, now, args.mps_dir, watchdog)
                     next_check = now + args.interval
+                if watchdog and now >= next_probe:
+                    watchdog.check(uuids, tracker, now)
+                    next_probe = now + min(args.mps_probe_interval, args.interval)
                 if imds and now >= next_poll:
                     imds_state = imds.poll(now)
                     next_poll = now + min(args.imds_interval, args.interval)
@@ -152,7 +159,8 @@ def run(args, log, clock=time.time) -> int:
                       f"condition {report['condition']}: {report['reason']} gpu={report['gpu']}", flush=True)
             if args.once:
                 return 0
-            source.wait(min(next_check, next_poll if imds else next_check) - clock(), tracker, ignored, clock)
+            source.wait(min(next_check, next_poll if imds else next_check, next_probe if watchdog else next_check)
+                        - clock(), tracker, ignored, clock)
     finally:
         source.close()
 
@@ -199,6 +207,14 @@ def parse_args(argv, env=os.environ) -> argparse.Namespace:
     add("--sharing-mode", default=env.get(SHARING_MODE_ENV) or "time-slicing", choices=("time-slicing", "mps"),
         help=f"mps: also check each GPU's MPS control daemon (${SHARING_MODE_ENV})")
     add("--mps-dir", default=MPS_DIR, metavar="PATH", help=f"where the MPS daemons keep their pipes (default {MPS_DIR})")
+    add("--mps-probe-interval", type=_seconds, default="2", metavar="S",
+        help="mps: seconds between asks of each daemon whether it and its server still serve (default 2)")
+    add("--mps-probe-timeout", type=_seconds, default="3", metavar="S",
+        help="mps: an ask unanswered this long fails; two in a row make the GPU mps_server_stuck (default 3)")
+    add("--mps-hold", type=_seconds, default="60", metavar="S",
+        help="mps: a GPU found stuck stays unhealthy at least this long, so that the node is drained (default 60)")
+    add("--mps-restart", default=" ".join(RESTART), metavar="COMMAND",
+        help=f"mps: what starts a killed daemon again, in gpu-swarm-mps's own unit (default {' '.join(RESTART)})")
     add("--spot", action=argparse.BooleanOptionalAction, default=spot_env in ("1", "true", "yes"),
         help=f"watch IMDS for spot interruption and rebalance notices (${SPOT_ENV}=true)")
     add("--maintenance", action=argparse.BooleanOptionalAction, default=True,
@@ -225,8 +241,9 @@ def parse_args(argv, env=os.environ) -> argparse.Namespace:
         parser.error(f"{SPOT_ENV}={spot_env!r}: expected true or false")
     if args.faults and not args.inventory:
         parser.error("--faults needs --inventory (simulated GPUs)")
-    if args.interval <= 0 or args.imds_interval <= 0:
-        parser.error("--interval and --imds-interval must be more than 0 seconds")
+    if args.interval <= 0 or args.imds_interval <= 0 or args.mps_probe_interval <= 0 or args.mps_probe_timeout <= 0:
+        parser.error("--interval, --imds-interval, --mps-probe-interval and --mps-probe-timeout must be more than 0 "
+                     "seconds")
     return args
 
 

@@ -8,8 +8,8 @@ json package (its import pulls in re, enum and more, half of a Python create) an
 
 import posix
 
-MPS_PID_FILE = "nvidia-cuda-mps-control.pid"  # the control daemon writes it into its pipe directory
 # contract.py's, spelled again (the guard imports nothing else of ours); tests/test_node_contract.py keeps them equal:
+MPS_DAEMON_PID = "daemon.pid"  # <MPS_DIR>/<uuid>/daemon.pid: gpu-swarm-mps names the GPU's control daemon there
 MPS_TASK_DIR = "tasks"  # <MPS_DIR>/<uuid>/tasks: mps_relay.py's socket, the folder the guard mounts into a slot task
 MPS_RELAY_PID = "relay.pid"  # <MPS_DIR>/relay.pid: mps_relay.py names itself there
 CREATE_GRACE_S = 120  # a claim whose runc state is not there yet: the create is still under way
@@ -126,7 +126,7 @@ def mps_daemon_alive(mps_dir: str, gpu: str) -> bool:
     """Whether the GPU's MPS control daemon runs. Without it CUDA would run the task outside MPS,
     without its memory limit (NVIDIA's nvidia-cuda-mps-control(1)), so the task must not start."""
     try:
-        with open(f"{mps_dir}/{gpu}/pipe/{MPS_PID_FILE}", encoding="utf-8") as f:
+        with open(f"{mps_dir}/{gpu}/{MPS_DAEMON_PID}", encoding="utf-8") as f:
             pid = int(f.read().strip())
         with open(f"/proc/{pid}/comm", encoding="utf-8") as f:
             comm = f.read()

@@ -1,162 +1,261 @@
 #!/usr/bin/env python3
-"""The MPS control socket that slot tasks reach: CUDA clients pass, control commands do not.
+"""The MPS control socket that slot tasks reach: a CUDA client's exact handshake passes, one client at a time.
 
     python3 mps_relay.py MPS_DIR UUID...     (node/gpu-swarm-mps starts it after the daemons)
 
-For each GPU it listens on MPS_DIR/<uuid>/tasks/control, the only entry of the folder that the
-guard mounts into a slot task (read-only, where the task's CUDA_MPS_PIPE_DIRECTORY points), and
-relays each connection to the daemon's own MPS_DIR/<uuid>/pipe/control.
-Why: the daemon serves CUDA clients and nvidia-cuda-mps-control on the same socket, and a task
-that reached it could send `set_device_pinned_mem_limit <server> 0 200G` and raise the ceiling
-of every client of its GPU (measured on H100s, bench/results/gpu-session-2xH100-sharing/).
-What passes, as recorded on driver 580 (bench/results/gpu-mps-wire/): the socket is SOCK_SEQPACKET;
-the daemon says OUTBHELL, the peer OUTBCRED and then its kind as a 32-bit word, 2 for a CUDA client
-and 4 for nvidia-cuda-mps-control, whose command then follows. A client gets OUTBCUFD with a
-descriptor of its own connection to the MPS server, answers with one word, and closes. So the
-relay passes a task's OUTBCRED, the word 2, and words after it; anything else ends the connection
-before the daemon sees it. Every message carries its sender's credentials, as the kernel gives
-them (root may pass a peer's on), so the daemon sees the client's pid, not the relay's.
-Stdlib only: one thread per GPU and one per connection, each connection a handful of messages.
+For each GPU it listens on MPS_DIR/<uuid>/tasks/control, the only entry of the folder that the guard mounts
+into a slot task (read-only, where the task's CUDA_MPS_PIPE_DIRECTORY points), and passes CUDA clients to the
+GPU's control daemon, whose own socket takes control commands (`set_device_pinned_mem_limit <server> 0 200G`
+raised a GPU's ceiling, bench/results/gpu-session-2xH100-sharing/). The daemon's pipe folder exists only in its
+own mount namespace (gpu-swarm-mps); the relay reaches it through /proc/<pid in <uuid>/daemon.pid>/root.
+What a client sends, as recorded on driver 580 (bench/results/gpu-mps-wire/), on SOCK_SEQPACKET: the daemon
+says OUTBHELL, the peer OUTBCRED and its kind as a 32-bit word (2 for a CUDA client, 4 for
+nvidia-cuda-mps-control, whose command follows); the daemon gives a client OUTBCUFD with a descriptor of its
+connection to the MPS server, and the client answers with one word and closes. Every message carries its
+sender's credentials; the daemon sees the client's, which root may pass on.
+The daemon serves one connection at a time and waits for a peer's credentials with no timeout (measured on an
+H200), so no task's pause may reach it:
+- the relay greets a task itself and takes its whole first messages, OUTBCRED and the word 2, within
+  HANDSHAKE_S, each at most MAX_MESSAGE bytes and without descriptors, before it connects to the daemon;
+- it connects to each GPU's daemon for one client at a time, taking clients from each container in turn, so
+  that a neighbour waits for at most one exchange per other busy container; the daemon has DAEMON_S to answer,
+  the client FINAL_S for its last word after its descriptor;
+- a container (a cgroup: the host's processes too) holds at most MPS_RELAY_PER_CONTAINER connections at once,
+  the relay MPS_RELAY_MAX_CONNECTIONS; more are closed as soon as they are accepted, so no backlog fills;
+  a full descriptor table (EMFILE) closes the newest connection, never the relay.
+What it cannot stop is MPS's own weakness: a client that takes its descriptor and never speaks on it stops
+the server (GPU-SWARM-FACTS.md). It writes who got each descriptor to <uuid>/last-clients, and the health
+watcher (health_mps.py) finds the stall, names that task and starts the daemon again.
+Stdlib only: one thread waits (selectors: epoll, no limit of 1024 descriptors) on every listening socket and
+every handshake; one thread per GPU talks to its daemon (mps_relay_daemon.py, with the wire both speak).
 """
 from __future__ import annotations
 
-import array
+import collections
+import errno
 import os
-import select
+import re
+import resource
+import selectors
 import socket
-import struct
 import sys
 import threading
+import time
 
-from contract import MPS_RELAY_PID, MPS_TASK_DIR
+from contract import MPS_RELAY_MAX_CONNECTIONS, MPS_RELAY_PER_CONTAINER, MPS_RELAY_PID, MPS_TASK_DIR
+from mps_relay_daemon import (CLIENT, CRED, CREDS, FINAL_S, LAST_KEPT, MAX_MESSAGE, UTILITY, Gpu, Refused,  # noqa: F401
+                              _close, _receive, greet, log, quiet)
 
-HELLO = b"OUTBCRED\x00"  # the peer's first message, after the daemon's OUTBHELL
-CLIENT = struct.pack("<i", 2)  # a CUDA client's kind; nvidia-cuda-mps-control's is 4
-WORD = 4  # what a client may send after its kind: one word (an 8-byte length and a command are a UI's)
-CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
-ANCILLARY = socket.CMSG_SPACE(CREDS.size) + socket.CMSG_SPACE(8 * 4)
-TIMEOUT_S = 60.0  # a client may wait this long for the daemon to start its server
-MAX_TASK_MESSAGES = 3  # OUTBCRED, the kind 2, one word: all a client sent on driver 580
-
-
-class Refused(Exception):
-    """A task's connection that is not a CUDA client's."""
+HANDSHAKE_S = float(os.environ.get("GPU_SWARM_MPS_HANDSHAKE_S", "5"))  # libcuda sends both within a millisecond
+RESERVE_FDS = 32  # besides task connections: stdio, listeners, each GPU's exchange, the spare
+_CONTAINER = re.compile(r"[0-9a-f]{64}")
 
 
-def _receive(sock: socket.socket) -> tuple[bytes, tuple[int, int, int] | None, list[int]]:
-    data, ancillary, _, _ = sock.recvmsg(65536, ANCILLARY)
-    creds, fds = None, []
-    for level, kind, body in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-            creds = CREDS.unpack(body[:CREDS.size])
-        elif level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds += array.array("i", body[: len(body) - len(body) % 4]).tolist()
-    return data, creds, fds
-
-
-def _send(sock: socket.socket, data: bytes, creds: tuple[int, int, int] | None, fds: list[int]) -> None:
-    ancillary = [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, CREDS.pack(*creds))] if creds else []
-    if fds:
-        ancillary.append((socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes()))
-    sock.sendmsg([data], ancillary)
-
-
-def check(count: int, data: bytes, fds: list[int]) -> None:
-    """The task's COUNT-th message (from 0) may pass: what a CUDA client sends, and nothing else."""
-    if fds:
+def check(count: int, data: bytes, fds: list[int], flags: int) -> None:
+    """The task's COUNT-th message (from 0) before the daemon hears of it: OUTBCRED, then the word 2."""
+    if fds or flags & socket.MSG_CTRUNC:
         raise Refused("it passed descriptors, which no client does")
-    if count >= MAX_TASK_MESSAGES:
-        raise Refused(f"it sent more than the {MAX_TASK_MESSAGES} messages a client sends")
-    if count == 0 and data != HELLO:
-        raise Refused(f"its first message is {data[:16]!r}, not a client's {HELLO!r}")
+    if flags & socket.MSG_TRUNC:
+        raise Refused(f"it sent a message of more than {MAX_MESSAGE} bytes, longer than any a client sends")
+    if count == 0 and data != CRED:
+        raise Refused(f"its first message is {data[:16]!r}, not a client's {CRED!r}")
     if count == 1 and data != CLIENT:
-        said = "nvidia-cuda-mps-control's (4): a control command" if data == struct.pack("<i", 4) else repr(data[:16])
+        said = "nvidia-cuda-mps-control's (4): a control command" if data == UTILITY else repr(data[:16])
         raise Refused(f"it is {said}, not a CUDA client (2); slot tasks may not control the daemon")
-    if count >= 2 and len(data) != WORD:
-        raise Refused(f"after its kind it sent {len(data)} bytes, not a client's one word")
+    if count >= 2:
+        raise Refused("it sent more before its descriptor than a client does")
 
 
-def relay(task: socket.socket, daemon_path: str) -> str:
-    """One task connection to the daemon; what happened, for the log. Raises Refused."""
-    peer = CREDS.unpack(task.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, CREDS.size))
-    task.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as daemon:
-        daemon.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-        daemon.settimeout(TIMEOUT_S)
-        daemon.connect(daemon_path)
-        sent = 0
-        while True:
-            ready, _, _ = select.select([task, daemon], [], [], TIMEOUT_S)
-            if not ready:
-                raise Refused(f"nothing for {TIMEOUT_S:.0f} s")
-            for source in ready:
-                data, creds, fds = _receive(source)
-                try:
-                    if not data and not fds:
-                        return f"pid {peer[0]}: {sent} messages passed"
-                    if source is task:
-                        check(sent, data, fds)
-                        sent += 1
-                        _send(daemon, data, creds or peer, [])
-                    else:
-                        _send(task, data, creds, fds)
-                finally:
-                    for fd in fds:
-                        os.close(fd)
-
-
-def _serve_one(task: socket.socket, daemon_path: str, gpu: str) -> None:
-    with task:
-        try:
-            relay(task, daemon_path)
-        except Refused as e:
-            print(f"mps-relay {gpu}: refused a connection: {e}", file=sys.stderr, flush=True)
-        except OSError as e:
-            print(f"mps-relay {gpu}: a connection ended: {e}", file=sys.stderr, flush=True)
-
-
-def listen(path: str) -> socket.socket:
+def peer_of(pid: int) -> tuple[str, str | None]:
+    """(the cgroup that counts as one container, the container's id when it is one) of a peer's process."""
     try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    server.bind(path)
-    os.chmod(path, 0o666)  # as the daemon's own control socket: any user's client may connect
-    server.listen(128)
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as f:
+            text = f.read().strip()
+    except OSError:
+        text = f"pid {pid}"  # gone already: counted alone, and closed soon
+    found = _CONTAINER.search(text)
+    return text, found[0] if found else None
+
+
+class Connection:
+    def __init__(self, sock: socket.socket, gpu: "Gpu", pid: int, creds: tuple[int, int, int]):
+        self.sock, self.gpu, self.pid, self.creds = sock, gpu, pid, creds
+        self.peer, self.container = peer_of(pid)
+        self.messages: list[tuple[bytes, tuple[int, int, int]]] = []
+        self.deadline = time.monotonic() + HANDSHAKE_S
+
+    def who(self) -> str:
+        return f"pid {self.pid}" + (f", container {self.container[:12]}" if self.container else "")
+
+
+class Counts:
+    """Open task connections, per cgroup and in all: the caps."""
+
+    def __init__(self, most: int, per_container: int):
+        self.most, self.per_container = most, per_container
+        self.by_peer: collections.Counter = collections.Counter()
+        self.lock = threading.Lock()
+
+    def take(self, peer: str) -> str | None:
+        with self.lock:
+            if sum(self.by_peer.values()) >= self.most:
+                return f"the relay holds {self.most} connections already (MPS_RELAY_MAX_CONNECTIONS)"
+            if self.by_peer[peer] >= self.per_container:
+                return f"its container holds {self.per_container} connections already (MPS_RELAY_PER_CONTAINER)"
+            self.by_peer[peer] += 1
+            return None
+
+    def give_back(self, peer: str) -> None:
+        with self.lock:
+            self.by_peer[peer] -= 1
+            if self.by_peer[peer] <= 0:
+                del self.by_peer[peer]
+
+
+class Relay:
+    """Every GPU's listening socket and the handshakes before the daemon, in one thread."""
+
+    def __init__(self, mps_dir: str, gpus: list[str], most: int, per_container: int):
+        self.counts = Counts(most, per_container)
+        self.selector = selectors.DefaultSelector()
+        self.gpus = [Gpu(mps_dir, uuid, self.counts) for uuid in gpus]
+        self.handshakes: dict[int, Connection] = {}
+        self.spare = os.open(os.devnull, os.O_RDONLY)  # given up to accept (and close) one when the table is full
+        for gpu in self.gpus:
+            folder = f"{mps_dir}/{gpu.uuid}/{MPS_TASK_DIR}"
+            os.makedirs(folder, mode=0o755, exist_ok=True)
+            self.selector.register(listen(folder), selectors.EVENT_READ, gpu)
+
+    def serve(self) -> None:
+        for gpu in self.gpus:
+            threading.Thread(target=gpu.run, daemon=True, name=gpu.uuid).start()
+        while True:
+            for key, _ in self.selector.select(timeout=0.5):
+                if isinstance(key.data, Gpu):
+                    self.accept(key.fileobj, key.data)
+                else:
+                    self.read(key.data)
+            now = time.monotonic()
+            for conn in [c for c in self.handshakes.values() if c.deadline < now]:
+                self.end(conn, f"it sent no client's handshake within {HANDSHAKE_S:g} s")
+
+    def accept(self, listener: socket.socket, gpu: Gpu) -> None:
+        for _ in range(256):  # then the others' turn
+            try:
+                sock, _ = listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as e:
+                if e.errno not in (errno.EMFILE, errno.ENFILE):
+                    raise
+                os.close(self.spare)  # one descriptor, to take the newest connection off the backlog and close it
+                try:
+                    listener.accept()[0].close()
+                except OSError:
+                    pass
+                self.spare = os.open(os.devnull, os.O_RDONLY)
+                quiet("emfile", f"{gpu.uuid}: the descriptor table is full ({e.strerror}): the newest connection "
+                      "was closed; raise LimitNOFILE of gpu-swarm-mps.service")
+                return
+            pid, uid, gid = CREDS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, CREDS.size))
+            conn = Connection(sock, gpu, pid, (pid, uid, gid))
+            full = self.counts.take(conn.peer)
+            if full:
+                sock.close()
+                quiet(f"full {conn.peer}", f"{gpu.uuid}: closed a connection of {conn.who()} at once: {full}")
+                continue
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+                greet(sock, gpu.greeting_creds())
+            except OSError:
+                sock.close()
+                self.counts.give_back(conn.peer)
+                continue
+            self.handshakes[sock.fileno()] = conn
+            self.selector.register(sock, selectors.EVENT_READ, conn)
+
+    def read(self, conn: Connection) -> None:
+        try:
+            data, creds, fds, flags = _receive(conn.sock)
+        except BlockingIOError:
+            return
+        except ConnectionResetError:  # closed with the greeting unread: an idle peer that left
+            self.end(conn, None)
+            return
+        except OSError as e:
+            self.end(conn, f"it failed: {e}")
+            return
+        _close(fds)
+        if not data and not fds:
+            self.end(conn, None)  # libcuda's first connection only looks, and closes
+            return
+        try:
+            check(len(conn.messages), data, fds, flags)
+        except Refused as e:
+            self.end(conn, str(e))
+            return
+        conn.messages.append((data, creds or conn.creds))
+        if len(conn.messages) == 2:  # the whole of what a client says before its descriptor
+            self.selector.unregister(conn.sock)
+            del self.handshakes[conn.sock.fileno()]
+            conn.gpu.put(conn)
+
+    def end(self, conn: Connection, why: str | None) -> None:
+        self.selector.unregister(conn.sock)
+        del self.handshakes[conn.sock.fileno()]
+        conn.sock.close()
+        self.counts.give_back(conn.peer)
+        if why:
+            quiet(f"{conn.gpu.uuid} {conn.peer} {why[:24]}", f"{conn.gpu.uuid}: refused {conn.who()}: {why}")
+
+
+def listen(folder: str) -> socket.socket:
+    # Through a descriptor of the folder: a socket's path must fit in 108 bytes, the folder's need not.
+    fd = os.open(folder, os.O_PATH | os.O_DIRECTORY)
+    try:
+        path = f"/proc/self/fd/{fd}/control"
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        server.bind(path)
+        os.chmod(path, 0o666)  # as the daemon's own control socket: any user's client may connect
+    finally:
+        os.close(fd)
+    server.setblocking(False)
+    server.listen(4096)  # the kernel's somaxconn caps it: the relay takes them off at once
     return server
 
 
-def serve(server: socket.socket, daemon_path: str, gpu: str) -> None:
-    while True:
-        task, _ = server.accept()
-        threading.Thread(target=_serve_one, args=(task, daemon_path, gpu), daemon=True).start()
+def descriptors() -> int:
+    """The soft limit, raised to the hard one (systemd sets both: gpu-swarm-mps.service's LimitNOFILE)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    return soft
 
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print("usage: mps_relay.py MPS_DIR UUID...", file=sys.stderr)
         return 2
-    mps_dir, gpus = argv[0], argv[1:]
-    threads = []
-    for gpu in gpus:
-        folder = f"{mps_dir}/{gpu}/{MPS_TASK_DIR}"
-        os.makedirs(folder, mode=0o755, exist_ok=True)
-        # Through descriptors of the folders: a socket's path must fit in 108 bytes, these need not.
-        tasks, pipe = (os.open(path, os.O_PATH | os.O_DIRECTORY) for path in (folder, f"{mps_dir}/{gpu}/pipe"))
-        server = listen(f"/proc/self/fd/{tasks}/control")
-        threads.append(threading.Thread(target=serve, args=(server, f"/proc/self/fd/{pipe}/control", gpu),
-                                        daemon=True))
-    for thread in threads:
-        thread.start()
+    mps_dir, gpus = os.path.abspath(argv[0]), argv[1:]
+    limit = descriptors()
+    if limit < MPS_RELAY_MAX_CONNECTIONS + RESERVE_FDS:
+        log(f"only {limit} descriptors (RLIMIT_NOFILE): past about {limit - RESERVE_FDS} connections the newest "
+            f"are closed (EMFILE); gpu-swarm-mps.service's LimitNOFILE gives {MPS_RELAY_MAX_CONNECTIONS} room")
+    relay = Relay(mps_dir, gpus, MPS_RELAY_MAX_CONNECTIONS, MPS_RELAY_PER_CONTAINER)
     tmp = f"{mps_dir}/{MPS_RELAY_PID}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(f"{os.getpid()}\n")
     os.replace(tmp, f"{mps_dir}/{MPS_RELAY_PID}")
-    print(f"mps-relay: slot tasks reach {len(gpus)} GPU(s)' daemons through {mps_dir}/<uuid>/{MPS_TASK_DIR}/control",
-          flush=True)
-    for thread in threads:
-        thread.join()
+    log(f"slot tasks reach {len(gpus)} GPU(s)' daemons through {mps_dir}/<uuid>/{MPS_TASK_DIR}/control: at most "
+        f"{MPS_RELAY_PER_CONTAINER} connections a container, {MPS_RELAY_MAX_CONNECTIONS} in all, {HANDSHAKE_S:g} s "
+        "for a client's first messages, one client at a time to each daemon")
+    relay.serve()
     return 0
 
 

@@ -26,6 +26,8 @@ NOT_BENCHES = {
     "gpu_bench.py": "what the GPU benches share (checks, their engine, jobs): gpu_e2e, gpu_mps and gpu_metrics import it",
     "gpu_mps_node.py": "the MPS bench's engine, tasks and exporter reader: gpu_mps.py imports it",
     "gpu_mps_escapes.py": "what an MPS slot task may try to get more than its share: gpu_mps.py runs it",
+    "gpu_mps_daemon.py": "what a task may try against its GPU's MPS daemon, and the watchdog: gpu_mps.py runs it",
+    "mps_peer.c": "built and run by build_gpu_kit.sh --smoke, and by gpu_mps.py's smoke (tests/test_gpu_mps_bench.py)",
     "cuda_standin.sh": "builds the stand-in CUDA image: every GPU bench's smoke runs it",
     "cuda_probe.c": "built and run by build_gpu_kit.sh --smoke (and by the kit on a GPU machine)",
 }
@@ -152,7 +154,8 @@ def test_metrics_budget_reports_each_figure():
 
 
 def test_the_kit_builds_its_cuda_probe():
-    assert "cuda-probe built, ran: exit 2" in bash("build_gpu_kit.sh", timeout=120).stdout
+    said = bash("build_gpu_kit.sh", timeout=120).stdout
+    assert "cuda-probe built, ran: exit 2" in said and "mps-peer built: mps-peer: no socket at" in said
 
 
 def test_efa_probe_runs_the_projects_detection():

@@ -208,16 +208,86 @@ def test_an_mps_slot_cannot_take_more_than_its_share(variable, value, message):
         decide(spec(f"{variable}={value}", f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={B}-s0"), **MPS)
 
 
-@pytest.mark.parametrize("source", ["/run/gpu-swarm/mps", PIPE, f"/run/gpu-swarm/mps/{A}/pipe/",
-                                    "/run/gpu-swarm/mps/../mps/x"])
-def test_only_a_slot_task_reaches_an_mps_daemon_and_only_its_gpus(source):
+# Host paths that reach the MPS folder (MPS["MPS_DIR"]), by the real path: a prefix test of the text
+# passed the parent, the /var/run symlink, /run and / (measured on an H200: a task that mounted the parent
+# raised every slot's ceiling through the daemon's control_privileged).
+REACHES = ["/run/gpu-swarm/mps", PIPE, f"/run/gpu-swarm/mps/{A}/pipe/", "/run/gpu-swarm/mps/../mps/x",
+           "//run//gpu-swarm/./mps", f"/run/gpu-swarm/mps/{A}/{guard_files.MPS_TASK_DIR}/..",
+           "/run/gpu-swarm", "/run/gpu-swarm/", "/run", "/", "/var/run", "/var/run/gpu-swarm",
+           "/var/run/gpu-swarm/mps", f"/var/run/gpu-swarm/mps/{B}/pipe", "/var/../run/gpu-swarm",
+           "/proc", "/proc/1/root", "/proc/self/root/run"]
+ELSEWHERE = ["/run/gpu-swarm-other", "/run/gpu-swarm/mpsx", "/run/gpu-swarm/gpu-claims.d", "/var", "/var/lib/x",
+             "/tmp", "/srv/data", "/var/lib/docker/containers/c0ffee/hosts", "/procs"]
+
+
+@pytest.mark.parametrize("source", REACHES)
+def test_no_mount_that_reaches_the_mps_folder_starts_whoever_asks(source):
+    assert Path("/var/run").resolve() == Path("/run"), "these rows need /var/run -> /run, as on every node"
     mounts = [{"destination": "/mps", "type": "bind", "source": source, "options": ["rbind"]}]
-    other = B if A in source else A
-    for env in ([], [f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={other}-s0"]):  # nothing reserved; another GPU's slot
+    # nothing reserved; another GPU's slot; a slot of B, the GPU whose relay folder the guard mounts
+    for env in ([], [f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={A}-s0"], [f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={B}-s0"]):
         with pytest.raises(gpu_guard.Refused, match="where the node's MPS daemons listen"):
             decide({**spec(*env), "mounts": mounts}, **MPS)
-    ok = [{"destination": "/host", "type": "bind", "source": "/run", "options": ["rbind"]}]  # a whole tree: allowed
+
+
+@pytest.mark.parametrize("source", ELSEWHERE)
+def test_mounts_elsewhere_pass(source):
+    ok = [{"destination": "/host", "type": "bind", "source": source, "options": ["rbind"]}]
     assert decide({**spec(), "mounts": ok}, **MPS)["mounts"] == ok
+
+
+def test_only_its_own_gpus_relay_folder_reaches_a_slot_task():
+    relay = f"/run/gpu-swarm/mps/{B}/{guard_files.MPS_TASK_DIR}"
+    mounts = [{"destination": "/again", "type": "bind", "source": relay, "options": ["rbind", "ro"]}]
+    assert decide({**spec(f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={B}-s1"), "mounts": mounts}, **MPS)["mounts"][0] == \
+        mounts[0]
+    for env in ([], [f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={A}-s1"]):
+        with pytest.raises(gpu_guard.Refused, match="where the node's MPS daemons listen"):
+            decide({**spec(*env), "mounts": mounts}, **MPS)
+
+
+BINDS = r"""
+import json, subprocess, sys
+sys.path.insert(0, sys.argv[2])
+import gpu_guard
+t = sys.argv[1]
+def sh(cmd):
+    subprocess.run(["sh", "-euc", cmd], check=True)
+sh(f"mkdir -p {t}/run/gpu-swarm/mps/GPU-x/pipe {t}/srv/gs {t}/srv2/b {t}/p {t}/vol/_data {t}/other {t}/run/gpu-swarm-x"
+   f" && mount --bind {t}/run/gpu-swarm {t}/srv/gs && mount --bind {t}/srv/gs {t}/srv2/b"
+   f" && mount --bind {t}/run/gpu-swarm/mps/GPU-x/pipe {t}/p && mount --bind {t}/run {t}/vol/_data"
+   f" && ln -s run/gpu-swarm {t}/link && ln -s ../srv2/b/mps {t}/other/deep")
+settings = {"DELEGATE": "/x", "KIND": "NVIDIA-GPU", "SHARED_KIND": "NVIDIA-GPU-SHARED", "SHARING": "mps",
+            "MPS_DIR": f"{t}/run/gpu-swarm/mps", "MPS_MEMORY_MIB": "1024", "MPS_THREAD_PERCENT": "25"}
+out = {}
+for source in sys.argv[3:]:
+    spec = {"process": {"env": []}, "mounts": [{"destination": "/m", "type": "bind", "source": t + source}]}
+    try:
+        gpu_guard.guard(spec, settings)
+        out[source] = "started"
+    except gpu_guard.Refused as e:
+        out[source] = "refused" if "where the node's MPS daemons listen" in str(e) else str(e)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("source, decided", [
+    ("/srv/gs", "refused"),  # a bind of the MPS folder's parent, where the guard sees it (the host's mount table)
+    ("/srv/gs/mps/GPU-x/pipe", "refused"),
+    ("/srv", "refused"),  # holds that bind
+    ("/srv2/b/mps", "refused"),  # a bind of the bind
+    ("/p", "refused"),  # a bind of a pipe folder: a part of the MPS folder
+    ("/vol/_data", "refused"),  # a Docker local volume of type none, o=bind, device=/run
+    ("/link/mps", "refused"),  # a symlink to it
+    ("/other/deep/GPU-x", "refused"),  # a symlink into the bind of the bind
+    ("/other", "started"), ("/run/gpu-swarm-x", "started"), ("/srv2", "refused"),
+])
+def test_a_bind_of_the_mps_folder_or_of_a_folder_above_it_is_refused_too(tmp_path, source, decided):
+    """Real binds, in a mount namespace of the test's own (the host's mount table is shared)."""
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable, "-c", BINDS,
+                           str(tmp_path), str(REPO / "node"), source], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {source: decided}
 
 
 @pytest.mark.parametrize("env, message", [

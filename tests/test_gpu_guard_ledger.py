@@ -244,7 +244,7 @@ def start_fake_mps_daemon(mps: Node, gpu: str) -> subprocess.Popen:
     daemon = subprocess.Popen([str(binary), "600"])
     pipe = mps.tmp / "mps" / gpu / "pipe"
     pipe.mkdir(parents=True, exist_ok=True)
-    (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{daemon.pid}\n")
+    (pipe.parent / "daemon.pid").write_text(f"{daemon.pid}\n")
     return daemon
 
 
@@ -292,7 +292,7 @@ def test_an_mps_slot_starts_only_while_its_gpus_daemon_and_the_relay_run(mps):
 def test_a_pid_file_left_by_a_dead_daemon_is_not_a_daemon(mps):
     pipe = mps.tmp / "mps" / A / "pipe"
     pipe.mkdir(parents=True)
-    (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{os.getpid()}\n")  # a live process, but not MPS's
+    (pipe.parent / "daemon.pid").write_text(f"{os.getpid()}\n")  # a live process, but not MPS's
     relay = start_fake_relay(mps)
     try:
         assert "the MPS control daemon of" in mps.create("c", f"{SHARED}={A}-s0").stderr

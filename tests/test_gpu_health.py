@@ -888,3 +888,97 @@ def test_no_engine_means_the_labels_alone_tell_the_fault(node):
     node.set_faults({uuid(0): {"xid": 79}})
     report, log = node.once()
     assert report["condition"] == "unhealthy" and "the labels still reach the managers" in report["sentinel"]
+
+
+# --- MPS: the watchdog's choices (its whole run: tests/test_gpu_sharing.py, on the stand-in daemon) -----
+
+import health_mps  # noqa: E402
+
+
+def test_a_stuck_server_is_named_in_its_reason_for_every_report_that_reads_reasons():
+    """The reason carries the task, so `up`'s wait (stack_tasks), `localswarm status` and the metrics name it."""
+    sys.path.insert(0, str(Path(WATCHER).parent.parent))
+    from node import stack_tasks
+    gpu = uuid(3)
+    assert health_mps.stuck_reason(gpu, "infer_infer") == f"mps_server_stuck_after_infer_infer_on_{gpu}"
+    assert health_mps.stuck_reason(gpu, None) == f"mps_server_stuck_on_{gpu}"
+    long = health_mps.stuck_reason(gpu, "s" * 200)
+    assert len(long) == 120 and long.endswith(f"_on_{gpu}")  # what condition_labels keeps, the GPU whole
+    assert rules.condition_labels("unhealthy", long, gpu, 1)["gpu-swarm.condition.reason"] == long
+    fault = stack_tasks._fault(health_mps.stuck_reason(gpu, "infer_infer"), 1)
+    assert fault["gpu"] == gpu and "(mps_server_stuck_after_infer_infer)" in stack_tasks.fault_text(fault)
+    from localswarm.placement import render_table
+    table = render_table({"nodes": [{"name": "n", "role": "worker", "state": "ready", "availability": "drain",
+                                     "condition": "unhealthy", "condition_reason": fault["reason"], "gpus": []}],
+                          "services": []})
+    assert "mps_server_stuck_after_infer_infer" in table
+
+
+def test_the_task_named_is_the_first_that_got_a_descriptor_after_the_last_answered_ask(tmp_path):
+    from tests.docker_api_stub import DockerApiStub
+    gpu, container = uuid(0), "c" * 64
+    (tmp_path / gpu).mkdir()
+    lines = [{"at": 100.0, "pid": 11, "container": None}, {"at": 205.0, "pid": 12, "container": container},
+             {"at": 206.0, "pid": 13, "container": "d" * 64}]
+    (tmp_path / gpu / "last-clients").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    logged = []
+    with DockerApiStub(tmp_path / "docker.sock") as docker:
+        docker.add({"Id": container, "Config": {"Labels": {"com.docker.swarm.service.name": "web_web"}, "Env": []}})
+        watchdog = health_mps.MpsWatchdog(str(tmp_path), logged.append, str(tmp_path / "docker.sock"))
+        watchdog.last_ok[gpu] = 200.0
+        assert watchdog.culprit(gpu) == "web_web"  # its swarm service
+        assert "2 tasks got a server descriptor since the last answered ask" in logged[0]
+        watchdog.last_ok[gpu] = 300.0  # none since: the last one before
+        assert watchdog.culprit(gpu) == "d" * 12  # a container dockerd does not know: its short id
+        watchdog.last_ok[gpu] = 0.0
+        assert watchdog.culprit(gpu) == "pid_11"  # no container: a host process
+    assert health_mps.MpsWatchdog(str(tmp_path / "none"), logged.append).culprit(gpu) is None
+
+
+def test_the_watchdog_never_kills_its_own_namespace(tmp_path):
+    """A namespace file that names this process's namespace (or init's) kills nothing."""
+    (tmp_path / "namespace").write_text(os.readlink("/proc/self/ns/mnt") + "\n")
+    assert health_mps.kill_namespace(str(tmp_path)) == []
+
+
+def test_mps_probe_settings_are_checked():
+    for flag in ("--mps-probe-interval", "--mps-probe-timeout"):
+        with pytest.raises(SystemExit):
+            health.parse_args([flag, "0"])
+    args = health.parse_args([])
+    assert (args.mps_probe_interval, args.mps_probe_timeout, args.mps_hold) == (2, 3, 60)
+    assert args.mps_restart == "systemctl reload gpu-swarm-mps.service"
+
+
+def test_the_watchdog_asks_a_daemon_after_each_descriptor_it_handed_out_and_once_a_minute_besides(tmp_path):
+    """Each ask is four lines of the daemon's control.log in /run: every 2 s for weeks would fill the node's memory.
+    Only a client that got a server descriptor can stall the server, so that is when to ask."""
+    import tempfile
+    from tests import mps_standin
+    root = Path(tempfile.mkdtemp(prefix="wd", dir="/tmp"))
+    daemon = mps_standin.Daemon(root, uuid(0))
+    try:
+        (root / uuid(0) / "daemon.pid").write_text(f"{daemon.pid}\n")
+        daemon.control("start_server -uid 0")
+        calls = tmp_path / "calls"
+        utility = tmp_path / "utility"
+        utility.write_text(f"#!/bin/sh\necho x >>{calls}\nexec {daemon.script} \"$@\"\n")
+        utility.chmod(0o755)
+        watchdog = health_mps.MpsWatchdog(str(root), print, utility=str(utility))
+        tracker = rules.Tracker(300)
+        asked = lambda: len(calls.read_text().splitlines()) if calls.exists() else 0  # noqa: E731
+        watchdog.check([uuid(0)], tracker, 1000)
+        assert asked() == 2 and not watchdog.stuck  # its server, and the server's ceiling
+        watchdog.check([uuid(0)], tracker, 1002)
+        assert asked() == 2  # nothing handed out since: not asked
+        (root / uuid(0) / "last-clients").write_text('{"at": 1, "pid": 1}\n')  # the relay handed one out
+        watchdog.check([uuid(0)], tracker, 1004)
+        assert asked() == 4
+        watchdog.check([uuid(0)], tracker, 1006)
+        assert asked() == 4
+        watchdog.check([uuid(0)], tracker, 1004 + health_mps.BACKSTOP_S)
+        assert asked() == 6
+    finally:
+        daemon.kill()
+        import shutil
+        shutil.rmtree(root, ignore_errors=True)

@@ -12,6 +12,7 @@ import re
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -209,10 +210,14 @@ fi
 if [ "${1:-}" = --run ]; then while :; do sleep 0.1; done; fi
 read -r command
 echo "command $command pipe=$CUDA_MPS_PIPE_DIRECTORY" >>"$FAKE_CALLS"
+if [ "$command" = quit ] && [ -n "${FAKE_MPS_STUCK:-}" ]; then sleep 3600; fi  # a stuck server: quit never returns
 if [ "$command" = quit ]; then kill "$(cat "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid")"; fi
 """
 FAKE_SMI = f"""
-case "$*" in --query-gpu=uuid,memory.total*) printf '%s, %s\\n' {A} 81559 {B} 46068 ;; esac
+case "$*" in
+--query-gpu=uuid,memory.total*) printf '%s, %s\\n' {A} 81559 {B} 46068 ;;
+*--query-gpu=compute_mode*) echo "${{FAKE_FOUND_MODE:-Default}}" ;;
+esac
 """
 
 
@@ -234,7 +239,7 @@ def mps(node: ShellNode, action: str, **env: str) -> subprocess.CompletedProcess
 
 
 def daemon_pid(node: ShellNode, gpu: str) -> int:
-    return int((node.root / "mps" / gpu / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
+    return int((node.root / "mps" / gpu / "daemon.pid").read_text())
 
 
 def test_each_gpu_gets_its_own_exclusive_daemon_with_a_slots_ceilings_and_a_server_for_root(mps_node):
@@ -247,6 +252,10 @@ def test_each_gpu_gets_its_own_exclusive_daemon_with_a_slots_ceilings_and_a_serv
     for gpu in (A, B):
         pipe, log = mps_node.root / "mps" / gpu / "pipe", mps_node.root / "mps" / gpu / "log"
         assert stat.S_IMODE(pipe.stat().st_mode) == 0o700 and log.is_dir()
+        # the daemon's files are in its own mount namespace: outside it, its pipe folder is empty
+        assert list(pipe.iterdir()) == [] and (mps_node.root / "mps" / gpu / "namespace").read_text().startswith("mnt:")
+        assert (Path(f"/proc/{daemon_pid(mps_node, gpu)}/root") / str(pipe).lstrip("/") /
+                "nvidia-cuda-mps-control.pid").exists()
         # the mode first, then the daemon on that GPU alone, its ceilings, and only then its server:
         # a server keeps the defaults it started with, and no client can raise them
         order = [calls.index(f"nvidia-smi -i {gpu} -c EXCLUSIVE_PROCESS"),
@@ -255,7 +264,8 @@ def test_each_gpu_gets_its_own_exclusive_daemon_with_a_slots_ceilings_and_a_serv
                  calls.index(f"command set_default_active_thread_percentage {threads} pipe={pipe}"),
                  calls.index(f"command start_server -uid 0 pipe={pipe}")]
         assert order == sorted(order)
-        assert f"{gpu}: MPS daemon and server started ({pipe}), each client at most {ceiling} MiB" in done.stdout
+        assert f"{gpu}: MPS daemon and server started ({pipe}, in the daemon's own mount namespace), each client " \
+            f"at most {ceiling} MiB" in done.stdout
         assert Path(f"/proc/{daemon_pid(mps_node, gpu)}/comm").read_text().startswith("nvidia-cuda-mps")
     # then the relay, the only way a slot task reaches a daemon: a socket per GPU, where the guard mounts it
     assert "MPS relay started" in done.stdout
@@ -274,7 +284,26 @@ def test_stop_quits_every_daemon_and_gives_the_gpus_back_in_default_mode(mps_nod
     assert not any(guard_files.mps_daemon_alive(mps_dir, gpu) for gpu in (A, B))
     assert not guard_files.mps_relay_alive(mps_dir) and "MPS relay stopped" in done.stdout
     assert not list((mps_node.root / "mps").glob("*/tasks/control"))
-    assert mps_node.called()[-1] == "nvidia-smi -c DEFAULT"
+    assert mps_node.called()[-2:] == [f"nvidia-smi -i {A} -c DEFAULT", f"nvidia-smi -i {B} -c DEFAULT"]
+
+
+def test_stop_gives_each_gpu_back_the_compute_mode_start_found(mps_node):
+    assert mps(mps_node, "start", FAKE_FOUND_MODE="Exclusive_Process").returncode == 0
+    assert mps(mps_node, "start", FAKE_FOUND_MODE="Default").returncode == 0  # noted once: not what start set
+    assert mps(mps_node, "stop").returncode == 0
+    assert mps_node.called()[-2:] == [f"nvidia-smi -i {A} -c EXCLUSIVE_PROCESS", f"nvidia-smi -i {B} -c EXCLUSIVE_PROCESS"]
+
+
+def test_stop_kills_a_daemon_that_never_quits_and_still_gives_the_gpus_back(mps_node):
+    """A stuck server never lets `quit` return (measured on an H200: stop hung for 90 s, mode never restored)."""
+    assert mps(mps_node, "start").returncode == 0
+    daemons = [daemon_pid(mps_node, gpu) for gpu in (A, B)]
+    done = mps(mps_node, "stop", FAKE_MPS_STUCK="1", GPU_SWARM_MPS_QUIT_S="1")
+    assert done.returncode == 0, done.stderr
+    assert f"{A}: the MPS daemon (pid {daemons[0]}) did not quit within 1 s" in done.stdout
+    assert f"{A}: killed what was left of its MPS daemon's namespace" in done.stdout
+    assert all(not Path(f"/proc/{pid}").exists() or " Z " in Path(f"/proc/{pid}/stat").read_text() for pid in daemons)
+    assert mps_node.called()[-2:] == [f"nvidia-smi -i {A} -c DEFAULT", f"nvidia-smi -i {B} -c DEFAULT"]
 
 
 @pytest.mark.parametrize("slots", ["", "0", "1"])
@@ -295,6 +324,110 @@ def test_the_scripts_default_is_the_contracts():
     assert "mps_dir=${GPU_SWARM_MPS_DIR:-" + MPS_DIR + "}" in (REPO / "node" / "gpu-swarm-mps").read_text()
     unit = (REPO / "node" / MPS_UNIT).read_text()
     assert "Before=gpu-swarm-agent.service docker.service" in unit and "/opt/gpu-swarm/software/gpu-swarm-mps" in unit
+
+
+@pytest.fixture
+def standin_node(tmp_path):
+    """gpu-swarm-mps with the stand-in daemon and server (localswarm/standins) and the real relay."""
+    import shutil
+    import tempfile
+    from tests import mps_standin
+    made = ShellNode(tmp_path)
+    mps_standin.install(made.bin)
+    made.fake("nvidia-smi", FAKE_SMI)
+    mps_dir = Path(tempfile.mkdtemp(prefix="mps", dir="/tmp"))  # its sockets' paths under 108 bytes
+    made.env.update(GPU_SWARM_MPS_DIR=str(mps_dir), GPU_SWARM_SLOTS_PER_GPU="4", GPU_SWARM_PYTHON=sys.executable)
+    made.mps_dir = mps_dir
+    yield made
+    subprocess.run(["bash", str(REPO / "node" / "gpu-swarm-mps"), "stop"], env={**made.env, "GPU_SWARM_MPS_QUIT_S": "1"},
+                   capture_output=True)
+    shutil.rmtree(mps_dir, ignore_errors=True)
+
+
+def test_no_process_outside_a_daemons_namespace_finds_its_sockets_and_clients_pass_through_the_relay(standin_node):
+    """Container root has CAP_DAC_OVERRIDE: no file mode keeps it from a socket it can name. The pipe folder is
+    a tmpfs in the daemon's own mount namespace, which no bind of any host path reaches."""
+    from tests import mps_standin
+    done = mps(standin_node, "start")
+    assert done.returncode == 0, done.stderr + done.stdout
+    ceiling, _ = gpu_resources.mps_daemon_limits([81559, 46068], 4)
+    for gpu in (A, B):
+        folder = standin_node.mps_dir / gpu
+        assert list((folder / "pipe").iterdir()) == []  # what any host path, so any container's mount, shows
+        pid = int((folder / "daemon.pid").read_text())
+        inside = Path(f"/proc/{pid}/root") / str(folder / "pipe").lstrip("/")
+        assert stat.S_ISSOCK((inside / "control_privileged").stat().st_mode)  # there, for the node's root only
+        assert mps_standin.cuda_client(folder / "tasks" / "control") == ceiling  # through the relay
+    # a process in a mount namespace of its own that binds the whole host tree (as `-v /:/host` would): nothing
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                            f"mkdir -p /tmp/host-view-$$ && mount --rbind / /tmp/host-view-$$ && "
+                            f"ls -A /tmp/host-view-$${standin_node.mps_dir}/{A}/pipe; echo listed"],
+                           capture_output=True, text=True, timeout=30)
+    assert probe.stdout == "listed\n", probe.stdout + probe.stderr
+
+
+def test_a_client_that_comes_while_a_daemon_is_started_again_never_gets_a_server_without_its_ceiling(standin_node):
+    """A daemon starts a server for the first client it sees, with the defaults it has then. The watchdog starts
+    daemons again while the relay runs, so the relay must not pass a client before the ceilings are set."""
+    import threading
+    from tests import mps_standin
+    assert mps(standin_node, "start").returncode == 0
+    ceiling, _ = gpu_resources.mps_daemon_limits([81559, 46068], 4)
+    folder = standin_node.mps_dir / A
+    stop, got = threading.Event(), []
+
+    def clients():
+        while not stop.is_set():
+            try:
+                got.append(mps_standin.cuda_client(folder / "tasks" / "control", timeout=2))
+            except (OSError, AssertionError):
+                time.sleep(0.01)
+    threading.Thread(target=clients, daemon=True).start()
+    try:
+        for _ in range(3):  # what the watchdog does: everything in the namespace killed, then start
+            import health_mps
+            health_mps.kill_namespace(str(folder))
+            assert mps(standin_node, "start").returncode == 0
+            time.sleep(0.5)
+    finally:
+        stop.set()
+    daemon = int((folder / "daemon.pid").read_text())
+    (server,) = mps_standin.children(daemon)
+    inside = subprocess.run(["nsenter", "--target", str(daemon), "--mount", "--", str(standin_node.bin /
+                            "nvidia-cuda-mps-control")], input=f"get_device_pinned_mem_limit {server} 0\n",
+                            capture_output=True, text=True, timeout=10,
+                            env={**standin_node.env, "CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe")})
+    assert inside.stdout.strip() == f"{ceiling}M"
+    assert got and set(got) == {ceiling}, sorted(set(got))
+
+
+def test_stop_ends_a_daemon_stuck_behind_a_stalled_server_and_gives_the_gpus_back(standin_node):
+    """A client that drops its server descriptor stalls the server; `quit` then never returns (H200, 90 s)."""
+    from tests import mps_standin
+    assert mps(standin_node, "start").returncode == 0
+    folder = standin_node.mps_dir / A
+    daemon = int((folder / "daemon.pid").read_text())
+    servers = mps_standin.children(daemon)
+    mps_standin.cuda_client(folder / "tasks" / "control", drop=True)
+    done = mps(standin_node, "stop", GPU_SWARM_MPS_QUIT_S="2")
+    assert done.returncode == 0, done.stderr
+    assert f"{A}: the MPS daemon (pid {daemon}) did not quit within 2 s" in done.stdout
+    assert f"{B}: MPS daemon stopped" in done.stdout
+    assert all(mps_standin.gone(pid, 1) for pid in [daemon, *servers])
+    assert standin_node.called()[-2:] == [f"nvidia-smi -i {A} -c DEFAULT", f"nvidia-smi -i {B} -c DEFAULT"]
+
+
+def test_the_units_descriptor_limit_holds_the_relays_connections_and_a_reload_starts_what_is_missing():
+    """600 idle connections exhausted the default 1024; the watchdog restarts a daemon with a reload, in this
+    unit's cgroup (a start from the watcher's own would die with the watcher)."""
+    sys.path.insert(0, str(REPO / "node"))
+    import health_mps
+    import mps_relay
+    from contract import MPS_RELAY_MAX_CONNECTIONS
+    unit = (REPO / "node" / MPS_UNIT).read_text()
+    assert int(re.search(r"^LimitNOFILE=(\d+)$", unit, re.M)[1]) >= MPS_RELAY_MAX_CONNECTIONS + mps_relay.RESERVE_FDS
+    assert "ExecReload=/bin/bash /opt/gpu-swarm/software/gpu-swarm-mps start" in unit
+    assert health_mps.RESTART == ("systemctl", "reload", MPS_UNIT)
 
 
 @pytest.fixture
@@ -337,7 +470,7 @@ def test_a_dead_mps_daemon_makes_its_gpu_unhealthy(tmp_path):
     for n in range(2):
         (mps_dir / uuid(n) / "pipe").mkdir(parents=True)
         daemons.append(subprocess.Popen([str(binary), "600"]))
-        (mps_dir / uuid(n) / "pipe" / "nvidia-cuda-mps-control.pid").write_text(f"{daemons[-1].pid}\n")
+        (mps_dir / uuid(n) / "daemon.pid").write_text(f"{daemons[-1].pid}\n")
     relay = tmp_path / "mps_relay"  # named as node/mps_relay.py runs, its pid file where it writes it
     relay.write_bytes(Path("/bin/sleep").read_bytes())
     relay.chmod(0o755)
@@ -372,7 +505,7 @@ def test_without_the_mps_relay_every_gpu_is_unhealthy(tmp_path):
     binary.chmod(0o755)
     (mps_dir / uuid(0) / "pipe").mkdir(parents=True)
     daemon = subprocess.Popen([str(binary), "600"])
-    (mps_dir / uuid(0) / "pipe" / "nvidia-cuda-mps-control.pid").write_text(f"{daemon.pid}\n")
+    (mps_dir / uuid(0) / "daemon.pid").write_text(f"{daemon.pid}\n")
     (mps_dir / "relay.pid").write_text(f"{daemon.pid}\n")  # a pid file naming a process that is not the relay
     try:
         report, _ = watcher.once("--sharing-mode", "mps", "--mps-dir", str(mps_dir))
@@ -380,6 +513,60 @@ def test_without_the_mps_relay_every_gpu_is_unhealthy(tmp_path):
     finally:
         daemon.kill()
         daemon.wait()
+
+
+def test_a_stalled_mps_server_is_found_drained_named_and_started_again(standin_node, tmp_path):
+    """The measured stall (H200): a slot task took its server descriptor and dropped it; every later client got
+    nothing, and nothing recovered by itself. The watcher finds it within seconds, names who got the last
+    descriptor, kills daemon and server by pid, starts them again, and gives the GPU back once they serve."""
+    import threading
+    from tests import mps_standin
+    assert mps(standin_node, "start").returncode == 0
+    folder, other = standin_node.mps_dir / A, standin_node.mps_dir / B
+    relayed = folder / "tasks" / "control"
+    before = {gpu: int((standin_node.mps_dir / gpu / "daemon.pid").read_text()) for gpu in (A, B)}
+    servers = mps_standin.children(before[A])
+    (tmp_path / "watcher").mkdir()
+    watcher = WatcherNode(tmp_path / "watcher")
+    watcher.inventory.write_text(json.dumps([{**inventory_gpu(0), "uuid": A}, {**inventory_gpu(1), "uuid": B}]))
+    watcher.write_daemon({"node-generic-resources": [f"NVIDIA-GPU-SHARED={g}-s{k}" for g in (A, B) for k in range(2)]})
+    proc = subprocess.Popen([sys.executable, str(REPO / "node" / "gpu_health.py"), *watcher.sim(), "--json",
+                             "--no-maintenance", "--sharing-mode", "mps", "--mps-dir", str(standin_node.mps_dir),
+                             "--interval", "1", "--mps-probe-interval", "0.3", "--mps-probe-timeout", "1",
+                             "--mps-hold", "1", "--mps-restart", f"bash {REPO / 'node' / 'gpu-swarm-mps'} start"],
+                            env=standin_node.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reports: list[dict] = []
+    logged: list[str] = []
+    threading.Thread(target=lambda: reports.extend(json.loads(line) for line in proc.stdout), daemon=True).start()
+    threading.Thread(target=lambda: logged.extend(proc.stderr), daemon=True).start()
+
+    def seen(condition: str, after: int = 0, within: float = 30) -> dict:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            found = [r for r in reports[after:] if r["condition"] == condition]
+            if found:
+                return found[0]
+            time.sleep(0.1)
+        raise AssertionError(f"no {condition} report in {reports}; the watcher said: {''.join(logged)}")
+    try:
+        assert seen("healthy")["reason"] == "ok"
+        mps_standin.cuda_client(relayed, drop=True)  # a valid handshake, and the descriptor dropped
+        stalled = seen("unhealthy")
+        assert (stalled["reason"], stalled["gpu"]) == (f"mps_server_stuck_after_pid_{os.getpid()}_on_{A}", A)
+        assert stalled["gpus"][B] == {"condition": "healthy", "reason": "ok"}
+        back = seen("healthy", after=reports.index(stalled))
+        assert back["gpus"][A]["condition"] == "healthy"
+        after = int((folder / "daemon.pid").read_text())
+        assert after != before[A] and all(mps_standin.gone(pid, 1) for pid in [before[A], *servers])
+        assert int((other / "daemon.pid").read_text()) == before[B]  # its neighbour GPU's daemon untouched
+        ceiling, _ = gpu_resources.mps_daemon_limits([81559, 46068], 4)
+        assert mps_standin.cuda_client(relayed) == ceiling  # through the same relay, which never stopped
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    err = "".join(logged)
+    assert f"{A}: the MPS daemon or its server no longer serves" in err and "starting it again" in err, err
+    assert f"{A}: the MPS daemon and its server serve again" in err
 
 
 def test_the_mps_script_passes_shellcheck_and_is_strict():

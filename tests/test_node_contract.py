@@ -192,8 +192,10 @@ def test_the_guard_and_the_mps_script_spell_the_relays_names_as_the_contract():
     sys.path.insert(0, str(NODE))
     import guard_files
     c = node_contract
-    assert (guard_files.MPS_TASK_DIR, guard_files.MPS_RELAY_PID) == (c.MPS_TASK_DIR, c.MPS_RELAY_PID)
+    assert (guard_files.MPS_TASK_DIR, guard_files.MPS_RELAY_PID, guard_files.MPS_DAEMON_PID) == \
+        (c.MPS_TASK_DIR, c.MPS_RELAY_PID, c.MPS_DAEMON_PID)
     script = (NODE / "gpu-swarm-mps").read_text()
+    assert f'"$mps_dir/$1/{c.MPS_DAEMON_PID}"' in script and f'"$dir/{c.MPS_NAMESPACE}"' in script
     assert f'"$mps_dir/{c.MPS_RELAY_PID}"' in script and f'"$mps_dir/{c.MPS_RELAY_LOG}"' in script and f"/{c.MPS_TASK_DIR}/control" in script
     assert f'"$here/{Path(c.MPS_RELAY_PATH).name}"' in script
 

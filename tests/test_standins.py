@@ -6,8 +6,10 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -73,7 +75,7 @@ def test_every_standin_says_why_and_ships_files_that_exist():
                                            "/usr/bin/nvidia-container-runtime", "/usr/bin/nvidia-cuda-mps-control"}
 
 
-@pytest.mark.parametrize("script", ["nvidia-container-runtime", "nv-fabricmanager", "nvidia-cuda-mps-control"])
+@pytest.mark.parametrize("script", ["nvidia-container-runtime", "nv-fabricmanager"])
 def test_shell_standins_pass_shellcheck(script):
     shellcheck = require_tool("shellcheck")
     result = subprocess.run([shellcheck, str(HERE / script)], capture_output=True, text=True)
@@ -137,38 +139,113 @@ def test_machine_nvidia_smi_sets_compute_modes_which_nvml_and_queries_then_repor
     assert wrong.returncode == 2 and "compute mode PROHIBITED" in wrong.stderr
 
 
-def test_mps_control_daemonizes_under_its_name_and_keeps_its_ceiling(tmp_path):
-    pipe, log = tmp_path / "GPU-x" / "pipe", tmp_path / "GPU-x" / "log"
-    pipe.mkdir(parents=True)
-    log.mkdir()
-    script = tmp_path / "nvidia-cuda-mps-control"
-    script.write_bytes(standins.source("nvidia-cuda-mps-control"))
-    script.chmod(0o755)
-    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log),
-           "CUDA_VISIBLE_DEVICES": "GPU-x"}
+@pytest.fixture
+def mps_daemon(tmp_path):
+    from tests.mps_standin import Daemon
+    daemon = Daemon(Path(tempfile.mkdtemp(prefix="mps", dir="/tmp")))  # socket paths under 108 bytes
+    yield daemon
+    daemon.kill()
+    shutil.rmtree(daemon.pipe.parent.parent, ignore_errors=True)
 
-    def control(command: str) -> str:
-        return subprocess.run([str(script)], input=command + "\n", env=env, capture_output=True, text=True,
-                              check=True).stdout
 
-    subprocess.run([str(script), "-d"], env=env, check=True)
-    pid = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
-    try:
-        assert Path(f"/proc/{pid}/comm").read_text().startswith("nvidia-cuda-mps")  # as gpu-swarm-mps checks
-        assert control("get_server_list").strip() == str(pid)
-        control("set_default_device_pinned_mem_limit 0 7680M")
-        assert control("get_default_device_pinned_mem_limit").strip() == "7680M"
-        # the slot tasks' folder (node/contract.py's MPS_TASK_DIR) gets it too: the benches' probe reads it there
-        assert (tmp_path / "GPU-x" / "tasks" / "pinned_mem_limit").read_text().strip() == "7680M"
-        control("quit")
-        for _ in range(50):
-            if not Path(f"/proc/{pid}").exists() or " Z" in Path(f"/proc/{pid}/stat").read_text():
-                break
+def test_mps_control_daemonizes_under_its_name_and_its_server_keeps_the_ceiling_it_started_with(mps_daemon):
+    from tests.mps_standin import cuda_client, gone
+    d = mps_daemon
+    assert Path(f"/proc/{d.pid}/comm").read_text().startswith("nvidia-cuda-mps")  # as gpu-swarm-mps checks
+    assert {p.name for p in d.pipe.iterdir()} >= {"control", "control_privileged", "nvidia-cuda-mps-control.pid"}
+    d.control("set_default_device_pinned_mem_limit 0 7680M")
+    d.control("set_default_active_thread_percentage 25")
+    assert d.control("get_default_device_pinned_mem_limit 0") == "7680M"
+    assert d.control("get_server_list") == ""
+    d.control("start_server -uid 0")
+    (server,) = d.servers()
+    assert d.control("get_server_list") == str(server)
+    assert Path(f"/proc/{server}/comm").read_text().startswith("nvidia-cuda-mps")
+    assert cuda_client(d.pipe / "control") == 7680  # the server's ceiling, handed to the client
+    d.control("set_default_device_pinned_mem_limit 0 200G")  # a running server keeps the one it started with
+    assert cuda_client(d.pipe / "control") == 7680
+    d.control(f"set_device_pinned_mem_limit {server} 0 4G")  # a server's own ceiling, through the daemon
+    assert d.control(f"get_device_pinned_mem_limit {server} 0") == "4G" and cuda_client(d.pipe / "control") == 4096
+    d.control("quit")
+    assert gone(d.pid) and gone(server)
+
+
+def test_mps_control_takes_default_changes_on_control_privileged_only(mps_daemon):
+    from tests.mps_standin import ui
+    d = mps_daemon
+    assert "Insufficient privileges" in ui(d.pipe / "control", "set_default_device_pinned_mem_limit 0 200G")
+    assert d.control("get_default_device_pinned_mem_limit 0") == ""
+    assert ui(d.pipe / "control_privileged", "set_default_device_pinned_mem_limit 0 2G") == ""
+    assert d.control("get_default_device_pinned_mem_limit 0") == "2G"
+
+
+def test_mps_control_serves_one_connection_at_a_time_and_waits_for_credentials_forever(mps_daemon):
+    """As measured: one idle peer holds the daemon; pending peers past its backlog are refused at once."""
+    from tests.mps_standin import connect, cuda_client
+    d = mps_daemon
+    idle = connect(d.pipe / "control")  # connects, never speaks
+    with pytest.raises(subprocess.TimeoutExpired):
+        d.control("get_server_list", timeout=1.5)
+    pending, refused = [], 0
+    for _ in range(200):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sock.setblocking(False)
+        try:
+            sock.connect(str(d.pipe / "control"))
+            pending.append(sock)
+        except BlockingIOError:
+            refused += 1
+            sock.close()
+    assert 100 <= len(pending) <= 140 and refused == 200 - len(pending)  # the backlog: 128, give or take
+    idle.close()
+    for sock in pending:
+        sock.close()
+    deadline = time.monotonic() + 20
+    while True:  # the daemon goes on once it has accepted (and dropped) the connections that are gone
+        try:
+            assert cuda_client(d.pipe / "control") > 0
+            break
+        except BlockingIOError:  # its backlog is still full of them: a client is refused at once
+            assert time.monotonic() < deadline
             time.sleep(0.1)
-        else:
-            raise AssertionError("the stand-in daemon did not quit")
-    finally:
-        subprocess.run(["kill", str(pid)], capture_output=True)
+
+
+@pytest.mark.parametrize("how", ["drop", "mute"])
+def test_a_client_that_drops_or_never_uses_its_server_descriptor_stops_the_server_for_good(mps_daemon, how):
+    """As measured on an H200: later clients get nothing; get_server_list answers, a command that needs the
+    server blocks the daemon; killing daemon and server by pid and starting again brings it back."""
+    from tests.mps_standin import CLIENT, CRED, CUFD, HELLO, Daemon, connect, cuda_client, gone, receive
+    d = mps_daemon
+    d.control("set_default_device_pinned_mem_limit 0 4G")
+    d.control("start_server -uid 0")
+    (server,) = d.servers()
+    assert cuda_client(d.pipe / "control") == 4096
+    held = None
+    if how == "drop":
+        cuda_client(d.pipe / "control", drop=True)
+    else:  # the whole handshake, and the descriptor kept without a word
+        with connect(d.pipe / "control") as sock:
+            assert receive(sock)[0] == HELLO
+            sock.send(CRED)
+            sock.send(CLIENT)
+            data, fds = receive(sock)
+            assert data == CUFD
+            sock.send(b"\0\0\0\0")
+        held = socket.socket(fileno=fds[0])
+    with pytest.raises(OSError):
+        cuda_client(d.pipe / "control", timeout=1.5)
+    assert d.control("get_server_list") == str(server)
+    with pytest.raises(subprocess.TimeoutExpired):
+        d.control(f"get_device_pinned_mem_limit {server} 0", timeout=1.5)
+    assert "User did not send valid credentials" in (d.log / "server.log").read_text() or how == "mute"
+    d.kill()
+    assert gone(d.pid) and gone(server)
+    if held:
+        held.close()
+    again = Daemon(d.pipe.parent.parent, script=d.script)
+    again.control("set_default_device_pinned_mem_limit 0 4G")
+    assert cuda_client(again.pipe / "control") == 4096
+    again.kill()
 
 
 # --- nvidia-container-runtime ----------------------------------------------------------------

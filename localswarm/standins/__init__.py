@@ -46,9 +46,11 @@ STANDINS = (
             "and sets their compute modes there (-c, as node/gpu-swarm-mps does), which NVML then reports",
             files=("nvidia-smi", "hardware.py"), commands=("nvidia-smi",)),
     Standin("nvidia-cuda-mps-control",
-            "the driver's MPS control daemon (its compute utilities): daemonizes under its own name with the pid "
-            "file and ceilings node/gpu-swarm-mps and the guard check, so install-mps.sh, gpu-swarm-mps, its relay "
-            "(node/mps_relay.py) and the agent's MPS slots run unchanged; the GPU benches' smoke modes run it too",
+            "the driver's MPS control daemon, its utility and its server (the compute utilities): the wire recorded "
+            "on driver 580 and the failure modes measured on an H200 (one connection at a time, no credential "
+            "timeout, a server stuck by a dropped descriptor), so install-mps.sh, gpu-swarm-mps, its relay "
+            "(node/mps_relay.py), the health watcher's probe and the agent's MPS slots run unchanged; the GPU "
+            "benches' smoke modes run it too",
             files=("nvidia-cuda-mps-control",), commands=("nvidia-cuda-mps-control",)),
     Standin("nvidia-ctk 1.20.0",
             "the toolkit's CLI (no NVIDIA apt repository here); the image ships with the nvidia runtime "
