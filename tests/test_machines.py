@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from to_node import software as node_software
+
 from localswarm import machines, network, node_image, nspawn, object_store, registry
 from localswarm.host import REPO, RehearsalError
 from localswarm.standins import nvml_version
@@ -231,7 +233,8 @@ def test_standins_answer_from_the_hardware_file(fleet):
     assert on(a, "nvidia-smi -L").splitlines() == [f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {one['uuid']})",
                                                      f"GPU 1: NVIDIA H100 80GB HBM3 (UUID: {two['uuid']})"]
     assert on(a, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").splitlines()[0] == "580.159.04"
-    assert on(a, "nvidia-ctk --version").startswith("NVIDIA Container Toolkit CLI version 1.20.0")
+    pinned = node_software.min_versions()["TOOLKIT_VERSION"]
+    assert on(a, "nvidia-ctk --version").startswith(f"NVIDIA Container Toolkit CLI version {pinned}")
     run = f"docker run --rm --runtime nvidia -e NVIDIA_VISIBLE_DEVICES={{}} {CUDA} sh -c 'nvidia-smi -L; ls /dev'"
     out = on(a, run.format(two["uuid"])).split("\n")
     assert out[0] == f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {two['uuid']})"

@@ -20,7 +20,7 @@ from to_node import commands as node_commands
 from to_node import software as node_software
 from components.cloud_config import render_cloud_config
 from components.remote import as_root
-from localswarm import engine, local_cloud, machines, network, nspawn, object_store, program, ssh
+from localswarm import engine, fake_imds, local_cloud, machines, network, nspawn, object_store, program, ssh
 from to_node.software import NodeRelease
 from tests.rehearsal_tools import cli, cli_json, require_engine, tasks_of
 
@@ -270,6 +270,10 @@ def test_a_failed_first_boot_fails_its_wait_with_the_nodes_log_and_the_next_wait
     key = tmp_path / "id"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     index = 200
+    # As EC2 launches it from the program's arguments: IMDSv2 required (its first step checks that).
+    fake_imds.register(fake_imds.RECORDS, network.node_addr(index), {
+        "instance-id": "i-boottest", "user-data": "", "metadataOptions": {
+            "httpTokens": "required", "httpPutResponseHopLimit": 1, "httpEndpoint": "enabled"}})
     m = machines.launch("lsw-boot-test", index, user_data=render_cloud_config(release),
                         meta_data={"instance-id": "i-boottest", "local-hostname": "boot-test",
                                    "public-keys": [(tmp_path / "id.pub").read_text().strip()]},
@@ -292,6 +296,7 @@ def test_a_failed_first_boot_fails_its_wait_with_the_nodes_log_and_the_next_wait
         assert timings["fetch-bundle"]["status"] == "done" and timings["install-gpu-agent"]["status"] == "done"
     finally:
         machines.terminate(m)
+        fake_imds.unregister(fake_imds.RECORDS, m.address)
         shutil.rmtree(object_store.object_path(bucket, "x").parent, ignore_errors=True)
 
 
