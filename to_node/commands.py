@@ -14,8 +14,8 @@ from settings.config_checks import LINUX_USER_RE, public_key_problem  # one copy
 from swarm.gpu_kind import validate_kind
 from swarm.script import quote, script
 
-from swarm.node_contract import (CLOUD_INIT_LOG, CLOUD_INIT_RESULT, CLOUD_INIT_STATUS, DOCKER_DAEMON_JSON,  # noqa: E402
-                                 INSTALL_UNIT)
+from swarm.node_contract import (CLOUD_INIT_LOG, CLOUD_INIT_RESULT, CLOUD_INIT_STATUS, COST_ENV_PATH,  # noqa: E402
+                                 DOCKER_DAEMON_JSON, INSTALL_UNIT)
 
 # Written when a failed first boot has been reported: the next `pulumi up` retries the install.
 BOOT_FAILURE_REPORTED = f"{STATE_DIR}/boot-failure-reported"
@@ -228,15 +228,24 @@ def upgrade(new: NodeRelease, *, expected_gpus: int, timeout_s: int = 2700, root
     )
 
 
-def health_settings(env: dict[str, str], root: str = "") -> str:
-    """On the node, as root: write health.env and restart the health services that run, if it changed.
+def health_settings(env: dict[str, str], root: str = "", price: dict[str, str] | None = None) -> str:
+    """On the node, as root: write health.env and restart the health services that run, if it changed; and on a
+    GPU node (price: to_node/software.py price_env) cost.env, which the metrics exporter reads again when it
+    changes, so a new price restarts nothing.
 
-    Prints "changed" or "unchanged". The services read it at start; one not installed yet
-    (a node still in its first boot) starts with it later.
+    Prints "changed" or "unchanged" for health.env, after "price changed" or "price unchanged". The services
+    read it at start; one not installed yet (a node still in its first boot) starts with it later.
     """
     path = quote(root + HEALTH_ENV_PATH)
+    cost = quote(root + COST_ENV_PATH)
+    price_lines = [] if price is None else [
+        f"cat >{cost}.new <<'COST_ENV'\n{env_text(price)}COST_ENV",
+        f"if cmp -s {cost}.new {cost}; then rm -f {cost}.new; echo 'price unchanged'; "
+        f"else mv {cost}.new {cost}; echo 'price changed'; fi",
+    ]
     return script(
         f'mkdir -p "$(dirname {path})"',
+        *price_lines,
         f"cat >{path}.new <<'HEALTH_ENV'\n{env_text(env)}HEALTH_ENV",
         f"if cmp -s {path}.new {path}; then rm -f {path}.new; echo unchanged; exit 0; fi",
         f"mv {path}.new {path}",
