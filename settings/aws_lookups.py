@@ -276,7 +276,8 @@ class NoPrice(LookupError):
 def _price_error(exc: Exception, no_price: str) -> Exception:
     """NoPrice when the provider's words (in any line: the bridge puts the reason under "1 error occurred:")
     say AWS has none, PermissionMissing for an AccessDenied, else a LookupError with the whole text."""
-    words = " ".join(str(exc).split())
+    words = re.sub(r"(invoke of|invocation of|invoking) [\w:/]+( failed| returned an error)?: |1 error occurred: \* ",
+                   "", " ".join(str(exc).split()))  # the SDK's and the bridge's wrapping, which says nothing
     if no_price in words:
         return NoPrice(words[:300])
     error = _aws_error(exc)

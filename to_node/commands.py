@@ -230,22 +230,15 @@ def upgrade(new: NodeRelease, *, expected_gpus: int, timeout_s: int = 2700, root
 
 def health_settings(env: dict[str, str], root: str = "", price: dict[str, str] | None = None) -> str:
     """On the node, as root: write health.env and restart the health services that run, if it changed; and on a
-    GPU node (price: to_node/software.py price_env) cost.env, which the metrics exporter reads again when it
-    changes, so a new price restarts nothing.
+    GPU node its price (price_settings), which restarts nothing.
 
-    Prints "changed" or "unchanged" for health.env, after "price changed" or "price unchanged". The services
-    read it at start; one not installed yet (a node still in its first boot) starts with it later.
+    Prints "changed" or "unchanged" for health.env, last. The services read it at start; one not installed
+    yet (a node still in its first boot) starts with it later.
     """
     path = quote(root + HEALTH_ENV_PATH)
-    cost = quote(root + COST_ENV_PATH)
-    price_lines = [] if price is None else [
-        f"cat >{cost}.new <<'COST_ENV'\n{env_text(price)}COST_ENV",
-        f"if cmp -s {cost}.new {cost}; then rm -f {cost}.new; echo 'price unchanged'; "
-        f"else mv {cost}.new {cost}; echo 'price changed'; fi",
-    ]
     return script(
         f'mkdir -p "$(dirname {path})"',
-        *price_lines,
+        *([] if price is None else _price_lines(price, root)),
         f"cat >{path}.new <<'HEALTH_ENV'\n{env_text(env)}HEALTH_ENV",
         f"if cmp -s {path}.new {path}; then rm -f {path}.new; echo unchanged; exit 0; fi",
         f"mv {path}.new {path}",
@@ -255,6 +248,21 @@ def health_settings(env: dict[str, str], root: str = "", price: dict[str, str] |
         "done",
         "echo changed",
     )
+
+
+def price_settings(price: dict[str, str], root: str = "") -> str:
+    """On a GPU node, as root: write cost.env (to_node/software.py price_env), if it changed. The metrics exporter
+    reads it again when it changes, so a new price (spot's move every day) restarts nothing.
+
+    Prints "price changed" or "price unchanged"."""
+    return script(f'mkdir -p "$(dirname {quote(root + COST_ENV_PATH)})"', *_price_lines(price, root))
+
+
+def _price_lines(price: dict[str, str], root: str) -> list[str]:
+    cost = quote(root + COST_ENV_PATH)
+    return [f"cat >{cost}.new <<'COST_ENV'\n{env_text(price)}COST_ENV",
+            f"if cmp -s {cost}.new {cost}; then rm -f {cost}.new; echo price unchanged; "
+            f"else mv {cost}.new {cost}; echo price changed; fi"]
 
 
 def authorize_keys(user: str, keys: list[str]) -> str:
