@@ -235,3 +235,31 @@ def test_a_region_without_the_price_list_asks_it_through_a_provider_in_us_east_1
     assert provider_request.type == "pulumi:providers:aws"
     assert json.loads(json.dumps(unwrap(request_inputs(provider_request))))["region"] == "us-east-1"
     assert asked and all(p.startswith(monitor.urns["gpu-swarm-price-list"] + "::") for p in asked)
+
+
+def test_the_fake_price_list_and_spot_history_answer_as_the_providers_data_sources_do():
+    """docs/reference/aws-behaviour.md: getProduct fails unless exactly one product matches, and its result is that
+    product as JSON text; getSpotPrice fails unless exactly one price matches, and a zone has one per system."""
+    def product(**filters):
+        return fake_aws.answer("aws:pricing/getProduct:getProduct", {
+            "serviceCode": "AmazonEC2", "filters": [{"field": k, "value": v} for k, v in filters.items()]})
+    asked = {"instanceType": "p5.48xlarge", "regionCode": "us-east-1", **cost_module.ON_DEMAND_FILTERS}
+    found = json.loads(product(**asked)["result"])
+    assert found["product"]["attributes"]["instanceType"] == "p5.48xlarge" and set(found["terms"]) == {
+        "OnDemand", "Reserved"}
+    assert cost_module.on_demand_price(product(**asked)["result"], "p5.48xlarge").per_hour == 55.04
+    loose = {k: v for k, v in asked.items() if k not in ("capacitystatus", "marketoption")}
+    with pytest.raises(Exception, match="not precise enough. Returned 4 elements"):
+        product(**loose)  # capacity reserved but unused, allocated, and the Capacity Block market
+    with pytest.raises(Exception, match="did not return any elements"):
+        product(**{**asked, "instanceType": "p6-b200.48xlarge"})
+
+    def spot_price(zone, descriptions=("Linux/UNIX",)):
+        return fake_aws.answer("aws:ec2/getSpotPrice:getSpotPrice", {
+            "instanceType": "p5.48xlarge", "availabilityZone": zone,
+            "filters": [{"name": "product-description", "values": list(descriptions)}] if descriptions else None})
+    assert float(spot_price("us-east-1a")["spotPrice"]) > 0
+    with pytest.raises(Exception, match="multiple EC2 Spot Price History results"):
+        spot_price("us-east-1a", descriptions=())
+    with pytest.raises(Exception, match="no EC2 Spot Price History found"):
+        spot_price("us-east-1b")  # p5.48xlarge is offered in us-east-1a and us-east-1c only
