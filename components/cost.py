@@ -53,8 +53,7 @@ class PoolCost:
     pool: str
     instance_type: str
     market: str  # on-demand, spot, reserved or capacity-block
-    reservation: str  # the reservation or Capacity Block the nodes run in; "" for none
-    gpus: int  # per node: what shares its price on the node (components/cluster.py's node price)
+    reservation: str  # the reservation (or its group) or Capacity Block the nodes run in; "" for none
     parts: tuple[Part, ...]
 
     @property
@@ -70,12 +69,24 @@ class PoolCost:
 
 
 class PriceReader:
-    """The two lookups, each kind asked until it fails for a reason other than "no price": then once warned."""
+    """The two lookups, each price asked once, and each kind until it fails for a reason other than "no price":
+    then warned once, and not asked again."""
 
     def __init__(self, region: str, provider: pulumi.ProviderResource | None):
         self.region, self.provider = region, provider
         self.unread: dict[str, str] = {}  # kind -> why its prices could not be read
         self.now = datetime.now(timezone.utc)
+        self.read: dict[tuple[str, str], Price] = {}  # (instance type, zone or "") -> its price
+
+    def on_demand(self, instance_type: str) -> Price:
+        if (instance_type, "") not in self.read:
+            self.read[(instance_type, "")] = self._on_demand(instance_type)
+        return self.read[(instance_type, "")]
+
+    def spot(self, instance_type: str, zone: str) -> Price:
+        if (instance_type, zone) not in self.read:
+            self.read[(instance_type, zone)] = self._spot(instance_type, zone)
+        return self.read[(instance_type, zone)]
 
     def _cannot_read(self, kind: str, action: str, exc: Exception) -> str:
         why = f"{kind} prices not read: {exc}"
@@ -86,7 +97,7 @@ class PriceReader:
         self.unread[kind] = why
         return why
 
-    def on_demand(self, instance_type: str) -> Price:
+    def _on_demand(self, instance_type: str) -> Price:
         if "on-demand" in self.unread:
             return Price(None, why=self.unread["on-demand"])
         try:
@@ -98,7 +109,7 @@ class PriceReader:
             return Price(None, why=self._cannot_read("on-demand", "pricing:GetProducts", exc))
         return on_demand_price(text, instance_type)
 
-    def spot(self, instance_type: str, zone: str) -> Price:
+    def _spot(self, instance_type: str, zone: str) -> Price:
         if "spot" in self.unread:
             return Price(None, why=self.unread["spot"])
         try:
@@ -142,14 +153,14 @@ def pool_cost(pool: GpuPool, cluster_zones: tuple[str, ...], prices: PriceReader
     o = pool.options
     if o.market_type == "capacity-block":
         return PoolCost(pool.name, pool.instance_type, "capacity-block", o.capacity_reservation or "",
-                        pool.gpus_per_node, (Part("", pool.count, Price(None, why=BLOCK_PRICE)),))
+                        (Part("", pool.count, Price(None, why=BLOCK_PRICE)),))
     if o.spot:
         placed = [node_zone(pool, cluster_zones, i) for i in range(pool.count)]
         zones = pool.zones or cluster_zones
-        return PoolCost(pool.name, pool.instance_type, "spot", "", pool.gpus_per_node,
+        return PoolCost(pool.name, pool.instance_type, "spot", "",
                         tuple(Part(z, placed.count(z), prices.spot(pool.instance_type, z)) for z in zones))
     market = "reserved" if o.capacity_reservation else "on-demand"
-    return PoolCost(pool.name, pool.instance_type, market, o.capacity_reservation or "", pool.gpus_per_node,
+    return PoolCost(pool.name, pool.instance_type, market, o.capacity_reservation or "",
                     (Part("", pool.count, prices.on_demand(pool.instance_type)),))
 
 
@@ -215,7 +226,7 @@ class ClusterCost:
 def cluster_cost(s: Settings, region: str, provider: pulumi.ProviderResource | None = None) -> ClusterCost:
     """Read the prices of every pool and the managers (synchronous lookups: the preview prints them)."""
     prices = PriceReader(region, provider)
-    managers = PoolCost("managers", s.managers.instance_type, "on-demand", "", 0,
+    managers = PoolCost("managers", s.managers.instance_type, "on-demand", "",
                         (Part("", s.managers.count, prices.on_demand(s.managers.instance_type)),))
     zones = tuple(s.network.availability_zones)
     return ClusterCost(s.cluster_name, region, (managers, *(pool_cost(p, zones, prices) for p in s.gpu_pools)))
