@@ -25,6 +25,8 @@ pulumi.export("stacks", {s.name: {"file": s.file, "sha256": s.sha256, "rewrites"
                                   "warnings": list(s.info.warnings)} for s in settings.stacks})
 # Per stack, once its deploy settled: each service's tasks, and the tasks waiting for GPUs with the scheduler's reason.
 pulumi.export("stackTasks", cluster.stack_tasks)
+# What the cluster's instances cost per hour at AWS's list prices, read at this preview; `table` as it printed.
+pulumi.export("cost", cluster.cost)
 pulumi.export("monitoring", cluster.monitoring)  # the SSH tunnel to Grafana and Prometheus (monitoring: true)
 if cluster.private_key is not None:
     # Secret: `pulumi stack output privateKey --show-secrets > gpu-swarm.key && chmod 600 gpu-swarm.key`

@@ -16,6 +16,7 @@ import pulumi_aws as aws
 from to_node import software as node_software
 from components.access import Access
 from components.capacity import pool_capacity_args
+from components.cost import ClusterCost, cluster_cost, node_zone, price_list_provider
 from components.gpu_stack import GpuStack, GpuStackArgs
 from components.monitoring import Monitoring, MonitoringArgs
 from components.network import Network, NetworkArgs
@@ -69,6 +70,7 @@ class Cluster(pulumi.ComponentResource):
     node_software: pulumi.Output[dict]  # the bundle's sha256 and URL
     monitoring: pulumi.Output[dict]  # how to open Grafana and Prometheus (monitoring: true), else how to turn it on
     stack_tasks: pulumi.Output[dict]  # per stack, what its deploy saw once it settled (components/gpu_stack.py)
+    cost: dict  # what its instances cost per hour, as the preview read the prices (components/cost.py)
     private_key: pulumi.Output[str] | None  # secret; only when the key was generated here
 
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None):
@@ -78,6 +80,9 @@ class Cluster(pulumi.ComponentResource):
         self._child = pulumi.ResourceOptions(parent=self)
         self._connections: dict[tuple[str, tuple[int, int]], pulumi.Output] = {}
         self._tags = {**s.tag_map, CLUSTER_TAG: s.cluster_name}
+        # Prices first: the preview prints them, and each GPU node is told its own.
+        self._cost: ClusterCost = cluster_cost(s, aws.config.region, price_list_provider(name, aws.config.region, self))
+        pulumi.log.info("\n".join(self._cost.table()))
 
         vpc_id, subnet_ids, route_tables = self._network()
         groups = SecurityGroups(
@@ -134,7 +139,7 @@ class Cluster(pulumi.ComponentResource):
                                                            [n.name for n in managers.nodes]),
                              s.ssh_user, self._key.private_key)
         self._first_live = self._reach.to_live_manager()
-        boots = {node.name: self._boot(node) for node, _ in nodes}
+        boots = {node.name: self._boot(node, pool) for node, pool in nodes}
         swarm = SwarmInit(f"{name}-swarm", SwarmInitArgs(
             first=self._connection(first), first_live=self._connection(first),
             first_instance_id=first.instance_id, advertise_address=first.private_ip,
@@ -200,7 +205,9 @@ class Cluster(pulumi.ComponentResource):
         self.stack_tasks = pulumi.Output.all(**{n: st.tasks for n, st in gpu_stacks.items()}) if gpu_stacks \
             else pulumi.Output.from_input({})
         self.private_key = self._key.private_key if self._key.generated else None
+        self.cost = self._cost.output()
         self.register_outputs({
+            "cost": self.cost,
             "stack_tasks": self.stack_tasks,
             "vpc_id": self.vpc_id,
             "manager_public_ips": self.manager_public_ips,
@@ -252,13 +259,21 @@ class Cluster(pulumi.ComponentResource):
             made = self._connections[(node.name, budget)] = self._reach.to(node, budget)
         return made
 
-    def _boot(self, node: Node) -> NodeBoot:
+    def _boot(self, node: Node, pool: GpuPool | None) -> NodeBoot:
         kind = self._kinds[node.pool]
         return NodeBoot(f"{self._name}-boot-{node.pool}-{node.index}", NodeBootArgs(
             node=self._connection(node, BOOT), node_live=self._connection(node), instance_id=node.instance_id,
             env=kind.env,
             expected_gpus=kind.expected_gpus, access_script=self._access, health_env=self._health_env(node),
+            price_env=self._price_env(node, pool) if pool else None,
         ), opts=self._child)
+
+    def _price_env(self, node: Node, pool: GpuPool) -> dict[str, str]:
+        """A GPU node's price, its zone's for spot, for the metrics exporter to share between its GPUs."""
+        cost, price = self._cost.node_price(pool.name, node_zone(pool, self._s.network.availability_zones, node.index)
+                                            if pool.spot else "")
+        return node_software.price_env(price.per_hour, market=cost.market, date=price.date,
+                                       instance_type=pool.instance_type, gpus=pool.gpus_per_node)
 
     def _pool_image(self, name: str, pool: GpuPool) -> pulumi.Input[str]:
         """The image a GPU pool's nodes launch from: the "latest" its first `up` found, kept in an SSM parameter of

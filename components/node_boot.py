@@ -1,4 +1,4 @@
-"""One node's first boot, seen from `pulumi up`: wait for it, then who may log in and the health settings.
+"""One node's first boot, seen from `pulumi up`: wait for it, then who may log in, the health settings and the price.
 
 The node installs itself from its user data (components/cloud_config.py). Nothing here
 installs anything: the boot command only waits until cloud-init and the install it ran have
@@ -27,6 +27,8 @@ class NodeBootArgs:
     expected_gpus: int
     access_script: pulumi.Input[str]  # node_commands.authorize_keys() for the cluster's keys, as root
     health_env: dict[str, str]  # health.env: Health.node_env(), apart so that a change drains nothing
+    # cost.env on a GPU node (to_node/software.py price_env), beside health.env: a new price drains nothing either
+    price_env: dict[str, str] | None = None
 
 
 class NodeBoot(pulumi.ComponentResource):
@@ -50,10 +52,11 @@ class NodeBoot(pulumi.ComponentResource):
         after_boot = pulumi.ResourceOptions(parent=self, depends_on=[self.booted])
         command.remote.Command(f"{name}-access", connection=args.node_live, create=args.access_script, triggers=fresh,
                                opts=after_boot)
-        # The health services read it when they start; a later change restarts them and nothing else.
+        # The health services read it when they start; a later change restarts them and nothing else. A GPU
+        # node's price goes with it (one command, one connection): the exporter reads it again when it changes.
         command.remote.Command(f"{name}-health", connection=args.node_live,
-                               create=as_root(node_commands.health_settings(args.health_env)), triggers=fresh,
-                               opts=after_boot)
+                               create=as_root(node_commands.health_settings(args.health_env, price=args.price_env)),
+                               triggers=fresh, opts=after_boot)
         self.timings = self.booted.stdout.apply(parse_timings)
         self.ran_release = self.booted.stdout.apply(node_commands.ran_release)
         self.register_outputs({"timings": self.timings})

@@ -99,6 +99,10 @@ LOOKUPS: dict[str, tuple[str, ...]] = {
     "aws:cloudcontrol/getResource:getResource": ("cloudformation:GetResource", "ec2:DescribeCapacityReservations"),
     "aws:servicequotas/getServiceQuota:getServiceQuota": ("servicequotas:GetServiceQuota",
                                                           "servicequotas:GetAWSDefaultServiceQuota"),
+    # The preview's cost table (components/cost.py): on-demand prices from the Price List, which answers in
+    # us-east-1 (the program asks there), and spot prices from the spot price history. Denied, the preview warns.
+    "aws:pricing/getProduct:getProduct": ("pricing:GetProducts",),
+    "aws:ec2/getSpotPrice:getSpotPrice": ("ec2:DescribeSpotPriceHistory",),
 }
 # What every run needs: the provider asks who it is at start (its account id builds ARNs).
 ALWAYS = ("sts:GetCallerIdentity",)

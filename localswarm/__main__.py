@@ -118,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "status" and args.watch:
             return _watch(args.interval)
         result = _run(args, say)
+        if args.command == "up":
+            from localswarm import top
+            result["cost"] = top.cost_now()
         if args.command == "up" and args.monitoring:
             from localswarm import monitoring_stack, state as state_mod
             manager = next(n for n in state_mod.nodes_of(state_mod.require_state()) if n.role == "manager")
@@ -137,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     if view and "nodes" in view:
         print(render_table(view))
     if args.command == "up":
+        from localswarm.top import gpu_top
+        print("\n".join(gpu_top.render_cost(result["cost"])))
         t = result["timings"]
         print(f"\nengines ready {t['nodes_ready_s']} s, swarm formed {t['swarm_ready_s']} s, "
               f"stacks converged {t['stack_converged_s']} s")
@@ -144,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "program" and args.action == "up":
         print(f"\nthe program ran {result['commands_executed']} command(s) "
               f"({result['unchanged_commands']} unchanged) in {result['timings']['up_s']} s")
+        if result["outputs"].get("cost"):  # the preview's table, as `pulumi stack output cost` has it
+            print("\n" + "\n".join(result["outputs"]["cost"]["table"]))
         for node, steps in (result["outputs"].get("bootstrapTimings") or {}).items():
             print(f"  {node}: " + ", ".join(f"{step} {t.get('seconds')} s ({t.get('status')})"
                                            for step, t in steps.items()))

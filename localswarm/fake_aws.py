@@ -15,6 +15,7 @@ from localswarm.fake_account import (  # noqa: F401 (the account's model, where 
     ACCOUNT, ACCOUNT_ID, Account, AwsError, allocate_address, associate_address, check_tags, launch, launch_template,
     provider_delete, provider_read, put_object, request_spot, reset_account, ssm_parameter, tag)
 from components import operator_policy
+from localswarm import fake_prices
 from settings import aws_lookups
 
 REGION = "us-east-1"
@@ -285,6 +286,8 @@ ANSWERS = {
     "aws:ec2/getCapacityBlockReservation:getCapacityBlockReservation": _capacity_block,
     "aws:cloudcontrol/getResource:getResource": _cloudcontrol,
     "aws:servicequotas/getServiceQuota:getServiceQuota": _service_quota,
+    "aws:pricing/getProduct:getProduct": fake_prices.product,
+    "aws:ec2/getSpotPrice:getSpotPrice": lambda a: fake_prices.spot_price(a, OFFERED_IN, ZONES),
 }
 
 

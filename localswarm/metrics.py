@@ -6,7 +6,9 @@ a GPU node, against the node's own engine. NVML is the pynvml stand-in
 (localswarm/standins/pynvml.py), answering from the node's hardware file, which is written
 from the node's simulated GPUs. simulate_load() plays a task that uses its GPU: it records one
 of the task container's processes in that file with the memory it "allocated", and the
-exporter maps it to the task through its cgroup, as it does on a node.
+exporter maps it to the task through its cgroup, as it does on a node. Each node has a price, which
+the exporter shares between its GPUs and their tasks: the rehearsal's nodes are no EC2 instance type, so
+each GPU is priced at STANDIN_GPU_HOUR, written by the program's own script for a GPU node's price.
 """
 from __future__ import annotations
 
@@ -23,7 +25,11 @@ from localswarm.network import netns_name
 from localswarm.nodes import Node
 from localswarm.standins import hardware
 from swarm.gpu_kind import resource_env_name
-from swarm.node_contract import METRICS_PORT
+from swarm.node_contract import COST_ENV_PATH, METRICS_PORT
+from to_node.software import price_env
+
+# USD per GPU-hour of a rehearsal node: a round stand-in, about what an H100 lists at on demand.
+STANDIN_GPU_HOUR = 4.0
 
 EXPORTER = REPO / "node" / "gpu_metrics.py"
 STANDINS = REPO / "localswarm" / "standins"  # the pynvml stand-in, imported as pynvml
@@ -55,12 +61,32 @@ def _write(file: Path, description: dict) -> None:
     tmp.replace(file)  # whole: the stand-in re-reads it as soon as it changes
 
 
+def price_file(node: Node) -> Path:
+    return node.state_dir / COST_ENV_PATH.lstrip("/")
+
+
+def write_price(node: Node) -> str:
+    """The node's price file, by the program's script for a GPU node's (to_node/commands.py price_settings),
+    in real bash: "price changed" or "price unchanged"."""
+    from to_node.commands import price_settings  # its import of settings/ is the program's, and slow
+    gpus = len(json.loads(node.inventory.read_text()))
+    env = price_env(STANDIN_GPU_HOUR * gpus if gpus else None, market="on-demand", date="", gpus=gpus,
+                    instance_type="rehearsal")
+    done = subprocess.run(["bash", "-c", price_settings(env, root=str(node.state_dir))], capture_output=True,
+                          text=True, timeout=30)
+    if done.returncode != 0:
+        raise RehearsalError(f"{node.name}: its price script failed: {done.stderr.strip()[-300:]}")
+    return done.stdout.strip()
+
+
 def start_exporter(node: Node, kind: str, shared_kind: str = "") -> None:
     if _alive(_pidfile(node, "metrics"), EXPORTER.name):
         return
     write_hardware(node)
+    write_price(node)
     cmd = [sys.executable, str(EXPORTER), "--node-name", node.name, "--daemon-json", str(node.daemon_json),
-           "--docker-socket", node.sock, "--kind", kind] + (["--shared-kind", shared_kind] if shared_kind else [])
+           "--docker-socket", node.sock, "--kind", kind, "--cost-env", str(price_file(node))] + \
+        (["--shared-kind", shared_kind] if shared_kind else [])
     env = {**os.environ, "PYTHONPATH": str(STANDINS), "GPU_SWARM_REHEARSAL_HARDWARE": str(hardware_file(node))}
     # Started again a second after it exits, as Restart=always does on a node; the loop itself
     # lives in the node's namespace, so that whatever removes the node's processes ends it too.

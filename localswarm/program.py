@@ -45,7 +45,8 @@ Progress = Callable[[str], None]
 # own registry and S3 stand-in start, which a real `pulumi up` has none of to wait for.
 # tests/test_program_imports.py holds the list to what the program loads under the dev and prod stacks.
 PROGRAM_IMPORTS = ("components.cluster", "settings", "pulumi_command.remote", "pulumi_aws.cloudcontrol",
-                   "pulumi_aws.ec2", "pulumi_aws.s3", "pulumi_aws.servicequotas", "pulumi_aws.ssm", "pulumi_aws.vpc")
+                   "pulumi_aws.ec2", "pulumi_aws.pricing", "pulumi_aws.s3", "pulumi_aws.servicequotas", "pulumi_aws.ssm",
+                   "pulumi_aws.vpc")
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""`localswarm top`: node/gpu_top.py, the operator's view of every GPU and the task on it, on the rehearsal,
-and, where the monitoring stack runs, the dashboard's top panel as Prometheus answers it.
+"""`localswarm top`: node/gpu_top.py, the operator's view of every GPU and the task on it, and what each service
+and the idle GPUs cost, on the rehearsal; and, where the monitoring stack runs, the dashboard's top panel as
+Prometheus answers it.
 
 The same program an operator runs on a manager: it asks a manager's engine for the nodes and
 scrapes each node's exporter (localswarm/metrics.py runs one on every node, at the node's own
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 
 from localswarm import metrics, monitoring_stack
 from localswarm.host import CLI, REPO, RehearsalError
@@ -58,8 +60,21 @@ def dashboard_top_panel(manager) -> dict:
     if where is None:
         return {**shown, "absent": f"the monitoring stack is not running: `{CLI} up --monitoring` deploys it"}
     rows = [{"legend": legend(target.get("legendFormat", ""), r["metric"]), "value": float(r["value"][1])}
-            for r in monitoring_stack.query(where, target["expr"])]
+            for r in monitoring_stack.query(where, monitoring.as_grafana_sends(target["expr"]))]
     return {**shown, "prometheus_on": where["node"], "rows": sorted(rows, key=lambda r: r["legend"])}
+
+
+def cost_now(timeout: float = 20) -> dict:
+    """What each service and the idle GPUs cost now, as the exporters share their nodes' prices (gpu_top's
+    cost), for `up`'s report: the exporters start last, so they get up to `timeout` seconds to answer."""
+    nodes = nodes_of(require_state())
+    manager = next(n for n in nodes if n.role == "manager")
+    deadline = time.monotonic() + timeout
+    while True:
+        view = gpu_top.collect(gpu_top.swarm_nodes(manager.sock))
+        if not view["errors"] or time.monotonic() > deadline:
+            return {**view["cost"], "errors": view["errors"]}
+        time.sleep(1)
 
 
 def legend(fmt: str, labels: dict) -> str:

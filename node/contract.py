@@ -120,6 +120,16 @@ HEALTH_MAX_DRAINED_PERCENT_ENV = "HEALTH_MAX_DRAINED_PERCENT"  # drained for fau
 # extended block is a new end here, and so only a restart of the watcher.
 CAPACITY_BLOCK_END_ENV = "HEALTH_CAPACITY_BLOCK_END"
 
+# ---------------------------------------------------------------- cost.env: what the node costs
+# The program (components/cost.py, to_node/software.py price_env) writes them to COST_ENV_PATH on every GPU
+# node, as the preview priced it, with health.env; the metrics exporter reads the file again whenever it
+# changes, so a new price (spot prices move every day) restarts nothing and drains nothing.
+PRICE_ENV = "GPU_SWARM_PRICE_PER_HOUR"  # USD per hour, AWS's list price; empty: not known: the exporter reads
+PRICE_MARKET_ENV = "GPU_SWARM_PRICE_MARKET"  # on-demand, spot, reserved or capacity-block: the exporter reads
+PRICE_DATE_ENV = "GPU_SWARM_PRICE_DATE"  # when AWS set the price (RFC 3339): the exporter reads
+PRICE_INSTANCE_TYPE_ENV = "GPU_SWARM_PRICE_INSTANCE_TYPE"  # the instance type priced: the exporter reads
+PRICE_GPUS_ENV = "GPU_SWARM_PRICE_GPUS"  # the instance type's GPUs, which share its price equally: the exporter reads
+
 # ---------------------------------------------------------------- release.env: what the installer installs
 # The program writes them to RELEASE_ENV_PATH (cloud-init at first boot, an upgrade later);
 # the installer (INSTALLER_PATH) reads them.
@@ -148,6 +158,7 @@ WHEELHOUSE = f"{NODE_DIR}/wheels"  # an image may carry the venv's pinned wheels
 CONFIG_DIR = "/etc/gpu-swarm"  # the node's settings
 NODE_ENV_PATH = f"{CONFIG_DIR}/node.env"  # the program writes (see node.env above); steps and units read
 HEALTH_ENV_PATH = f"{CONFIG_DIR}/health.env"  # the program writes (see health.env above); the health units read
+COST_ENV_PATH = f"{CONFIG_DIR}/cost.env"  # the program writes (see cost.env above); the metrics exporter reads
 RELEASE_ENV_PATH = f"{CONFIG_DIR}/release.env"  # the program writes (see release.env above); the installer reads
 RUNTIME_ENV_PATH = f"{CONFIG_DIR}/runtime.env"  # the agent writes the guard's settings; gpu-swarm-runtime and
 # gpu_guard.py read it (daemon.json passes its path to the runtime)

@@ -11,7 +11,8 @@ the GPU's figures. Each task's own GPU memory and utilization come from NVML's c
 MPS clients and per-process samples, mapped to containers through their cgroups (gpu_tasks.py),
 so a sharer's series never carry a neighbour's; the MPS server is no task's. A GPU whose NVML
 calls fail reports gpu_swarm_gpu_up 0 and counts the failures in gpu_swarm_nvml_errors_total;
-the other GPUs go on.
+the other GPUs go on. Where the program told the node its price (cost.env), each GPU's cost, each
+holder's share of it and the idle rest (gpu_cost.py), in USD per hour.
 Stdlib plus pynvml (nvidia-ml-py) and prometheus_client.
 
 Exit codes: 0 stopped (SIGTERM), or --once done; 1 the port could not be opened; 2 bad input.
@@ -30,8 +31,9 @@ import time
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)  # its siblings ship beside it (tests load it by path)
-from contract import (CONDITION_GPU_LABEL, CONDITION_LABEL, CONDITION_REASON_LABEL, DOCKER_DAEMON_JSON,  # noqa: E402
-                      DOCKER_SOCKET, KIND_ENV, METRICS_PORT, SHARED_KIND_ENV)
+from contract import (CONDITION_GPU_LABEL, CONDITION_LABEL, CONDITION_REASON_LABEL, COST_ENV_PATH,  # noqa: E402
+                      DOCKER_DAEMON_JSON, DOCKER_SOCKET, KIND_ENV, METRICS_PORT, SHARED_KIND_ENV)
+from gpu_cost import COST_FAMILIES, PriceFile, add_gpu_cost, add_node_cost, slots_per_gpu  # noqa: E402
 from gpu_resources import DEFAULT_KIND, default_shared_kind, validate_kind  # noqa: E402
 from gpu_tasks import Holder, Tasks  # noqa: E402
 from health_rules import RANK, watched_uuids  # noqa: E402
@@ -66,9 +68,10 @@ class GpuCollector:
     """Reads everything at each scrape (collect); only the XID counts accumulate between scrapes."""
 
     def __init__(self, node: str, kind: str, shared_kind: str, daemon_json: str, docker_socket: str, log=print,
-                 proc: str = "/proc"):
+                 proc: str = "/proc", cost_env: str | None = None):
         self.node, self.kind, self.shared_kind, self.daemon_json, self.log = node, kind, shared_kind, daemon_json, log
         self.tasks = Tasks(kind, shared_kind, docker_socket, proc)
+        self.price = PriceFile(cost_env, log)  # no path: no cost metrics
         self.nvml: Nvml | None = None
         self.nvml_error, self.next_init = None, 0.0
         self.lock = threading.Lock()  # one scrape at a time: NVML and the caches are shared
@@ -153,9 +156,14 @@ class GpuCollector:
         nvml = self._ensure_nvml()
         rows: dict[str, list] = {}  # family name -> [(label values, value)]
         seen = set()
+        price, slots = self.price.current(), slots_per_gpu(config, self.shared_kind)
 
         def add(family, gpu_labels, value, *extra):
             rows.setdefault(family, []).append(([*gpu_labels, *extra], value))
+
+        def cost(uuid, base, holders):
+            if price:
+                add_gpu_cost(price, base, [h for h in holders if h is not FREE], slots.get(uuid, 0), add)
 
         for device, uuid, index, model, values, errors in (self._devices(nvml) if nvml else []):
             seen.add(uuid)
@@ -193,6 +201,7 @@ class GpuCollector:
                     add("condition", labels, RANK[condition[0]], *condition)
             self._task_memory(uuid, base, holders, _processes(values), add)
             self._task_utilization(uuid, base, holders, values.get("process_utilization"), add)
+            cost(uuid, base, holders)
         for uuid in advertised:  # advertised to swarm, but NVML does not list it: off the bus, or NVML is down
             if uuid not in seen:
                 index, model = self.known.get(uuid, ("", ""))
@@ -203,6 +212,9 @@ class GpuCollector:
                               holder.slot]
                     add("up", labels, 0)
                     add("errors", labels, self.errors[(uuid, what)], what)
+                cost(uuid, [uuid, index, model, self.node], self.tasks.by_gpu.get(uuid) or [])  # paid for all the same
+        if price:
+            add_node_cost(price, self.node, add)
         return self._families(rows)
 
     def _devices(self, nvml: Nvml):
@@ -294,6 +306,8 @@ class GpuCollector:
             "task_memory": ("gpu_swarm_task_memory_used_bytes", "GPU memory of the task's processes on this GPU", []),
             "task_util": ("gpu_swarm_task_utilization_percent", "Percent of the last sample period the task's "
                           "own processes ran kernels on this GPU (NVML's per-process samples)", []),
+            "task_cost": ("gpu_swarm_task_cost_dollars_per_hour", "The task's share of the GPU's price, USD per hour: "
+                          "all of it for a whole GPU, the price over the slots for a slot", []),
         }
         families = [self._gauge(name, doc, GPU_LABELS + extra, rows.get(key, []), *counter)
                     for key, (name, doc, extra, *counter) in described.items()]
@@ -304,6 +318,7 @@ class GpuCollector:
                                     "Percent of the period processes in no swarm task ran kernels (under MPS: "
                                     "what NVML gives the MPS server rather than its clients)",
                                     ["gpu", "index", "model", "node"], rows.get("untracked_util", [])))
+        families += [self._gauge(name, doc, labels, rows.get(key, [])) for key, name, doc, labels in COST_FAMILIES]
         families.append(self._gauge("gpu_swarm_exporter_nvml_up", "1 when NVML answers the exporter", ["node"],
                                     [([self.node], 1 if self.nvml else 0)]))
         families.append(self._gauge("gpu_swarm_exporter_docker_up", "1 when dockerd said which task holds which GPU",
@@ -337,6 +352,8 @@ def parse_args(argv, env=os.environ) -> argparse.Namespace:
     add("--daemon-json", default=DOCKER_DAEMON_JSON, metavar="PATH",
         help=f"the advertised GPUs and the watcher's condition (default {DOCKER_DAEMON_JSON})")
     add("--docker-socket", default=DOCKER_SOCKET, metavar="PATH", help=f"(default {DOCKER_SOCKET})")
+    add("--cost-env", default=COST_ENV_PATH, metavar="PATH",
+        help=f"the node's price, which the program writes (default {COST_ENV_PATH}; none there: no cost metrics)")
     add("--proc", default="/proc", metavar="PATH", help="where processes' cgroups are read (default /proc; "
                                                          "tests and bench/metrics_budget.py point it elsewhere)")
     add("--once", action="store_true", help="print one scrape's metrics and exit")
@@ -358,7 +375,7 @@ def main(argv=None) -> int:
     def log(message: str) -> None:
         print(f"gpu-swarm metrics: {message}", file=sys.stderr, flush=True)
     collector = GpuCollector(args.node_name, args.kind, args.shared_kind, args.daemon_json, args.docker_socket, log,
-                             args.proc)
+                             args.proc, args.cost_env)
     collector.trim = trim
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)

@@ -7,7 +7,8 @@ Run it on a manager (every node has it, as part of the node software):
 
 It asks the manager's engine for the swarm's nodes, scrapes each node's GPU metrics exporter
 (gpu_metrics.py, port 9835, open to cluster members) at once, and prints one row per GPU, or
-per slot holder of a shared GPU. No Prometheus needed. `python -m localswarm top` runs it on
+per slot holder of a shared GPU, then what each service's GPUs and the idle ones cost per hour,
+where the program told the nodes their price. No Prometheus needed. `python -m localswarm top` runs it on
 the rehearsal. Stdlib only (managers have no venv).
 
 Exit codes: 0 every GPU node answered; 1 some did not (their rows say why); 2 bad input.
@@ -29,7 +30,9 @@ from contract import DOCKER_SOCKET, METRICS_PORT, POOL_GPU_COUNT_LABEL  # noqa: 
 from gpu_tasks import DockerUnavailable, docker_get  # noqa: E402
 
 WANTED = ("gpu_swarm_gpu_up", "gpu_swarm_gpu_utilization_percent", "gpu_swarm_memory_used_bytes",
-          "gpu_swarm_memory_total_bytes", "gpu_swarm_task_memory_used_bytes", "gpu_swarm_task_utilization_percent")
+          "gpu_swarm_memory_total_bytes", "gpu_swarm_task_memory_used_bytes", "gpu_swarm_task_utilization_percent",
+          "gpu_swarm_task_cost_dollars_per_hour", "gpu_swarm_idle_cost_dollars_per_hour",
+          "gpu_swarm_node_cost_dollars_per_hour")
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*,?')
 MIB = 1024 * 1024
@@ -74,6 +77,7 @@ def rows_of(node: str, metrics: dict) -> list[dict]:
         used, total = values["gpu_swarm_memory_used_bytes"].get(k), values["gpu_swarm_memory_total_bytes"].get(k)
         task_memory = values["gpu_swarm_task_memory_used_bytes"].get(k)
         task_util = values["gpu_swarm_task_utilization_percent"].get(k)
+        task_cost = values["gpu_swarm_task_cost_dollars_per_hour"].get(k)
         rows.append({"node": labels.get("node") or node, "index": labels.get("index", ""),
                      "model": labels.get("model", ""), "gpu": labels.get("gpu", ""), "up": up == 1,
                      "utilization_percent": values["gpu_swarm_gpu_utilization_percent"].get(k),
@@ -82,8 +86,31 @@ def rows_of(node: str, metrics: dict) -> list[dict]:
                      "service": labels.get("service", ""), "task": labels.get("task", ""),
                      "slot": labels.get("slot", ""),
                      "task_memory_mib": None if task_memory is None else round(task_memory / MIB),
-                     "task_utilization_percent": task_util})
+                     "task_utilization_percent": task_util, "task_cost_per_hour": task_cost})
     return rows
+
+
+def cost_of(node: str, metrics: dict) -> dict | None:
+    """{node, per_hour, idle, services: {service: USD per hour}} of one node; None when it has no price."""
+    price = metrics.get("gpu_swarm_node_cost_dollars_per_hour")
+    if not price:
+        return None
+    services: dict[str, float] = {}
+    for labels, value in metrics.get("gpu_swarm_task_cost_dollars_per_hour", []):
+        services[labels.get("service", "")] = services.get(labels.get("service", ""), 0.0) + value
+    return {"node": price[0][0].get("node") or node, "per_hour": price[0][1], "services": services,
+            "idle": sum(v for _, v in metrics.get("gpu_swarm_idle_cost_dollars_per_hour", []))}
+
+
+def total_cost(nodes: list[dict], unpriced: list[str]) -> dict:
+    """The cluster's GPU nodes: each service's cost, the idle GPUs', and the nodes' in all, USD per hour."""
+    services: dict[str, float] = {}
+    for node in nodes:
+        for service, value in node["services"].items():
+            services[service] = services.get(service, 0.0) + value
+    return {"services": dict(sorted(services.items())), "idle": sum(n["idle"] for n in nodes),
+            "nodes": sum(n["per_hour"] for n in nodes), "priced_nodes": sorted(n["node"] for n in nodes),
+            "unpriced_nodes": sorted(unpriced)}
 
 
 def collect(nodes: list[dict], port: int = METRICS_PORT, timeout: float = 3) -> dict:
@@ -95,15 +122,21 @@ def collect(nodes: list[dict], port: int = METRICS_PORT, timeout: float = 3) -> 
         except OSError as e:
             return node, None, str(getattr(e, "reason", e))
 
-    gpus, errors = [], []
+    gpus, errors, costs, unpriced = [], [], [], []
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(nodes)))) as pool:
         for node, text, error in pool.map(ask, nodes):
             if text is not None:
-                gpus += rows_of(node["name"], parse(text))
+                metrics = parse(text)
+                gpus += rows_of(node["name"], metrics)
+                cost = cost_of(node["name"], metrics)
+                if cost:
+                    costs.append(cost)
+                else:
+                    unpriced.append(node["name"])
             elif node.get("gpu_node", True):
                 errors.append({"node": node["name"], "error": f"{node['address']}:{port}: {error}"})
     gpus.sort(key=lambda r: (r["node"], int(r["index"]) if r["index"].isdigit() else 1 << 20, r["slot"]))
-    return {"gpus": gpus, "errors": errors}
+    return {"gpus": gpus, "errors": errors, "cost": total_cost(costs, unpriced)}
 
 
 def _mib(value) -> str:
@@ -126,7 +159,22 @@ def render(view: dict) -> str:
     lines += [f"{e['node']}: no metrics ({e['error']})" for e in view["errors"]]
     lines.append("UTIL ERR: NVML could not read that GPU (see gpu_swarm_nvml_errors_total). UTIL and MEMORY are the "
                  "GPU's, for each of a shared GPU's holders; TASK MiB and TASK UTIL that task's own processes' on it.")
-    return "\n".join(lines)
+    return "\n".join(lines + render_cost(view.get("cost")))
+
+
+def render_cost(cost: dict | None) -> list[str]:
+    """What each service's GPUs and the idle ones cost, USD per hour, as the exporters share their nodes' prices."""
+    if not cost or not cost["priced_nodes"]:
+        return ["", "COST: no node has a price (the program writes each GPU node's at `pulumi up`)"] if cost else []
+    rows = [(service or "(no service)", f"{value:.4f}") for service, value in cost["services"].items()]
+    rows += [("idle GPUs", f"{cost['idle']:.4f}"), ("GPU nodes in all", f"{cost['nodes']:.4f}")]
+    width = max(len(r[0]) for r in rows)
+    lines = ["", "COST, USD per hour at the nodes' list prices (a whole GPU: its node's price over its GPUs; a slot: "
+                 "the GPU's over its slots)", f"{'SERVICE'.ljust(width)}  $/HOUR"]
+    lines += [f"{name.ljust(width)}  {value}" for name, value in rows]
+    if cost["unpriced_nodes"]:
+        lines.append(f"not priced, and not counted: {', '.join(cost['unpriced_nodes'])}")
+    return lines
 
 
 def main(argv=None) -> int:

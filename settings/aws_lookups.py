@@ -1,4 +1,4 @@
-"""Read-only AWS lookups that settings/ checks the stack configuration against.
+"""Read-only AWS lookups that settings/ checks the stack configuration against, and the prices components/cost.py reads.
 
 They are synchronous invokes, so every check runs, and fails, before the first
 resource is registered: a bad value stops `pulumi preview` with nothing created.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import pulumi
 import pulumi_aws as aws
 
 # Tags the program puts on everything it makes (components/cluster.py, node_pool.py); lookups find them by it.
@@ -260,3 +261,45 @@ def reservation_state(reservation_id: str) -> ReservationState:
     props = json.loads(result.properties or "{}")
     return ReservationState(reservation_id, str(props.get("State") or "active"), str(props.get("StartDate") or ""),
                             str(props.get("EndDate") or ""), False)
+
+
+
+# The Price List API answers in these regions only, each with every region's prices (pulumi-aws's getProduct:
+# "only available in a us-east-1 or ap-south-1 provider").
+PRICE_LIST_REGIONS = ("us-east-1", "ap-south-1")
+
+
+class NoPrice(LookupError):
+    """AWS lists no such price: the Price List has no such product, or the zone no spot price for the type."""
+
+
+def _price_error(exc: Exception, no_price: str) -> Exception:
+    """NoPrice when the provider's words (in any line: the bridge puts the reason under "1 error occurred:")
+    say AWS has none, PermissionMissing for an AccessDenied, else a LookupError with the whole text."""
+    words = re.sub(r"(invoke of|invocation of|invoking) [\w:/]+( failed| returned an error)?: |1 error occurred: \* ",
+                   "", " ".join(str(exc).split()))  # the SDK's and the bridge's wrapping, which says nothing
+    if no_price in words:
+        return NoPrice(words[:300])
+    error = _aws_error(exc)
+    return error if isinstance(error, PermissionMissing) else LookupError(words[:300])
+
+
+def price_list_product(filters: dict[str, str], provider: pulumi.ProviderResource | None = None) -> str:
+    """The one AmazonEC2 product of the Price List that every filter matches (sent as TERM_MATCH), as JSON text.
+    provider: one in a PRICE_LIST_REGIONS region, when the stack's region is none of them."""
+    try:
+        return aws.pricing.get_product(service_code="AmazonEC2",
+                                       filters=[{"field": k, "value": v} for k, v in filters.items()],
+                                       opts=pulumi.InvokeOptions(provider=provider) if provider else None).result
+    except Exception as exc:
+        raise _price_error(exc, "Pricing product query did not return any elements") from None
+
+
+def spot_price(instance_type: str, zone: str) -> tuple[str, str]:
+    """(USD per hour, when it was set, RFC 3339): the Linux spot price in effect now in `zone`."""
+    try:
+        result = aws.ec2.get_spot_price(instance_type=instance_type, availability_zone=zone,
+                                        filters=[{"name": "product-description", "values": ["Linux/UNIX"]}])
+    except Exception as exc:
+        raise _price_error(exc, "no EC2 Spot Price History found matching criteria") from None
+    return result.spot_price, result.spot_price_timestamp

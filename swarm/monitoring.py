@@ -128,6 +128,19 @@ def dashboard_panels() -> list[dict]:
     return sorted(panels, key=lambda p: (p["gridPos"]["y"], p["gridPos"]["x"]))
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def as_grafana_sends(expr: str) -> str:
+    """A panel's PromQL as Grafana sends it over the dashboard's own time range (time.from, now-3h): its
+    $__range in seconds. What `localswarm top` and the tests ask Prometheus, which knows no $__ variables."""
+    since = json.loads(DASHBOARD.read_text(encoding="utf-8"))["time"]["from"]
+    found = re.fullmatch(r"now-(\d+)([smhdw])", since)
+    if not found:
+        raise ValueError(f"{DASHBOARD.name}: time.from {since!r} is not now-<n><unit>")
+    return expr.replace("$__range", f"{int(found[1]) * _UNITS[found[2]]}s")
+
+
 def top_panel() -> dict:
     """The dashboard's top-left panel: the first thing an operator sees when it opens."""
     return dashboard_panels()[0]
@@ -139,6 +152,6 @@ def scrape_port_in_config() -> int:
     return int(re.search(r'replacement: "\$1:(\d+)"', text)[1])
 
 
-__all__ = ["COMPOSE", "DASHBOARD", "METRICS_PORT", "PORTS", "SERVICES", "bundle", "bundle_sha256",
+__all__ = ["COMPOSE", "DASHBOARD", "METRICS_PORT", "PORTS", "SERVICES", "as_grafana_sends", "bundle", "bundle_sha256",
            "dashboard_panels", "default_images", "deploy_monitoring", "image_problem", "render",
            "scrape_port_in_config", "top_panel", "tunnel_command"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import hashlib
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -73,7 +74,8 @@ class Node:
         self.monkeypatch.setenv("FAKE_PYNVML", json.dumps({"gpus": self.gpus, **getattr(self, "extra", {})}))
         if self.collector is None:
             self.collector = metrics.GpuCollector("node-1", "NVIDIA-GPU", "NVIDIA-GPU-SHARED", str(self.daemon_json),
-                                                  self.docker.sock, log=lambda m: None, proc=str(self.proc))
+                                                  self.docker.sock, log=lambda m: None, proc=str(self.proc),
+                                                  cost_env=str(self.tmp / "cost.env"))
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self.collector)
         out = {}
@@ -433,6 +435,76 @@ def test_the_node_images_wheelhouse_gets_prometheus_client_at_the_pin_from_pypi(
         node_image.pypi_wheels(download=False)
 
 
+# ---------------------------------------------------------------- what each GPU and task costs
+
+
+def priced(node, per_hour: float | None, gpus: int = 2, market: str = "spot") -> None:
+    """cost.env as the program writes it (to_node/software.py price_env, env_text)."""
+    from to_node.software import env_text, price_env
+    (node.tmp / "cost.env").write_text(env_text(price_env(per_hour, market=market, date="2026-11-30T08:15:00Z",
+                                                          instance_type="p5.4xlarge", gpus=gpus)))
+
+
+def test_the_nodes_price_is_shared_by_its_gpus_and_a_free_gpus_share_is_idle(node):
+    priced(node, 10.5)
+    node.docker.add(task_container(CID["a"], "train_worker", 1, [f"DOCKER_RESOURCE_NVIDIA-GPU={G[0]}"]))
+    got = node.scrape()
+    assert one(got["gpu_swarm_node_cost_dollars_per_hour"], node="node-1", instance_type="p5.4xlarge",
+               market="spot") == 10.5
+    assert one(got["gpu_swarm_node_price_set_timestamp_seconds"]) == 1796026500  # 2026-11-30T08:15:00Z
+    assert one(got["gpu_swarm_gpu_cost_dollars_per_hour"], gpu=G[0]) == one(
+        got["gpu_swarm_gpu_cost_dollars_per_hour"], gpu=G[1]) == 5.25
+    assert one(got["gpu_swarm_task_cost_dollars_per_hour"], gpu=G[0], service="train_worker",
+               container=CID["a"][:12], slot="") == 5.25
+    assert [l["gpu"] for l, _ in got["gpu_swarm_task_cost_dollars_per_hour"]] == [G[0]]  # a free GPU has no task
+    assert one(got["gpu_swarm_idle_cost_dollars_per_hour"], gpu=G[0]) == 0
+    assert one(got["gpu_swarm_idle_cost_dollars_per_hour"], gpu=G[1]) == 5.25
+
+
+def test_a_slot_pays_its_gpus_price_over_the_slots_and_holders_and_idle_add_up_to_the_node(node):
+    priced(node, 12.0)
+    node.advertise([])
+    node.daemon_json.write_text(json.dumps({"node-generic-resources": [
+        *(f"NVIDIA-GPU-SHARED={G[0]}-s{k}" for k in range(4)), *(f"NVIDIA-GPU-SHARED={G[1]}-s{k}" for k in range(4))]}))
+    for name, service, slot in (("a", "infer_embed", f"{G[0]}-s0"), ("b", "infer_rank", f"{G[0]}-s1"),
+                                ("c", "infer_embed", f"{G[0]}-s3"), ("d", "infer_rank", f"{G[1]}-s2")):
+        node.docker.add(task_container(CID[name], service, 1, [f"DOCKER_RESOURCE_NVIDIA-GPU-SHARED={slot}"]))
+    got = node.scrape()
+    tasks = got["gpu_swarm_task_cost_dollars_per_hour"]
+    assert sorted((l["gpu"], l["slot"], v) for l, v in tasks) == [
+        (G[0], f"{G[0]}-s0", 1.5), (G[0], f"{G[0]}-s1", 1.5), (G[0], f"{G[0]}-s3", 1.5), (G[1], f"{G[1]}-s2", 1.5)]
+    assert one(got["gpu_swarm_idle_cost_dollars_per_hour"], gpu=G[0]) == 1.5
+    assert one(got["gpu_swarm_idle_cost_dollars_per_hour"], gpu=G[1]) == 4.5
+    by_service = {}
+    for labels, value in tasks:
+        by_service[labels["service"]] = by_service.get(labels["service"], 0) + value
+    assert by_service == {"infer_embed": 3.0, "infer_rank": 3.0}
+    idle = sum(v for _, v in got["gpu_swarm_idle_cost_dollars_per_hour"])
+    assert sum(by_service.values()) + idle == one(got["gpu_swarm_node_cost_dollars_per_hour"]) == 12.0
+
+
+def test_a_new_price_is_read_at_the_next_scrape_and_no_price_means_no_cost_series(node):
+    got = node.scrape()  # no cost.env: a node the program has not priced (yet)
+    assert "gpu_swarm_node_cost_dollars_per_hour" not in got and "gpu_swarm_idle_cost_dollars_per_hour" not in got
+    assert one(got["gpu_swarm_gpu_up"], gpu=G[0]) == 1  # the readings go on
+    priced(node, 7.0)
+    assert one(node.scrape()["gpu_swarm_node_cost_dollars_per_hour"]) == 7.0
+    priced(node, 7.25)  # spot's price moved: the program wrote the file again, nothing restarted
+    assert one(node.scrape()["gpu_swarm_idle_cost_dollars_per_hour"], gpu=G[1]) == 3.625
+    priced(node, None, market="capacity-block")  # a price the program does not know
+    got = node.scrape()
+    assert "gpu_swarm_node_cost_dollars_per_hour" not in got and "gpu_swarm_task_cost_dollars_per_hour" not in got
+
+
+def test_a_gpu_that_left_the_bus_still_costs_its_share(node):
+    priced(node, 8.0)
+    node.gpus = node.gpus[:1]  # NVML lists one of the two GPUs the node advertises
+    got = node.scrape()
+    assert one(got["gpu_swarm_gpu_up"], gpu=G[1]) == 0
+    assert one(got["gpu_swarm_idle_cost_dollars_per_hour"], gpu=G[1]) == 4.0
+    assert sum(v for _, v in got["gpu_swarm_gpu_cost_dollars_per_hour"]) == 8.0
+
+
 @pytest.mark.parametrize("bench", ["metrics_sample.py", "metrics_budget.py", "gpu_metrics.py"])
 def test_the_metrics_benches_start(bench):
     done = subprocess.run([sys.executable, f"bench/{bench}", "--help"], cwd=REPO, capture_output=True, text=True,
@@ -457,6 +529,24 @@ def test_top_reads_the_exporters_text_and_shows_each_gpu_and_its_task(node):
     text = top.render({"gpus": rows, "errors": [{"node": "node-9", "error": "10.0.0.9:9835: refused"}]})
     assert "77%" in text and "300 / 81559" in text and "node-9: no metrics (10.0.0.9:9835: refused)" in text
     assert rows[1]["task_utilization_percent"] == 64 and text.splitlines()[2].endswith("300       64%")
+
+
+def test_top_shows_each_services_cost_and_the_idle_gpus(node):
+    top = _load("gpu_top_under_test", NODE / "gpu_top.py")
+    priced(node, 9.0)
+    node.docker.add(task_container(CID["a"], "train_worker", 1, [f"DOCKER_RESOURCE_NVIDIA-GPU={G[1]}"]))
+    node.scrape()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(node.collector)
+    metrics_text = top.parse(generate_latest(registry).decode())
+    rows = top.rows_of("node-1", metrics_text)
+    assert [(r["index"], r["task_cost_per_hour"]) for r in rows] == [("0", None), ("1", 4.5)]
+    cost = top.total_cost([top.cost_of("node-1", metrics_text)], ["node-2"])
+    assert cost == {"services": {"train_worker": 4.5}, "idle": 4.5, "nodes": 9.0, "priced_nodes": ["node-1"],
+                    "unpriced_nodes": ["node-2"]}
+    text = top.render({"gpus": rows, "errors": [], "cost": cost})
+    assert re.search(r"^train_worker +4\.5000$", text, re.M) and re.search(r"^idle GPUs +4\.5000$", text, re.M)
+    assert re.search(r"^GPU nodes in all +9\.0000$", text, re.M) and "not priced, and not counted: node-2" in text
 
 
 def test_the_exporter_caps_glibcs_arenas_and_gives_back_a_scrapes_garbage_before_the_next():

@@ -1,11 +1,12 @@
-"""GPU metrics in the rehearsal, end to end: exporter -> Prometheus -> a task's GPU memory by service name.
+"""GPU metrics in the rehearsal, end to end: exporter -> Prometheus -> a task's GPU memory and cost by service name.
 
 Real engines, real tasks, the real exporter on every node (with the fake NVML), the program's
 own monitoring stack and deploy script, and a real Prometheus (Debian's) discovering the
 exporters through dockerswarm_sd_configs. A task "allocates" GPU memory (localswarm/metrics.py
 puts one of its container's processes among its GPU's compute processes); the exporter must
 map that process to the task through its cgroup, and Prometheus must return the memory by the
-task's service name.
+task's service name. node-3 shares its two GPUs as two slots each, held by three services: its
+price (written by the program's own script) splits into theirs and the idle slot's.
 """
 from __future__ import annotations
 
@@ -25,14 +26,28 @@ from swarm import monitoring
 pytestmark = pytest.mark.integration
 SERVICE = "smoke_gpu"
 ALLOCATED_MIB = 1536
+SHARERS = ("share_embed", "share_rank", "share_chat")  # one slot each, of node-3's four: two share a GPU
+SHARED = "services:\n" + "".join(f"""\
+  {name.removeprefix("share_")}:
+    image: nvidia/cuda:12.6.3-base-ubuntu24.04
+    command: ["sh", "-c", "exec sleep infinity"]
+    deploy:
+      resources:
+        reservations:
+          generic_resources:
+            - discrete_resource_spec: {{kind: NVIDIA-GPU-SHARED, value: 1}}
+""" for name in SHARERS)
 
 
 @pytest.fixture(scope="module")
 def rehearsal(engine, tmp_path_factory):
     stack = (REPO / "stacks" / "gpu-smoke.yml").read_text()
-    compose = tmp_path_factory.mktemp("metrics") / "smoke.yml"
+    folder = tmp_path_factory.mktemp("metrics")
+    compose, shared = folder / "smoke.yml", folder / "share.yml"
     compose.write_text(re.sub(r"replicas: \d+", "replicas: 3", stack, count=1))
-    yield from rehearsal_up("--nodes", "3", "--gpus-per-node", "2", "--stack", f"smoke={compose}", "--monitoring")
+    shared.write_text(SHARED)
+    yield from rehearsal_up("--nodes", "3", "--gpus-per-node", "2", "--slots-per-gpu", "2", "--shared-nodes", "1",
+                            "--stack", f"smoke={compose}", "--stack", f"share={shared}", "--monitoring")
 
 
 wait = functools.partial(until, interval=1)  # the exporters and Prometheus move in seconds
@@ -62,7 +77,8 @@ def a_worker_task(view: dict) -> tuple[Node, str]:
 def test_every_node_runs_the_exporter_and_top_names_each_gpus_task(rehearsal):
     nodes = nodes_of(require_state())
     assert all(metrics.exporting(n) for n in nodes)
-    top = wait(lambda: (v := top_json()) and len(v["gpus"]) == 6 and v, 30, "top to list 6 GPUs")
+    top = wait(lambda: (v := top_json()) and len({(g["node"], g["gpu"]) for g in v["gpus"]}) == 6 and v, 30,
+               "top to list 6 GPUs")
     assert not top["errors"]
     held = [g for g in top["gpus"] if g["service"] == SERVICE]
     assert len(held) == 3 and all(g["task"].startswith(f"{SERVICE}.") for g in held)
@@ -106,12 +122,12 @@ def test_top_shows_the_dashboards_top_panel_as_prometheus_answers_it(rehearsal):
         view = top_json()
         if not view or "rows" not in view["dashboard"]:
             return None
-        by_node: dict[str, list[float]] = {}
-        for g in view["gpus"]:
-            by_node.setdefault(g["node"], []).append(g["utilization_percent"])
+        by_node: dict[str, dict[str, float]] = {}
+        for g in view["gpus"]:  # a shared GPU has a row per holder
+            by_node.setdefault(g["node"], {})[g["gpu"]] = g["utilization_percent"]
         rows = {r["legend"]: r["value"] for r in view["dashboard"]["rows"]}
         workers = {n.name for n in nodes_of(require_state()) if n.role == "worker"}
-        expected = {node: sum(u) / len(u) for node, u in by_node.items() if node in workers}
+        expected = {node: sum(u.values()) / len(u) for node, u in by_node.items() if node in workers}
         return view if rows == expected and any(expected.values()) else None
     view = wait(agreeing, 60, "the top panel's values to match the exporters' GPU utilization per node")
     assert view["dashboard"]["title"] == panel["title"] and view["dashboard"]["expr"] == panel["targets"][0]["expr"]
@@ -129,11 +145,40 @@ def test_the_monitoring_stack_runs_its_pinned_digests_and_is_the_programs(rehear
     assert {"gpu-swarm-monitoring_prometheus", "gpu-swarm-monitoring_grafana"} <= names
 
 
+def test_services_sharing_a_gpu_cost_its_price_and_the_idle_slots_are_the_rest_of_the_node(rehearsal):
+    prometheus = rehearsal["monitoring"]["prometheus"]
+    node_price = metrics.STANDIN_GPU_HOUR * 2  # node-3's two GPUs
+
+    def priced():
+        tasks = monitoring_stack.query(prometheus, 'gpu_swarm_task_cost_dollars_per_hour{node="node-3"}')
+        return tasks if {t["metric"]["service"] for t in tasks} == set(SHARERS) else None
+    tasks = wait(priced, 60, "Prometheus to have node-3's three sharers' cost")
+    by_gpu: dict[str, dict[str, float]] = {}
+    for t in tasks:
+        by_gpu.setdefault(t["metric"]["gpu"], {})[t["metric"]["service"]] = float(t["value"][1])
+    (shared_gpu,) = [gpu for gpu, services in by_gpu.items() if len(services) == 2]
+    gpu_price = float(monitoring_stack.query(prometheus, f'gpu_swarm_gpu_cost_dollars_per_hour{{gpu="{shared_gpu}"}}'
+                                             )[0]["value"][1])
+    assert gpu_price == node_price / 2 and sum(by_gpu[shared_gpu].values()) == gpu_price
+    idle = monitoring_stack.query(prometheus, 'sum(gpu_swarm_idle_cost_dollars_per_hour{node="node-3"})')
+    held = sum(float(t["value"][1]) for t in tasks)
+    assert float(idle[0]["value"][1]) == node_price - held == node_price / 4  # one free slot of four
+    (node,) = monitoring_stack.query(prometheus, 'gpu_swarm_node_cost_dollars_per_hour{node="node-3"}')
+    assert float(node["value"][1]) == node_price and node["metric"]["market"] == "on-demand"
+    # The terminal says the same: `localswarm top` and the report of `up`.
+    cost = top_json()["cost"]
+    assert {s: cost["services"][s] for s in SHARERS} == {s: node_price / 4 for s in SHARERS}
+    assert cost["nodes"] == node_price * 3 and cost["idle"] == cost["nodes"] - sum(cost["services"].values())
+    assert re.search(rf"^idle GPUs +{cost['idle']:.4f}$", cli("top").stdout, re.M)
+    assert rehearsal["cost"]["services"]["share_embed"] == node_price / 4
+
+
 def panels_without_data(prometheus) -> list[str]:
     """Titles of the dashboard's panels none of whose queries returns a series: what Grafana shows
     as "No data". A query Prometheus refuses raises (monitoring_stack.query)."""
     return [panel["title"] for panel in monitoring.dashboard_panels()
-            if not any(monitoring_stack.query(prometheus, target["expr"]) for target in panel["targets"])]
+            if not any(monitoring_stack.query(prometheus, monitoring.as_grafana_sends(target["expr"]))
+                       for target in panel["targets"])]
 
 
 def test_every_dashboard_panel_has_data_with_gpu_tasks_running_and_errors_once_a_gpu_fails(rehearsal):

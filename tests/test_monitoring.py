@@ -192,12 +192,21 @@ def test_the_dashboard_has_the_panels_the_issue_asks_and_uses_the_provisioned_so
     source = yaml.safe_load((REPO / "stacks" / "monitoring" / "grafana-datasource.yml").read_text())
     uid = source["datasources"][0]["uid"]
     titles = " | ".join(p["title"] for p in dashboard["panels"])
-    for wanted in ("by node", "by service", "memory per task", "Errors"):
+    for wanted in ("by node", "by service", "memory per task", "Errors", "Cost by service", "Idle GPUs",
+                   "Cost over the time range"):
         assert wanted in titles
     for panel in dashboard["panels"]:
         assert panel["datasource"]["uid"] == uid and panel["targets"], panel["title"]
         for target in panel["targets"]:
             assert re.search(r"gpu_swarm_\w+", target["expr"]), target
+
+
+def test_a_panel_over_the_dashboards_time_range_is_asked_as_grafana_sends_it():
+    """Prometheus knows no $__range: the rehearsal's tests and `localswarm top` ask what Grafana would send."""
+    (over,) = [p for p in monitoring.dashboard_panels() if p["title"].startswith("Cost over the time range")]
+    assert all("[$__range:1m]" in t["expr"] for t in over["targets"])
+    assert monitoring.as_grafana_sends(over["targets"][0]["expr"]) == (
+        "sum by (service) (sum_over_time(gpu_swarm_task_cost_dollars_per_hour[10800s:1m])) / 60")  # now-3h
 
 
 def test_the_tunnel_forwards_both_ports():

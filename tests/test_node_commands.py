@@ -373,24 +373,31 @@ def test_an_upgrade_that_outlives_its_wait_fails_clearly_and_a_second_waits_for_
     assert "already running; waiting for it" in again.stderr and node.installs() == 1
 
 
-@pytest.mark.parametrize("script", ["wait", "upgrade", "health"])
+PRICE = node_software.price_env(3.6726, market="spot", date="2026-12-01T21:24:00Z", instance_type="g6e.12xlarge",
+                                gpus=4)
+
+
+@pytest.mark.parametrize("script", ["wait", "upgrade", "health", "health-price", "price"])
 def test_the_node_scripts_pass_shellcheck(script, node):
     require_tool("shellcheck")
     from settings import Health
     text = {"wait": lambda: node_commands.wait_for_boot(env=ENV, expected_gpus=1),
             "upgrade": lambda: node_commands.upgrade(node.release(), expected_gpus=1),
-            "health": lambda: node_commands.health_settings(Health().node_env())}[script]()
+            "health": lambda: node_commands.health_settings(Health().node_env()),
+            "health-price": lambda: node_commands.health_settings(Health().node_env(), price=PRICE),
+            "price": lambda: node_commands.price_settings(PRICE)}[script]()
     proc = subprocess.run(["shellcheck", "-s", "bash", "-"], input=text, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
 
 
-@pytest.mark.parametrize("script", ["wait", "upgrade", "health"])
+@pytest.mark.parametrize("script", ["wait", "upgrade", "health", "price"])
 def test_every_path_the_scripts_write_carries_the_root_prefix(node, script):
     """So these tests, run as root, touch only their scratch folder and never this machine's /etc."""
     from settings import Health
     text = {"wait": lambda: node_commands.wait_for_boot(env=ENV, expected_gpus=0, root="/ROOT"),
             "upgrade": lambda: node_commands.upgrade(node.release(), expected_gpus=0, root="/ROOT"),
-            "health": lambda: node_commands.health_settings(Health().node_env(), root="/ROOT")}[script]()
+            "health": lambda: node_commands.health_settings(Health().node_env(), root="/ROOT", price=PRICE),
+            "price": lambda: node_commands.price_settings(PRICE, root="/ROOT")}[script]()
     text = re.sub(r"<<'(\w+)'\n.*?\n\1\n", "", text, flags=re.S)  # heredoc bodies are content, not writes
     writes = re.findall(r"(?:>|mkdir -p|mv|touch|rm -f|chmod \d+|cat|tail -n \S+|systemd-run .*?) \"?(?:\$\(dirname )?"
                         r"'?(/[\w./-]+)", text)
@@ -424,6 +431,29 @@ def test_health_settings_restart_the_health_services_only_when_they_change(node)
     again = _health(node, Health(ignore_xids=(94, 95)).node_env())
     assert again.stdout.strip() == "unchanged" and len(node.calls.read_text().splitlines()) == 3
     assert [p.name for p in node.path(node_software.HEALTH_ENV_PATH).parent.iterdir()] == ["health.env"]
+
+
+def test_a_gpu_nodes_price_goes_with_its_health_settings_and_a_new_price_restarts_nothing(node):
+    from settings import Health
+    cost = node.path(node_software.COST_ENV_PATH)
+    first = subprocess.run(["bash", "-c", node_commands.health_settings(Health().node_env(), root=str(node.root),
+                                                                        price=PRICE)],
+                           capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PATH": f"{node.bin}:{os.environ['PATH']}"})
+    assert first.returncode == 0 and first.stdout.split("\n")[:2] == ["price changed", "changed"], first.stderr
+    assert "GPU_SWARM_PRICE_PER_HOUR=3.6726\n" in cost.read_text() and "GPU_SWARM_PRICE_GPUS=4\n" in cost.read_text()
+    node.calls.unlink()
+    moved = {**PRICE, "GPU_SWARM_PRICE_PER_HOUR": "3.9104"}  # the next day's spot price
+    second = subprocess.run(["bash", "-c", node_commands.health_settings(Health().node_env(), root=str(node.root),
+                                                                         price=moved)],
+                            capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PATH": f"{node.bin}:{os.environ['PATH']}"})
+    assert second.stdout.split("\n")[:2] == ["price changed", "unchanged"] and not node.calls.exists()
+    assert "GPU_SWARM_PRICE_PER_HOUR=3.9104\n" in cost.read_text()
+    alone = subprocess.run(["bash", "-c", node_commands.price_settings(moved, root=str(node.root))],
+                           capture_output=True, text=True, timeout=60)
+    assert alone.stdout == "price unchanged\n" and sorted(p.name for p in cost.parent.iterdir()) == [
+        "cost.env", "health.env"]
 
 
 def test_health_settings_are_what_the_watcher_and_the_reconciler_read():

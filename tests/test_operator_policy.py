@@ -81,10 +81,12 @@ def test_the_docs_publish_the_policy_the_table_makes():
 
 
 # The lookups the preview's checks ask (the others are the program's own, whose AccessDenied reaches the operator
-# in the provider's words, which name the action).
+# in the provider's words, which name the action, and the cost table's, which warn: tests/test_cost.py).
 AT_PREVIEW = sorted(set(operator_policy.LOOKUPS) - {"aws:ec2/getVpcEndpoint:getVpcEndpoint",
                                                     "aws:ec2/getRouteTables:getRouteTables",
-                                                    "aws:ec2/getInstances:getInstances"})
+                                                    "aws:ec2/getInstances:getInstances",
+                                                    "aws:pricing/getProduct:getProduct",
+                                                    "aws:ec2/getSpotPrice:getSpotPrice"})
 
 
 @pytest.mark.parametrize("token", AT_PREVIEW)
@@ -98,6 +100,7 @@ def test_a_preview_whose_credentials_lack_a_lookups_action_names_that_action(tok
     if token == "aws:servicequotas/getServiceQuota:getServiceQuota":
         load_settings()  # unread quotas warn and go on (tests/test_quotas.py)
         return
+
     with pytest.raises(SettingsError) as err:
         load_settings()
     text = str(err.value)

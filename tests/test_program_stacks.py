@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from localswarm import monitoring_stack, program
+from localswarm import fake_prices, monitoring_stack, program
 from tests.rehearsal_tools import cli, cli_json, require_engine, tasks_of
 
 pytestmark = pytest.mark.integration
@@ -68,6 +68,13 @@ def test_with_monitoring_on_up_says_where_to_look_and_prometheus_answers_there(d
             break
         assert time.monotonic() < deadline, f"Prometheus has no gpu_swarm_gpu_up for {gpu_node}: {series}"
         time.sleep(3)
+    # The node's price, as the first up's preview read it: its health command wrote cost.env on the machine, and
+    # the exporter its unit runs publishes it. The report prints the preview's table, as `cost` has it.
+    (t4,) = [p for p in dev["outputs"]["cost"]["pools"] if p["pool"] == "t4"]
+    (price,) = monitoring_stack.query(where, f'gpu_swarm_node_cost_dollars_per_hour{{node="{gpu_node}"}}', nodes=nodes)
+    assert float(price["value"][1]) == t4["prices"][0]["perNodeHour"] == float(fake_prices.ON_DEMAND["g4dn.xlarge"])
+    assert price["metric"]["instance_type"] == "g4dn.xlarge" and price["metric"]["market"] == "on-demand"
+    assert "\n".join(dev["outputs"]["cost"]["table"]) in out
 
 
 def test_a_second_up_that_swaps_in_a_stack_swarm_rejects_fails_with_swarms_reason(dev):

@@ -14,8 +14,8 @@ from settings.config_checks import LINUX_USER_RE, public_key_problem  # one copy
 from swarm.gpu_kind import validate_kind
 from swarm.script import quote, script
 
-from swarm.node_contract import (CLOUD_INIT_LOG, CLOUD_INIT_RESULT, CLOUD_INIT_STATUS, DOCKER_DAEMON_JSON,  # noqa: E402
-                                 INSTALL_UNIT)
+from swarm.node_contract import (CLOUD_INIT_LOG, CLOUD_INIT_RESULT, CLOUD_INIT_STATUS, COST_ENV_PATH,  # noqa: E402
+                                 DOCKER_DAEMON_JSON, INSTALL_UNIT)
 
 # Written when a failed first boot has been reported: the next `pulumi up` retries the install.
 BOOT_FAILURE_REPORTED = f"{STATE_DIR}/boot-failure-reported"
@@ -228,15 +228,17 @@ def upgrade(new: NodeRelease, *, expected_gpus: int, timeout_s: int = 2700, root
     )
 
 
-def health_settings(env: dict[str, str], root: str = "") -> str:
-    """On the node, as root: write health.env and restart the health services that run, if it changed.
+def health_settings(env: dict[str, str], root: str = "", price: dict[str, str] | None = None) -> str:
+    """On the node, as root: write health.env and restart the health services that run, if it changed; and on a
+    GPU node its price (price_settings), which restarts nothing.
 
-    Prints "changed" or "unchanged". The services read it at start; one not installed yet
-    (a node still in its first boot) starts with it later.
+    Prints "changed" or "unchanged" for health.env, last. The services read it at start; one not installed
+    yet (a node still in its first boot) starts with it later.
     """
     path = quote(root + HEALTH_ENV_PATH)
     return script(
         f'mkdir -p "$(dirname {path})"',
+        *([] if price is None else _price_lines(price, root)),
         f"cat >{path}.new <<'HEALTH_ENV'\n{env_text(env)}HEALTH_ENV",
         f"if cmp -s {path}.new {path}; then rm -f {path}.new; echo unchanged; exit 0; fi",
         f"mv {path}.new {path}",
@@ -246,6 +248,21 @@ def health_settings(env: dict[str, str], root: str = "") -> str:
         "done",
         "echo changed",
     )
+
+
+def price_settings(price: dict[str, str], root: str = "") -> str:
+    """On a GPU node, as root: write cost.env (to_node/software.py price_env), if it changed. The metrics exporter
+    reads it again when it changes, so a new price (spot's move every day) restarts nothing.
+
+    Prints "price changed" or "price unchanged"."""
+    return script(f'mkdir -p "$(dirname {quote(root + COST_ENV_PATH)})"', *_price_lines(price, root))
+
+
+def _price_lines(price: dict[str, str], root: str) -> list[str]:
+    cost = quote(root + COST_ENV_PATH)
+    return [f"cat >{cost}.new <<'COST_ENV'\n{env_text(price)}COST_ENV",
+            f"if cmp -s {cost}.new {cost}; then rm -f {cost}.new; echo price unchanged; "
+            f"else mv {cost}.new {cost}; echo price changed; fi"]
 
 
 def authorize_keys(user: str, keys: list[str]) -> str:

@@ -18,7 +18,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from swarm.gpu_kind import validate_kind
-from swarm.node_contract import EFA_ENV
+from swarm.node_contract import (EFA_ENV, PRICE_DATE_ENV, PRICE_ENV, PRICE_GPUS_ENV, PRICE_INSTANCE_TYPE_ENV,
+                                 PRICE_MARKET_ENV)
 from swarm.script import sha256_hex
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,8 +30,8 @@ VERSIONS_ENV = SOURCE_DIR / "versions.env"
 # Paths and keys on the node: one contract with node/ (node/contract.py), re-exported here.
 from swarm.node_contract import (  # noqa: E402,F401
     AGENT_PATH, AGENT_VENV, APPLIED, BOOTSTRAP_DONE, BOOTSTRAP_FAILED, BOOTSTRAP_LOG, BOOTSTRAP_TIMINGS,
-    BUNDLE_SHA256_ENV, BUNDLE_URL_ENV, HEALTH_ENV_PATH, HEALTH_UNIT, IMAGE_ENV, INSTALL_TIMINGS, INSTALLER_PATH,
-    KERNEL_MODULES_ENV, KIND_ENV, NODE_DIR, NODE_ENV_PATH, NODE_VERSIONS_ENV, RECONCILER_UNIT, RELEASE_ENV,
+    BUNDLE_SHA256_ENV, BUNDLE_URL_ENV, COST_ENV_PATH, HEALTH_ENV_PATH, HEALTH_UNIT, IMAGE_ENV, INSTALL_TIMINGS,
+    INSTALLER_PATH, KERNEL_MODULES_ENV, KIND_ENV, NODE_DIR, NODE_ENV_PATH, NODE_VERSIONS_ENV, RECONCILER_UNIT, RELEASE_ENV,
     RELEASE_ENV_PATH, SHARED_KIND_ENV, SHARING_MODE_ENV, SLOTS_PER_GPU_ENV, SOFTWARE_DIR, SPOT_ENV, SSHD_CONFIG, STATE_DIR,
     STEPS_ENV,
     UNATTENDED_CONFIG,
@@ -203,6 +204,13 @@ def node_env(*, gpu: bool, gpu_kind: str, instance_type: str, image: str, slots_
 def efa_env(interfaces: int) -> dict[str, str]:
     """node.env's EFA setting, on nodes of pools with EFA: install-efa.sh checks the node shows that many."""
     return {EFA_ENV: str(interfaces)} if interfaces else {}
+
+
+def price_env(per_hour: float | None, *, market: str, date: str, instance_type: str, gpus: int) -> dict[str, str]:
+    """cost.env (COST_ENV_PATH), a GPU node's price as the preview read it (components/cost.py), which the
+    metrics exporter shares between its GPUs. A price not known is written empty: the exporter then has none."""
+    return {PRICE_ENV: "" if per_hour is None else repr(float(per_hour)), PRICE_MARKET_ENV: market,
+            PRICE_DATE_ENV: date, PRICE_INSTANCE_TYPE_ENV: instance_type, PRICE_GPUS_ENV: str(gpus)}
 
 
 def env_text(env: dict[str, str]) -> str:
