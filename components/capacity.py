@@ -165,7 +165,7 @@ def quota_advice(pool: GpuPool, text: str) -> str | None:
         quota, what = ELASTIC_IPS, "Elastic IPs (one per manager and per EFA node)"
     else:
         quota = vcpu_quota(pool.instance_type, pool.spot or found[0] == "MaxSpotInstanceCountExceeded")
-        what = f"vCPUs ({pool.count} x {pool.instance_type} for this pool, with the rest of the account's)"
+        what = f"vCPUs ({pool.most_nodes} x {pool.instance_type} for this pool, with the rest of the account's)"
     if quota is None:
         return f"pool {pool.name}: an EC2 quota refused {pool.instance_type} ({found[0]}); raise it in Service Quotas"
     return (f"pool {pool.name}: {found[0]}: the EC2 quota {quota.code} ('{quota.name}') is smaller than the "
