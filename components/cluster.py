@@ -16,6 +16,8 @@ import pulumi_aws as aws
 from to_node import software as node_software
 from components.access import Access
 from components.capacity import pool_capacity_args
+from components.elastic_cluster import ElasticPools
+from components.elastic_pool import join_parameter_name
 from components.gpu_stack import GpuStack, GpuStackArgs
 from components.monitoring import Monitoring, MonitoringArgs
 from components.network import Network, NetworkArgs
@@ -105,6 +107,8 @@ class Cluster(pulumi.ComponentResource):
         self._access = pulumi.Output.all(self._key.public_key, *s.ssh_authorized_keys).apply(
             lambda keys: as_root(authorize_keys(s.ssh_user, list(keys))))
         self._kinds: dict[str, _Kind] = {"managers": self._kind(None)}
+        # Elastic pools (components/elastic_cluster.py): the managers' scaler needs their role before they launch.
+        elastic = ElasticPools(name, s, self._tags, self)
         managers = NodePool(f"{name}-managers", NodePoolArgs(
             role="manager", pool="managers", instance_type=s.managers.instance_type, count=s.managers.count,
             # Managers run no GPU work, so they always run plain Ubuntu, even when the GPU
@@ -112,11 +116,14 @@ class Cluster(pulumi.ComponentResource):
             ami_id=s.manager_ami_id, security_group_ids=[groups.cluster_id, groups.managers_id],
             root_volume_gib=s.managers.root_volume_gib, node_name_prefix=f"{s.cluster_name}-manager",
             release=self._kinds["managers"].release, one_at_a_time=True, stable_address=True,
-            subnet_ids=[subnets[z] for z in s.managers.zones or subnets], **common,
+            subnet_ids=[subnets[z] for z in s.managers.zones or subnets],
+            iam_instance_profile=elastic.managers_profile, **common,
         ), opts=self._child)
         pools = []
         for pool in s.gpu_pools:
             self._kinds[pool.name] = self._kind(pool)
+            if pool.autoscale:
+                continue  # its group's nodes join by themselves, below
             pools.append((pool, NodePool(f"{name}-{pool.name}", NodePoolArgs(
                 role="worker", pool=pool.name, instance_type=pool.instance_type, count=pool.count,
                 ami_id=self._pool_image(name, pool), root_volume_gib=pool.root_volume_gib,
@@ -143,6 +150,14 @@ class Cluster(pulumi.ComponentResource):
         ), opts=self._child)
 
         manager_ips = [n.private_ip for n in managers.nodes]
+        releases = {p.name: self._kinds[p.name].release_id for p in s.elastic_pools}
+        elastic.build(images=lambda pool: self._pool_image(name, pool),
+                      releases={p.name: self._kinds[p.name].release for p in s.elastic_pools}, swarm=swarm,
+                      manager_ips=manager_ips, subnets_by_zone=subnets, key_name=self._key.key_name,
+                      security_group_ids=lambda pool: [groups.cluster_id, groups.workers_id],
+                      after=[swarm.tokens, *groups.ssh_rules, *self._bundle.ready])
+        for node in managers.nodes:
+            elastic.configure(node, self._connection(node), boots[node.name], aws.config.region, releases)
         members, rollouts = {}, {}
         waves = RollWaves(f"{name}-roll", self._child)
         for node, pool in nodes:
@@ -157,6 +172,7 @@ class Cluster(pulumi.ComponentResource):
         reconcile = SwarmReconcile(f"{name}-reconcile", SwarmReconcileArgs(
             manager=self._first_live, node_ids=node_ids, after=admitted,
             stacks=[st.name for st in s.stacks] + ([MONITORING_STACK] if s.monitoring.enabled else []),
+            elastic_pools=[p.name for p in s.elastic_pools],
         ), opts=self._child)
         # Stacks deploy after the reconcile has removed the stacks the program no longer has, so a
         # swap frees their GPUs first; each deploy then waits until its stack has settled.
@@ -237,8 +253,12 @@ class Cluster(pulumi.ComponentResource):
                                      shared_kind=s.shared_gpu_kind, spot=gpu and pool.spot,
                                      sharing_mode=pool.sharing_mode if gpu else "time-slicing")
         env.update(node_software.efa_env(pool.efa_interfaces if gpu else 0))
+        elastic = bool(gpu and pool.autoscale)
+        if elastic:  # its nodes join by themselves (node/swarm_join.py)
+            env.update(node_software.elastic_env(join_parameter_name(s.cluster_name, pool.name), aws.config.region,
+                                                 pool.name))
         steps = tuple(node_software.bootstrap_steps(gpu=gpu, instance_type=instance_type,
-                                                    efa=bool(gpu and pool.efa_interfaces)))
+                                                    efa=bool(gpu and pool.efa_interfaces), elastic=elastic))
         sha = self._bundle.sha256
         return _Kind(env=env, steps=steps, expected_gpus=pool.gpus_per_node if gpu else 0,
                      release_id=node_software.release(sha, env, list(steps)),

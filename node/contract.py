@@ -124,6 +124,10 @@ EFA_ENV = "GPU_SWARM_EFA_INTERFACES"  # EFA interfaces the instance type has (EF
 AGENT_ARGS_ENV = "GPU_SWARM_AGENT_ARGS"  # extra agent flags: an operator's unit drop-in sets it; the agent's unit reads
 JOIN_PARAMETER_ENV = "GPU_SWARM_JOIN_PARAMETER"  # an elastic pool's nodes: the SSM parameter (SecureString) that
 # holds the swarm's worker token and the managers' addresses; swarm_join.py reads it with the pool's instance role
+JOIN_DOCUMENT_KEYS = ("token", "managers", "cluster")  # the parameter's JSON value: components/elastic_pool.py
+# writes the worker token, the managers' private addresses and the swarm's cluster id; swarm_join.py reads them
+ELASTIC_POOL_ENV = "GPU_SWARM_ELASTIC_POOL"  # an elastic pool's nodes: the pool; join-swarm.sh writes it as the
+# ELASTIC_POOL_LABEL engine label
 REGION_ENV = "GPU_SWARM_REGION"  # an elastic pool's nodes and the managers of a cluster with one: the AWS region
 # whose endpoints node/aws_api.py calls
 

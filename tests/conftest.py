@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 # The node programs import their siblings (gpu_agent imports gpu_detect), as they do on a node.
 sys.path.insert(0, str(REPO / "node"))
 from components import collector
-from localswarm import engine as engine_model, fake_aws
+from localswarm import engine as engine_model, fake_aws, fake_groups, fake_iam
 from settings import image_registry
 from localswarm.fake_aws import (  # noqa: F401  (the tests import these from here)
     ACCOUNT, AMIS, ARM_AMI, BLOCK_RESERVATION, CUSTOM_AMI, CUSTOM_AMI_NEXT, DEEP_LEARNING_AMI, INSTANCE_TYPES,
@@ -95,6 +95,15 @@ class AwsMocks(pulumi_mocks.Mocks):
             return bucket, {**state, **extra}
         if args.typ == "aws:ssm/parameter:Parameter":
             return f"{args.name}-id", fake_aws.ssm_parameter(args.name, state)
+        if args.typ == "aws:autoscaling/group:Group":
+            group = fake_groups.create_group(ACCOUNT.groups, state["name"], state)
+            return state["name"], {**state, "arn": group["arn"]}
+        if args.typ == "aws:iam/role:Role":
+            return fake_iam.iam_role(args.name, state)
+        if args.typ == "aws:iam/instanceProfile:InstanceProfile":
+            return fake_iam.instance_profile(args.name, state)
+        if args.typ == "aws:iam/rolePolicy:RolePolicy":
+            return fake_iam.role_policy(args.name, state)
         if args.typ == "aws:s3/bucketObjectv2:BucketObjectv2":
             fake_aws.put_object(str(state.get("bucket")), state.get("key", ""), state.get("tags"))
         if args.typ == "aws:ec2/vpcEndpoint:VpcEndpoint":

@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from swarm.gpu_kind import validate_kind
-from swarm.node_contract import EFA_ENV
+from swarm.node_contract import EFA_ENV, ELASTIC_POOL_ENV, JOIN_PARAMETER_ENV, REGION_ENV
 from swarm.script import sha256_hex
 
 REPO = Path(__file__).resolve().parent.parent
@@ -153,9 +153,9 @@ def kernel_modules(instance_type: str) -> str:
     return "proprietary" if family in PROPRIETARY_MODULE_FAMILIES else "open"
 
 
-def bootstrap_steps(*, gpu: bool, instance_type: str, efa: bool = False) -> list[str]:
+def bootstrap_steps(*, gpu: bool, instance_type: str, efa: bool = False, elastic: bool = False) -> list[str]:
     """The bootstrap steps for a node, in order; each is node/<step>.sh, and <step>& runs in the background.
-    efa: the pool's nodes have EFA interfaces.
+    efa: the pool's nodes have EFA interfaces. elastic: an elastic pool's, which join the swarm by themselves, last.
 
     secure-imds comes first on every node: its user data holds its SSH host key (node/imds-root-only.sh)."""
     if not gpu:  # a manager: it runs the health reconciler, which needs the engine up
@@ -175,7 +175,8 @@ def bootstrap_steps(*, gpu: bool, instance_type: str, efa: bool = False) -> list
     # configuration, so it runs while the agent's venv is still being made in the background,
     # not after the docker restart that the agent's new configuration costs.
     return steps + ["install-container-toolkit", "install-mps", "build-check-image", "install-gpu-agent",
-                    "apply-docker-config", "install-health-watcher", "install-gpu-metrics"]
+                    "apply-docker-config", "install-health-watcher", "install-gpu-metrics",
+                    *(["join-swarm"] if elastic else [])]
 
 
 def node_env(*, gpu: bool, gpu_kind: str, instance_type: str, image: str, slots_per_gpu: int = 0,
@@ -203,6 +204,11 @@ def node_env(*, gpu: bool, gpu_kind: str, instance_type: str, image: str, slots_
 def efa_env(interfaces: int) -> dict[str, str]:
     """node.env's EFA setting, on nodes of pools with EFA: install-efa.sh checks the node shows that many."""
     return {EFA_ENV: str(interfaces)} if interfaces else {}
+
+
+def elastic_env(parameter: str, region: str, pool: str) -> dict[str, str]:
+    """node.env's join settings, on an elastic pool's nodes: join-swarm.sh reads them."""
+    return {JOIN_PARAMETER_ENV: parameter, REGION_ENV: region, ELASTIC_POOL_ENV: pool}
 
 
 def env_text(env: dict[str, str]) -> str:
