@@ -98,6 +98,7 @@ class Action:
     desired: int = 0  # scale-out: the group's new desired capacity
     instance: str = ""  # terminate
     decrement: bool = True  # terminate: whether the group's desired capacity goes down with it
+    give_back: tuple[str, ...] = ()  # terminate: docker node update's, should the group refuse to shrink
 
 
 @dataclass
@@ -447,7 +448,8 @@ def _leaving(v: _PoolView, gpu_tasks, on_node: dict, now: int, out: Plan) -> Non
                                       "drained, no task left" + (": the group launches a node of the pool's release"
                                                                   if goal == REPLACE else ""),
                                       n["ID"], _name(n), instance=instance, decrement=goal == REMOVE,
-                                      args=("--label-add", f"{AUTOSCALE_LABEL}={goal}:{TERMINATING}:{now}", n["ID"])))
+                                      args=("--label-add", f"{AUTOSCALE_LABEL}={goal}:{TERMINATING}:{now}", n["ID"]),
+                                      give_back=_give_back_args(n)))
         elif phase == TERMINATING and gpu_tasks(n):
             out.reports.append(f"node {_name(n)} of pool {v.pool.name} holds a GPU task though its instance was "
                                "terminated: someone made it active again; it is not terminated again")

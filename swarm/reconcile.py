@@ -31,13 +31,11 @@ def reconcile(*, nodes: list[str], stacks: list[str], drain_timeout_s: int = 300
         *manager_ready(),
         f"keep_nodes=' {keep_nodes} '",
         f"keep_stacks=' {keep_stacks} '",
-        f"keep_pools=' {keep_pools} '",
         "moved=''",
         *longest_grace_function(),
         f"for id in $(docker node ls -q --filter {quote('node.label=' + POOL_LABEL)}); do",
         '  case "$keep_nodes" in *" $id "*) continue ;; esac',
-        f"  pool=$(docker node inspect --format '{{{{index .Spec.Labels \"{POOL_LABEL}\"}}}}' \"$id\")",
-        '  case "$keep_pools" in *" $pool "*) continue ;; esac',
+        *_elastic_kept(keep_pools),
         "  role=$(docker node inspect --format '{{.Spec.Role}}' \"$id\")",
         '  echo "removing node $id ($role), which the program no longer has"',
         *_indent(note_moving_stacks('"$id"')),
@@ -60,6 +58,14 @@ def reconcile(*, nodes: list[str], stacks: list[str], drain_timeout_s: int = 300
         *settle_moved_stacks(moved_timeout_s),
         "echo reconciled",
     )
+
+
+def _elastic_kept(pools: str) -> list[str]:
+    """Lines in the removal loop that keep the nodes of the elastic pools the program has: none without one."""
+    if not pools:
+        return []
+    return [f"  pool=$(docker node inspect --format '{{{{index .Spec.Labels \"{POOL_LABEL}\"}}}}' \"$id\")",
+            f"  case ' {pools} ' in *\" $pool \"*) continue ;; esac"]
 
 
 def _kept_nodes_ready(timeout_s: int) -> list[str]:
