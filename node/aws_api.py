@@ -144,18 +144,31 @@ class Imds:
 class Client:
     """Signed HTTPS calls to one region's endpoints (https://<service>.<region>.amazonaws.com)."""
 
-    def __init__(self, region: str, credentials, timeout: float = 20, tries: int = 3):
+    def __init__(self, region: str, credentials, timeout: float = 20, tries: int = 3, connect_to=None):
+        """credentials: a function that returns Credentials (Imds.credentials). connect_to: where a test's stand-in
+        listens, (address, port, tls); the request is still signed for, and names, the AWS host."""
         if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d", region or ""):
             raise ValueError(f"region {region!r} is not an AWS region such as us-east-1")
         self.region, self.credentials, self.timeout, self.tries = region, credentials, timeout, tries
+        self.connect_to = connect_to
 
     def _post(self, service: str, host_prefix: str, headers: dict, body: bytes) -> tuple[int, bytes]:
         url = f"https://{host_prefix}.{self.region}.amazonaws.com/"
         for attempt in range(self.tries):
             signed = sign("POST", url, headers, body, self.credentials(), self.region, service)
-            conn = http.client.HTTPSConnection(f"{host_prefix}.{self.region}.amazonaws.com", timeout=self.timeout)
+            host = f"{host_prefix}.{self.region}.amazonaws.com"
+            if self.connect_to:
+                address, port, tls = self.connect_to
+                conn = (http.client.HTTPSConnection if tls else http.client.HTTPConnection)(address, port,
+                                                                                             timeout=self.timeout)
+            else:
+                conn = http.client.HTTPSConnection(host, timeout=self.timeout)
             try:
-                conn.request("POST", "/", body=body, headers={k: v for k, v in signed.items() if k != "Host"})
+                conn.putrequest("POST", "/", skip_host=True, skip_accept_encoding=True)
+                for name, value in signed.items():
+                    conn.putheader(name, value)
+                conn.putheader("Content-Length", str(len(body)))
+                conn.endheaders(body)
                 answer = conn.getresponse()
                 status, data = answer.status, answer.read()
             except (OSError, http.client.HTTPException) as e:
