@@ -17,8 +17,9 @@ so a new leader goes on where the last stopped.
   no GPU task for idleSeconds is paused (no new task lands), looked at again (a task that landed
   between the two looks gives it back), drained (its tasks stop within their grace periods), and
   terminated with the group's desired capacity decremented; its swarm node is removed once down.
-- A node whose software is not the pool's release is replaced the same way when it is idle, at most
-  maxUnavailable at a time, the group launching the new one (no decrement).
+- A node whose software is not the pool's release is replaced the same way when it is idle and the pool
+  is at min (above it, the node goes at its idle time anyway), at most maxUnavailable at a time, the group
+  launching the new one (no decrement).
 - A node that joined is admitted (the pool's admit script: labels and the post-join GPU check) once
   the group lists its instance and no other node claims it.
 A node running a GPU task is never paused, drained or terminated.
@@ -479,6 +480,10 @@ def _scale_in(v: _PoolView, gpu_tasks, now: int, out: Plan) -> None:
         out.actions.append(Action("pause", v.pool.name, f"no GPU task for {now - since} s (idle after "
                                   f"{v.pool.idle_s} s); the pool keeps at least {v.pool.min}", n["ID"], _name(n),
                                   _pause_args(n, REMOVE, now)))
+    # Replaced only where the pool cannot shrink: above min, an idle node of another release goes at its idle
+    # time anyway, and replacing it would launch a node that idles too.
+    if budget > 0:
+        return
     replacing = sum(1 for _, goal, _, _ in v.leaving if goal == REPLACE)
     for since, _, n in idle:
         if replacing >= v.pool.max_unavailable:

@@ -32,7 +32,7 @@ if _HERE not in sys.path:
 import aws_api  # noqa: E402
 import scale_plan  # noqa: E402
 from contract import (AUTOSCALE_ADMIT_SUFFIX, AUTOSCALE_DIR, AUTOSCALE_POOLS_PATH, AUTOSCALE_STATUS_LABEL,  # noqa: E402
-                      DOCKER_SOCKET)
+                      DOCKER_SOCKET, METRICS_PORT)
 from swarm_reconciler import Engine, EngineError  # noqa: E402
 
 ADMIT_TIMEOUT_S = 900  # the admit's GPU check waits up to 180 s for its jobs; the rest is the engine's
@@ -86,11 +86,12 @@ class Scaler:
         self.last: dict[str, str] = {}  # pool -> its last decision, "<time> <what>: <why>"
         self.said: list[str] = []  # the reports last said (the same news each round is said once)
         self.status = ""
+        self.leader = False
 
     def round(self, region: str, pools: list[scale_plan.Pool]) -> dict:
         report = {"leader": None, "actions": [], "errors": [], "reports": []}
         try:
-            report["leader"] = self.swarm.is_leader()
+            report["leader"] = self.leader = self.swarm.is_leader()
             if not report["leader"] or not pools:
                 return report
             nodes, tasks = self.swarm.nodes(), self.swarm.tasks()
@@ -178,6 +179,54 @@ class Scaler:
             self.status = text
 
 
+# Prometheus's text format: what the scaler last published, per pool; on a manager that is not the leader, only
+# gpu_swarm_autoscale_leader 0. Served on METRICS_PORT of the managers (no GPU exporter runs there), which the
+# security group opens between cluster members; stacks/monitoring/prometheus.yml scrapes the managers there.
+GAUGES = (("desired", "nodes_desired", "the group's desired capacity, as the scaler last set or read it"),
+          ("ready", "nodes_ready", "admitted nodes taking tasks"),
+          ("booting", "nodes_pending", "nodes launched or asked for, not admitted yet"),
+          ("leaving", "nodes_leaving", "nodes being paused, drained or terminated"),
+          ("waiting", "tasks_waiting", "pending GPU tasks given to the pool in the last round"))
+
+
+def metrics_text(leader: bool, status: dict) -> str:
+    out = ["# HELP gpu_swarm_autoscale_leader 1 on the manager whose scaler acts", "# TYPE gpu_swarm_autoscale_leader "
+           "gauge", f"gpu_swarm_autoscale_leader {int(bool(leader))}"]
+    if not leader:
+        return "\n".join(out) + "\n"
+    for key, name, help_text in GAUGES:
+        out += [f"# HELP gpu_swarm_autoscale_{name} {help_text}", f"# TYPE gpu_swarm_autoscale_{name} gauge"]
+        out += [f'gpu_swarm_autoscale_{name}{{pool="{pool}"}} {int(n.get(key) or 0)}' for pool, n in status.items()]
+    out += ["# HELP gpu_swarm_autoscale_last_decision_timestamp_seconds when the pool's last decision was made, by kind",
+            "# TYPE gpu_swarm_autoscale_last_decision_timestamp_seconds gauge"]
+    for pool, n in status.items():
+        at, _, rest = str(n.get("last") or "").partition(" ")
+        if at.isdigit():
+            out.append(f'gpu_swarm_autoscale_last_decision_timestamp_seconds{{pool="{pool}",decision='
+                       f'"{rest.split(":", 1)[0].split(" ", 1)[0]}"}} {at}')
+    return "\n".join(out) + "\n"
+
+
+def serve_metrics(scaler: "Scaler", port: int) -> None:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = metrics_text(scaler.leader, json.loads(scaler.status or "{}")).encode()
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_):
+            pass
+
+    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+
+
 def _interval(text: str) -> float:
     try:
         value = float(text)
@@ -197,6 +246,8 @@ def main(argv=None, sleep=time.sleep) -> int:
     parser.add_argument("--admit-dir", default=AUTOSCALE_DIR, help="where each pool's admit script is")
     parser.add_argument("--docker", default="docker", metavar="PATH")
     parser.add_argument("--docker-socket", default=DOCKER_SOCKET, metavar="PATH")
+    parser.add_argument("--metrics-port", type=int, default=METRICS_PORT,
+                        help=f"serve Prometheus metrics on this port (default {METRICS_PORT}; 0: none)")
     parser.add_argument("--once", action="store_true", help="one round, print its report as JSON, exit")
     args = parser.parse_args(argv)
 
@@ -206,6 +257,8 @@ def main(argv=None, sleep=time.sleep) -> int:
     imds = aws_api.Imds()
     scaler = Scaler(Swarm(args.docker, args.docker_socket), lambda region: aws_api.Client(region, imds.credentials),
                     args.admit_dir, log)
+    if args.metrics_port and not args.once:
+        serve_metrics(scaler, args.metrics_port)
     was_leader, last_errors = None, None
     while True:
         try:

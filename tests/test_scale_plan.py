@@ -253,6 +253,14 @@ def test_a_joined_node_waiting_for_admission_counts_as_capacity_coming():
     assert kinds(run([joined], [pending(1)], {"grp-t4": group(1, 1)})) == [("admit", "t4", "1")]
 
 
+def test_an_idle_node_of_another_release_above_min_waits_for_its_idle_time_rather_than_a_replacement():
+    """Replacing it would launch a node that idles too: it goes as an idle node."""
+    fresh = node(1, idle_since=NOW - 5, release=OLD_RELEASE)
+    assert kinds(run([fresh], [], {"grp-t4": group(1, 1)})) == []
+    assert kinds(run([node(1, idle_since=IDLE, release=OLD_RELEASE)], [], {"grp-t4": group(1, 1)})) == \
+        [("pause", "t4", "1")]
+
+
 def test_idle_nodes_of_another_release_are_replaced_at_most_max_unavailable_at_a_time():
     pool = sp.Pool(**{**T4.__dict__, "min": 3})
     nodes = [node(i, idle_since=NOW - 5, release=OLD_RELEASE) for i in (1, 2, 3)]
