@@ -8,6 +8,7 @@ reconcile (stacks the program no longer has go), then the stacks, each deploy wa
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pulumi
@@ -38,6 +39,7 @@ from settings import GpuPool, Settings
 from settings.model import PROJECT
 from settings.aws_lookups import CLUSTER_TAG, running_names
 from swarm.gpu_check import GpuCheck
+from swarm.rollout import advertised_gpus
 from swarm.labels import pool_labels
 from swarm.node_contract import CAPACITY_BLOCK_END_ENV, MONITORING_STACK, POOL_LABEL
 
@@ -190,6 +192,7 @@ class Cluster(pulumi.ComponentResource):
         health = SwarmHealth(f"{name}-health", SwarmHealthArgs(
             manager=self._first_live, node_ids=node_ids,
             each_up=s.health.inventory_each_up, after=[*admitted, reconcile, *deployed],
+            elastic=bool(s.elastic_pools),
         ), opts=self._child)
 
         self.vpc_id = pulumi.Output.from_input(vpc_id)
@@ -203,10 +206,11 @@ class Cluster(pulumi.ComponentResource):
         # square of the nodes, and an Output per node costs the SDK more than the entry does.
         values = [v for node, _ in nodes for v in self._inventory_values(node, members[node.name], rollouts[node.name])]
         width = len(values) // len(nodes)
-        self.inventory = pulumi.Output.all(health.conditions, *values).apply(lambda v: [
-            {**self._inventory_entry(node, pool, v[1 + width * i:1 + width * (i + 1)]),
-             "health": _health_entry((v[0] or {}).get(v[1 + width * i + 3]), health.read_at)}
-            for i, (node, pool) in enumerate(nodes)])
+        self.inventory = pulumi.Output.all(health.conditions, health.elastic_nodes, *values).apply(lambda v: [
+            *({**self._inventory_entry(node, pool, v[2 + width * i:2 + width * (i + 1)]),
+               "health": _health_entry((v[0] or {}).get(v[2 + width * i + 3]), health.read_at)}
+              for i, (node, pool) in enumerate(nodes)),
+            *(elastic_entry(e, s, self._kinds, health.read_at) for e in v[1] or [])])
         self.bootstrap_timings = pulumi.Output.all(*[boots[n.name].timings for n, _ in nodes]).apply(
             lambda timings: {node.name: t for (node, _), t in zip(nodes, timings)}
         )
@@ -356,6 +360,22 @@ class Cluster(pulumi.ComponentResource):
             "slotsPerGpu": pool.slots_per_gpu if pool else 0,
             "release": self._kinds[node.pool].release_id[:12],
         }
+
+
+def elastic_entry(seen: dict, s: Settings, kinds: dict, read_at: str | None) -> dict:
+    """An elastic pool's node, as the swarm said at this `pulumi up` (the scaler adds and removes them)."""
+    pool = next((p for p in s.elastic_pools if p.name == seen.get("pool")), None)
+    shown = s.shared_gpu_kind if pool and pool.slots_per_gpu else s.gpu_kind
+    release = kinds[pool.name].release_id if pool else ""
+    return {"name": seen.get("hostname"), "role": "worker", "pool": seen.get("pool"), "elastic": True,
+            "instanceId": seen.get("instance"), "instanceType": pool.instance_type if pool else None,
+            "privateIp": seen.get("addr"), "publicIp": None, "swarmNodeId": seen.get("id"),
+            "gpusExpected": pool.gpus_per_node if pool else 0,
+            "gpusAdvertised": advertised_gpus(json.dumps(seen.get("resources") or []), shown),
+            # Its admit's GPU check proved this release's GPUs (swarm/gpu_check.py labels the node so).
+            "gpusVerified": bool(release) and seen.get("verified") == release,
+            "slotsPerGpu": pool.slots_per_gpu if pool else 0, "release": (seen.get("software") or "")[:12],
+            "health": _health_entry(seen, read_at)}
 
 
 def _health_entry(seen: dict | None, read_at: str | None) -> dict:

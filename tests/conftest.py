@@ -140,6 +140,13 @@ def command_stdout(name: str, create: str) -> str:
         return json.dumps({"cluster_id": FAKE_CLUSTER_ID, "node_id": fake_node_id(name), "created": True}) + "\n"
     if "/swarm/join" in create and "docker swarm init" not in create:  # join_swarm
         return fake_node_id(name) + "\n"
+    if "elastic nodes read at" in create:  # swarm/health.py read_elastic_nodes: one node of pool t4 joined
+        resources = [{"NamedResourceSpec": {"Kind": "NVIDIA-GPU", "Value": fake_gpu_uuid("elastic", 0)}}]
+        return json.dumps({"id": fake_node_id("elastic"), "hostname": "ip-10-42-0-99", "state": "ready",
+                           "availability": "active", "condition": "healthy", "reason": "ok", "gpu": "-",
+                           "since": "1800000000", "drainedBy": "", "health": "", "healthLast": "", "pool": "t4",
+                           "instance": "i-0e1a571c0000000001", "addr": "10.42.0.99", "resources": resources,
+                           "software": "", "verified": ""}) + "\n"
     if "GenericResources" in create:  # admit_node: the swarm sees what the node advertises
         expected = int(re.search(r"\"\$n\" -eq (\d+) \]", create)[1])
         kind = re.search(r'"Kind":"([^"]+)"', create)[1]

@@ -23,7 +23,7 @@ from localswarm import fake_groups, fake_iam
 from swarm import reconcile, rollout
 from swarm.gpu_check import GpuCheck
 from swarm.script import NODE_ARGUMENT
-from tests.conftest import is_secret, request_inputs, run_program, stack_config, unwrap
+from tests.conftest import fake_gpu_uuid, is_secret, request_inputs, run_program, stack_config, unwrap
 from tests.test_swarm_scripts import FakeNode
 from tests.tools import require_tool
 from to_node import software as node_software
@@ -203,3 +203,27 @@ def test_the_reconcile_leaves_the_elastic_pools_nodes_to_the_scaler(tmp_path):
         assert f"docker node rm --force {elastic}" in node.calls() and f"docker node rm --force {gone}" in node.calls()
     finally:
         node.close()
+
+
+def test_the_inventory_lists_the_elastic_nodes_the_swarm_has_with_their_gpus(run):
+    """Read at each `pulumi up` from the swarm (the program never has them); the mock's manager knows one."""
+    elastic = [e for e in run.exports["inventory"] if e.get("elastic")]
+    assert len(elastic) == 1 and elastic[0]["pool"] == "t4" and elastic[0]["instanceId"].startswith("i-")
+    assert elastic[0]["gpusAdvertised"] == [fake_gpu_uuid("elastic", 0)] and elastic[0]["gpusExpected"] == 1
+    assert elastic[0]["gpusVerified"] is False  # its admit has not proved this release's GPUs
+    assert {e["name"] for e in run.exports["inventory"] if not e.get("elastic")} == \
+        {"gpu-swarm-test-manager-0", "gpu-swarm-test-l4-0"}
+    read = inputs(run, "gpu-swarm-health-elastic")["create"]
+    assert "docker node inspect" in read and "gpu-swarm.elastic-pool" in read
+
+
+def test_the_elastic_read_passes_shellcheck_and_keeps_only_nodes_that_name_a_pool(tmp_path):
+    require_tool("shellcheck")
+    from swarm.health import parse_elastic_nodes, read_elastic_nodes
+    text = read_elastic_nodes("2027-01-15T08:00:00+00:00")
+    checked = subprocess.run(["shellcheck", "-s", "bash", "-"], input=text, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout
+    lines = '{"id": "a", "pool": "t4"}\n{"id": "b", "pool": ""}\n'
+    kept = subprocess.run(["bash", "-c", "grep -v '\"pool\":\"\"' || true"], input=lines.replace(": ", ":"),
+                          capture_output=True, text=True).stdout
+    assert [n["id"] for n in parse_elastic_nodes(kept)] == ["a"]
