@@ -23,7 +23,7 @@ so a new leader goes on where the last stopped.
 - A node that joined is admitted (the pool's admit script: labels and the post-join GPU check) once
   the group lists its instance and no other node claims it.
 A node running a GPU task is never paused, drained or terminated.
-Stdlib and its sibling contract.py only.
+Stdlib and its siblings contract.py and task_fit.py (reading the swarm's JSON, and what a pool's node fits).
 """
 from __future__ import annotations
 
@@ -31,28 +31,23 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 from contract import (AUTOSCALE_LABEL, DRAINED_BY_AUTOSCALE, DRAINED_BY_HEALTH, DRAINED_BY_LABEL,  # noqa: E402
                       ELASTIC_POOL_LABEL, IDLE_SINCE_LABEL, INSTANCE_ID_LABEL, SOFTWARE_LABEL)
+from task_fit import (NO_SUITABLE_NODE, _engine, _holding, _int, _labels, _max_replicas,  # noqa: E402,F401
+                      _name, _pending_s, _ready, _spec, constraint_problem, fit_problem, reserved)
 
-# Task states in which a task holds its node's resources (swarmkit api/types.proto TaskState, from assigned on).
-HOLDING = ("assigned", "accepted", "preparing", "ready", "starting", "running")
 # Group instances that are or will be nodes (Auto Scaling lifecycle states: Pending, Pending:Wait,
 # Pending:Proceed, InService); Terminating*, Terminated, Detach* and Standby are not.
 LIVE_LIFECYCLE = re.compile(r"Pending(:\w+)?|InService")
-NO_SUITABLE_NODE = "no suitable node"  # swarmkit's scheduler, for a task that fits no node (resources or constraints)
 # A node being taken out: AUTOSCALE_LABEL's goals and phases.
 REMOVE, REPLACE = "remove", "replace"
 PAUSED, DRAINING, TERMINATING = "paused", "draining", "terminating"
 TERMINATE_AGAIN_S = 300  # a terminated instance the group still lists as in service after this: ask again
 STUCK_S = 120  # a pending task that would fit a ready node's free units for this long: something else keeps it out
-_CONSTRAINT = re.compile(r"\s*([A-Za-z0-9._/-]+)\s*(==|!=)\s*(.*?)\s*")
-# What a node of a pool is known to be before it boots: placement constraints on anything else are unknowable.
-_KNOWN = {"node.role": "worker", "node.platform.os": "linux", "node.platform.arch": "x86_64"}
 
 
 @dataclass(frozen=True)
@@ -107,87 +102,6 @@ class Plan:
     actions: list[Action] = field(default_factory=list)
     reports: list[str] = field(default_factory=list)  # what it could not do, and why: said, not acted on
     status: dict = field(default_factory=dict)  # pool -> {desired, booting, ready, leaving, waiting}
-
-
-# ---------------------------------------------------------------- reading the swarm's JSON
-
-def _spec(n: dict) -> dict:
-    return n.get("Spec") or {}
-
-
-def _labels(n: dict) -> dict:
-    return _spec(n).get("Labels") or {}
-
-
-def _engine(n: dict) -> dict:
-    return ((n.get("Description") or {}).get("Engine") or {}).get("Labels") or {}
-
-
-def _name(n: dict) -> str:
-    return (n.get("Description") or {}).get("Hostname") or n["ID"]
-
-
-def _ready(n: dict) -> bool:
-    return (n.get("Status") or {}).get("State") == "ready"
-
-
-def _int(text) -> int | None:
-    return int(text) if isinstance(text, str) and text.isdigit() else None
-
-
-def reserved(task: dict) -> dict[str, int]:
-    """Kind -> units of the discrete generic resources a task reserves."""
-    out: dict[str, int] = {}
-    res = (((task.get("Spec") or {}).get("Resources") or {}).get("Reservations") or {}).get("GenericResources") or []
-    for entry in res:
-        spec = entry.get("DiscreteResourceSpec")
-        if spec and spec.get("Kind"):
-            out[spec["Kind"]] = out.get(spec["Kind"], 0) + int(spec.get("Value") or 0)
-    return out
-
-
-def _constraints(task: dict) -> list[str]:
-    return list(((task.get("Spec") or {}).get("Placement") or {}).get("Constraints") or [])
-
-
-def _max_replicas(task: dict) -> int:
-    return int(((task.get("Spec") or {}).get("Placement") or {}).get("MaxReplicas") or 0)
-
-
-def _holding(task: dict) -> bool:
-    return (task.get("Status") or {}).get("State") in HOLDING and bool(task.get("NodeID"))
-
-
-def constraint_problem(constraints: list[str], labels: dict) -> str | None:
-    """None when every constraint holds for a new node with these node labels; else the first that does not,
-    or cannot be known before the node boots. Values compare as swarmkit's do (case-insensitive)."""
-    for text in constraints:
-        found = _CONSTRAINT.fullmatch(text)
-        if not found:
-            return f"constraint {text!r} is not key==value or key!=value"
-        key, op, want = found[1], found[2], found[3]
-        lowered = key.lower()
-        if lowered.startswith("node.labels."):
-            have = labels.get(key[len("node.labels."):])
-        elif lowered in _KNOWN:
-            have = _KNOWN[lowered]
-        else:
-            return f"constraint {text!r} names what only a booted node can say"
-        equal = have is not None and have.lower() == want.lower()
-        if equal != (op == "=="):
-            return f"constraint {text!r} does not hold for its nodes"
-    return None
-
-
-def fit_problem(task: dict, pool: Pool) -> str | None:
-    """Why a node of `pool` could never run `task`; None when it could."""
-    wants = reserved(task)
-    other = sorted(k for k in wants if k != pool.kind)
-    if other:
-        return f"it reserves {', '.join(other)}, and the pool's nodes advertise {pool.kind}"
-    if wants.get(pool.kind, 0) > pool.units:
-        return f"it reserves {wants[pool.kind]} {pool.kind}, and a node of the pool has {pool.units}"
-    return constraint_problem(_constraints(task), pool.labels)
 
 
 # ---------------------------------------------------------------- the plan
@@ -373,15 +287,6 @@ def _place_pending(tasks: list[dict], pools: list[Pool], views: dict, now: int, 
         else:
             out.reports.append(f"{shown} waits: pool(s) {', '.join(p.name for p in able)} could run it but are at "
                                 f"their max ({', '.join(str(p.max) for p in able)} nodes)")
-
-
-def _pending_s(task: dict, now: int) -> int:
-    """Seconds since the task's status last changed (RFC 3339 Status.Timestamp, UTC), 0 when unreadable."""
-    stamp = (task.get("Status") or {}).get("Timestamp") or ""
-    found = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)", stamp)
-    if not found:
-        return 0
-    return max(0, now - int(datetime.strptime(found[1], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()))
 
 
 def _fit(v: _PoolView, task: dict) -> _Slot | None:
