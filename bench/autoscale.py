@@ -12,7 +12,8 @@ the scaler reads at each round; the program's smallest is idleMinutes: 1). Each 
 - pending -> decision: from the task's creation until the scaler's journal says it set the desired capacity;
 - decision -> admitted: until its journal says the new node was admitted (booted from the template's user
   data through cloud-init, joined from its SSM parameter, labelled and GPU-checked);
-- admitted -> running: until the task's state is running;
+- admitted -> running: from the admit's end until the task's state is running (the admit gives the node
+  its tasks before its GPU check, so this is near zero);
 - gone -> removed: from the service's removal until the node is out of the swarm and its instance terminated
   (idle for --idle-seconds, then paused, drained, terminated with a decrement, removed: about four of the
   scaler's 5 s rounds on top of the idle time).
