@@ -140,15 +140,20 @@ def reservation_problem(pool: GpuPool, reservation_id: str, instance_type: str, 
     return None
 
 
+def pool_subnets(name: str, pool: GpuPool, subnets_by_zone: dict[str, pulumi.Input[str]], parent: pulumi.Resource):
+    """(the pool's subnets, its reservation id or None, the reservation's placement group or None): a pool with
+    a reservation id goes to the reservation's zone, checked against the pool."""
+    if not pool.options.reservation_id:
+        return [subnets_by_zone[z] for z in pool.zones or subnets_by_zone], None, None
+    reservation, subnet, group = checked_reservation(
+        f"{name}-{pool.name}", pool, {z: subnets_by_zone[z] for z in pool.zones}, parent)
+    return [subnet], reservation, group
+
+
 def pool_capacity_args(name: str, pool: GpuPool, subnets_by_zone: dict[str, pulumi.Input[str]],
                        parent: pulumi.Resource) -> dict:
     """The NodePoolArgs of a GPU pool's market, reservation, placement, EFA and subnets."""
-    reservation = group = None
-    subnets = [subnets_by_zone[z] for z in pool.zones or subnets_by_zone]
-    if pool.options.reservation_id:
-        reservation, subnet, group = checked_reservation(
-            f"{name}-{pool.name}", pool, {z: subnets_by_zone[z] for z in pool.zones}, parent)
-        subnets = [subnet]
+    subnets, reservation, group = pool_subnets(name, pool, subnets_by_zone, parent)
     return dict(subnet_ids=subnets, market=market_options(pool),
                 capacity=capacity_specification(pool, reservation),
                 spot=pool.spot, placement_group=group, cluster_placement=pool.options.placement == "cluster",
@@ -165,7 +170,7 @@ def quota_advice(pool: GpuPool, text: str) -> str | None:
         quota, what = ELASTIC_IPS, "Elastic IPs (one per manager and per EFA node)"
     else:
         quota = vcpu_quota(pool.instance_type, pool.spot or found[0] == "MaxSpotInstanceCountExceeded")
-        what = f"vCPUs ({pool.count} x {pool.instance_type} for this pool, with the rest of the account's)"
+        what = f"vCPUs ({pool.most_nodes} x {pool.instance_type} for this pool, with the rest of the account's)"
     if quota is None:
         return f"pool {pool.name}: an EC2 quota refused {pool.instance_type} ({found[0]}); raise it in Service Quotas"
     return (f"pool {pool.name}: {found[0]}: the EC2 quota {quota.code} ('{quota.name}') is smaller than the "

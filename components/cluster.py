@@ -8,6 +8,7 @@ reconcile (stacks the program no longer has go), then the stacks, each deploy wa
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pulumi
@@ -17,6 +18,8 @@ from to_node import software as node_software
 from components.access import Access
 from components.capacity import pool_capacity_args
 from components.cost import ClusterCost, cluster_cost, node_zone, price_list_provider
+from components.elastic_cluster import ElasticPools
+from components.elastic_pool import join_parameter_name
 from components.gpu_stack import GpuStack, GpuStackArgs
 from components.monitoring import Monitoring, MonitoringArgs
 from components.network import Network, NetworkArgs
@@ -37,6 +40,7 @@ from settings import GpuPool, Settings
 from settings.model import PROJECT
 from settings.aws_lookups import CLUSTER_TAG, running_names
 from swarm.gpu_check import GpuCheck
+from swarm.rollout import advertised_gpus
 from swarm.labels import pool_labels
 from swarm.node_contract import CAPACITY_BLOCK_END_ENV, MONITORING_STACK, POOL_LABEL
 
@@ -110,6 +114,8 @@ class Cluster(pulumi.ComponentResource):
         self._access = pulumi.Output.all(self._key.public_key, *s.ssh_authorized_keys).apply(
             lambda keys: as_root(authorize_keys(s.ssh_user, list(keys))))
         self._kinds: dict[str, _Kind] = {"managers": self._kind(None)}
+        # Elastic pools (components/elastic_cluster.py): the managers' scaler needs their role before they launch.
+        elastic = ElasticPools(name, s, self._tags, self)
         managers = NodePool(f"{name}-managers", NodePoolArgs(
             role="manager", pool="managers", instance_type=s.managers.instance_type, count=s.managers.count,
             # Managers run no GPU work, so they always run plain Ubuntu, even when the GPU
@@ -117,11 +123,14 @@ class Cluster(pulumi.ComponentResource):
             ami_id=s.manager_ami_id, security_group_ids=[groups.cluster_id, groups.managers_id],
             root_volume_gib=s.managers.root_volume_gib, node_name_prefix=f"{s.cluster_name}-manager",
             release=self._kinds["managers"].release, one_at_a_time=True, stable_address=True,
-            subnet_ids=[subnets[z] for z in s.managers.zones or subnets], **common,
+            subnet_ids=[subnets[z] for z in s.managers.zones or subnets],
+            iam_instance_profile=elastic.managers_profile, **common,
         ), opts=self._child)
         pools = []
         for pool in s.gpu_pools:
             self._kinds[pool.name] = self._kind(pool)
+            if pool.autoscale:
+                continue  # its group's nodes join by themselves, below
             pools.append((pool, NodePool(f"{name}-{pool.name}", NodePoolArgs(
                 role="worker", pool=pool.name, instance_type=pool.instance_type, count=pool.count,
                 ami_id=self._pool_image(name, pool), root_volume_gib=pool.root_volume_gib,
@@ -148,6 +157,14 @@ class Cluster(pulumi.ComponentResource):
         ), opts=self._child)
 
         manager_ips = [n.private_ip for n in managers.nodes]
+        releases = {p.name: self._kinds[p.name].release_id for p in s.elastic_pools}
+        elastic.build(images=lambda pool: self._pool_image(name, pool),
+                      releases={p.name: self._kinds[p.name].release for p in s.elastic_pools}, swarm=swarm,
+                      manager_ips=manager_ips, subnets_by_zone=subnets, key_name=self._key.key_name,
+                      security_group_ids=lambda pool: [groups.cluster_id, groups.workers_id],
+                      after=[swarm.tokens, *groups.ssh_rules, *self._bundle.ready])
+        for node in managers.nodes:
+            elastic.configure(node, self._connection(node), boots[node.name], aws.config.region, releases)
         members, rollouts = {}, {}
         waves = RollWaves(f"{name}-roll", self._child)
         for node, pool in nodes:
@@ -162,6 +179,7 @@ class Cluster(pulumi.ComponentResource):
         reconcile = SwarmReconcile(f"{name}-reconcile", SwarmReconcileArgs(
             manager=self._first_live, node_ids=node_ids, after=admitted,
             stacks=[st.name for st in s.stacks] + ([MONITORING_STACK] if s.monitoring.enabled else []),
+            elastic_pools=[p.name for p in s.elastic_pools],
         ), opts=self._child)
         # Stacks deploy after the reconcile has removed the stacks the program no longer has, so a
         # swap frees their GPUs first; each deploy then waits until its stack has settled.
@@ -179,6 +197,7 @@ class Cluster(pulumi.ComponentResource):
         health = SwarmHealth(f"{name}-health", SwarmHealthArgs(
             manager=self._first_live, node_ids=node_ids,
             each_up=s.health.inventory_each_up, after=[*admitted, reconcile, *deployed],
+            elastic=bool(s.elastic_pools),
         ), opts=self._child)
 
         self.vpc_id = pulumi.Output.from_input(vpc_id)
@@ -192,10 +211,11 @@ class Cluster(pulumi.ComponentResource):
         # square of the nodes, and an Output per node costs the SDK more than the entry does.
         values = [v for node, _ in nodes for v in self._inventory_values(node, members[node.name], rollouts[node.name])]
         width = len(values) // len(nodes)
-        self.inventory = pulumi.Output.all(health.conditions, *values).apply(lambda v: [
-            {**self._inventory_entry(node, pool, v[1 + width * i:1 + width * (i + 1)]),
-             "health": _health_entry((v[0] or {}).get(v[1 + width * i + 3]), health.read_at)}
-            for i, (node, pool) in enumerate(nodes)])
+        self.inventory = pulumi.Output.all(health.conditions, health.elastic_nodes, *values).apply(lambda v: [
+            *({**self._inventory_entry(node, pool, v[2 + width * i:2 + width * (i + 1)]),
+               "health": _health_entry((v[0] or {}).get(v[2 + width * i + 3]), health.read_at)}
+              for i, (node, pool) in enumerate(nodes)),
+            *(elastic_entry(e, s, self._kinds, health.read_at) for e in v[1] or [])])
         self.bootstrap_timings = pulumi.Output.all(*[boots[n.name].timings for n, _ in nodes]).apply(
             lambda timings: {node.name: t for (node, _), t in zip(nodes, timings)}
         )
@@ -244,8 +264,12 @@ class Cluster(pulumi.ComponentResource):
                                      shared_kind=s.shared_gpu_kind, spot=gpu and pool.spot,
                                      sharing_mode=pool.sharing_mode if gpu else "time-slicing")
         env.update(node_software.efa_env(pool.efa_interfaces if gpu else 0))
+        elastic = bool(gpu and pool.autoscale)
+        if elastic:  # its nodes join by themselves (node/swarm_join.py)
+            env.update(node_software.elastic_env(join_parameter_name(s.cluster_name, pool.name), aws.config.region,
+                                                 pool.name))
         steps = tuple(node_software.bootstrap_steps(gpu=gpu, instance_type=instance_type,
-                                                    efa=bool(gpu and pool.efa_interfaces)))
+                                                    efa=bool(gpu and pool.efa_interfaces), elastic=elastic))
         sha = self._bundle.sha256
         return _Kind(env=env, steps=steps, expected_gpus=pool.gpus_per_node if gpu else 0,
                      release_id=node_software.release(sha, env, list(steps)),
@@ -351,6 +375,22 @@ class Cluster(pulumi.ComponentResource):
             "slotsPerGpu": pool.slots_per_gpu if pool else 0,
             "release": self._kinds[node.pool].release_id[:12],
         }
+
+
+def elastic_entry(seen: dict, s: Settings, kinds: dict, read_at: str | None) -> dict:
+    """An elastic pool's node, as the swarm said at this `pulumi up` (the scaler adds and removes them)."""
+    pool = next((p for p in s.elastic_pools if p.name == seen.get("pool")), None)
+    shown = s.shared_gpu_kind if pool and pool.slots_per_gpu else s.gpu_kind
+    release = kinds[pool.name].release_id if pool else ""
+    return {"name": seen.get("hostname"), "role": "worker", "pool": seen.get("pool"), "elastic": True,
+            "instanceId": seen.get("instance"), "instanceType": pool.instance_type if pool else None,
+            "privateIp": seen.get("addr"), "publicIp": None, "swarmNodeId": seen.get("id"),
+            "gpusExpected": pool.gpus_per_node if pool else 0,
+            "gpusAdvertised": advertised_gpus(json.dumps(seen.get("resources") or []), shown),
+            # Its admit's GPU check proved this release's GPUs (swarm/gpu_check.py labels the node so).
+            "gpusVerified": bool(release) and seen.get("verified") == release,
+            "slotsPerGpu": pool.slots_per_gpu if pool else 0, "release": (seen.get("software") or "")[:12],
+            "health": _health_entry(seen, read_at)}
 
 
 def _health_entry(seen: dict | None, read_at: str | None) -> dict:

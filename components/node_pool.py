@@ -66,6 +66,7 @@ class NodePoolArgs:
     cluster_placement: bool = False  # a cluster placement group of the pool's own
     efa_interfaces: int = 0  # > 0: a launch template with that many EFA interfaces (components/efa.py)
     stable_address: bool = False  # an Elastic IP per node
+    iam_instance_profile: pulumi.Input[str] | None = None  # the managers', with elastic pools: their scaler's role
     error_hook: pulumi.ErrorHook | None = None  # says what to try when AWS has no capacity
     # Managers hold the swarm's Raft quorum: change them one after the other (a resize
     # stops and starts each), never all at once.
@@ -168,6 +169,7 @@ class NodePool(pulumi.ComponentResource):
                     tags=tags,
                 ),
                 capacity_reservation_specification=args.capacity,
+                iam_instance_profile=args.iam_instance_profile,
                 placement_group=group,
                 launch_template=aws.ec2.InstanceLaunchTemplateArgs(
                     id=template.id, version=template.latest_version.apply(str)) if template else None,

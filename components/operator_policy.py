@@ -25,7 +25,10 @@ RESOURCES: dict[str, tuple[str, ...]] = {
         "ec2:ModifyVolume", "ec2:DescribeVolumesModifications", "ec2:StopInstances", "ec2:StartInstances",
         "ec2:ModifyInstanceCapacityReservationAttributes",
         # The delete of a persistent spot node's instance cancels its request first (provider_facts.py).
-        "ec2:CancelSpotInstanceRequests", "ec2:TerminateInstances"),
+        "ec2:CancelSpotInstanceRequests", "ec2:TerminateInstances",
+        # The managers' instance profile, with elastic pools: launched with it, or associated in place.
+        "ec2:AssociateIamInstanceProfile", "ec2:DescribeIamInstanceProfileAssociations",
+        "ec2:DisassociateIamInstanceProfile", "ec2:ReplaceIamInstanceProfileAssociation", "iam:PassRole"),
     "aws:ec2/launchTemplate:LaunchTemplate": (
         "ec2:CreateLaunchTemplate", "ec2:DescribeLaunchTemplates", "ec2:DescribeLaunchTemplateVersions",
         "ec2:CreateLaunchTemplateVersion", "ec2:ModifyLaunchTemplate", "ec2:DeleteLaunchTemplate", *_TAGS),
@@ -78,7 +81,29 @@ RESOURCES: dict[str, tuple[str, ...]] = {
     "aws:s3/bucketPolicy:BucketPolicy": ("s3:PutBucketPolicy", "s3:GetBucketPolicy", "s3:DeleteBucketPolicy"),
     "aws:s3/bucketObjectv2:BucketObjectv2": ("s3:PutObject", "s3:PutObjectTagging", "s3:GetObject",
                                              "s3:GetObjectTagging", "s3:DeleteObjectTagging", "s3:DeleteObject"),
+    # An elastic pool (components/elastic_pool.py). The group launches from a template that names an instance
+    # profile, so its create and update need to pass the role, and to launch and tag what the template says
+    # (EC2 Auto Scaling User Guide, "Control the use of launch templates in Auto Scaling actions"). Its delete
+    # with force_delete is DeleteAutoScalingGroup, then describes until it is gone (terraform-provider-aws
+    # internal/service/autoscaling/group.go resourceGroupDelete). wait_for_capacity_timeout 0: no capacity wait.
+    "aws:autoscaling/group:Group": (
+        "autoscaling:CreateAutoScalingGroup", "autoscaling:UpdateAutoScalingGroup", "autoscaling:DeleteAutoScalingGroup",
+        "autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeScalingActivities", "autoscaling:DescribeWarmPool",
+        "autoscaling:SuspendProcesses", "autoscaling:ResumeProcesses", "autoscaling:CreateOrUpdateTags",
+        "autoscaling:DeleteTags", "ec2:RunInstances", "ec2:CreateTags", "ec2:DescribeLaunchTemplateVersions",
+        "iam:PassRole"),
+    "aws:iam/role:Role": ("iam:CreateRole", "iam:GetRole", "iam:UpdateRole", "iam:UpdateAssumeRolePolicy",
+                          "iam:TagRole", "iam:UntagRole", "iam:ListRolePolicies", "iam:ListAttachedRolePolicies",
+                          "iam:ListInstanceProfilesForRole", "iam:DeleteRole"),
+    "aws:iam/instanceProfile:InstanceProfile": (
+        "iam:CreateInstanceProfile", "iam:GetInstanceProfile", "iam:AddRoleToInstanceProfile",
+        "iam:RemoveRoleFromInstanceProfile", "iam:TagInstanceProfile", "iam:UntagInstanceProfile",
+        "iam:DeleteInstanceProfile"),
+    "aws:iam/rolePolicy:RolePolicy": ("iam:PutRolePolicy", "iam:GetRolePolicy", "iam:DeleteRolePolicy"),
 }
+# IAM: only the program's own roles and instance profiles (every name starts with the program's), and a role
+# passed only to EC2 (the instances' profiles) or Auto Scaling (its service-linked role launches them).
+IAM_RESOURCES = ("arn:aws:iam::*:role/gpu-swarm-*", "arn:aws:iam::*:instance-profile/gpu-swarm-*")
 # Data source token -> the IAM actions it calls (the first is the one its AccessDenied names).
 LOOKUPS: dict[str, tuple[str, ...]] = {
     "aws:ec2/getInstanceType:getInstanceType": ("ec2:DescribeInstanceTypes",),
@@ -118,14 +143,27 @@ def actions() -> list[str]:
     return sorted({*ALWAYS, *(a for row in RESOURCES.values() for a in row), *(a for row in LOOKUPS.values() for a in row)})
 
 
+# The first Auto Scaling group of an account makes Auto Scaling's service-linked role, which launches and
+# terminates the group's instances (EC2 Auto Scaling User Guide, "Service-linked roles for Amazon EC2 Auto Scaling").
+AUTOSCALING_ROLE = {"Sid": "AutoScalingServiceLinkedRole", "Effect": "Allow", "Action": "iam:CreateServiceLinkedRole",
+                    "Resource": "arn:aws:iam::*:role/aws-service-role/autoscaling.amazonaws.com/"
+                                "AWSServiceRoleForAutoScaling",
+                    "Condition": {"StringLike": {"iam:AWSServiceName": "autoscaling.amazonaws.com"}}}
+
+
 def policy() -> dict:
-    """The operator policy: one statement per service, and the spot role."""
+    """The operator policy: one statement per service, IAM's held to the program's own roles, and the service
+    roles of Spot and Auto Scaling."""
     by_service: dict[str, list[str]] = {}
     for action in actions():
-        by_service.setdefault(action.split(":")[0], []).append(action)
-    statements = [{"Sid": f"GpuSwarm{service.capitalize()}", "Effect": "Allow", "Action": names, "Resource": "*"}
+        if action != "iam:PassRole":
+            by_service.setdefault(action.split(":")[0], []).append(action)
+    statements = [{"Sid": f"GpuSwarm{service.capitalize()}", "Effect": "Allow", "Action": names,
+                   "Resource": list(IAM_RESOURCES) if service == "iam" else "*"}
                   for service, names in sorted(by_service.items())]
-    return {"Version": "2012-10-17", "Statement": [*statements, SPOT_ROLE]}
+    passing = {"Sid": "GpuSwarmPassRole", "Effect": "Allow", "Action": "iam:PassRole", "Resource": IAM_RESOURCES[0],
+               "Condition": {"StringEquals": {"iam:PassedToService": ["ec2.amazonaws.com"]}}}
+    return {"Version": "2012-10-17", "Statement": [*statements, passing, SPOT_ROLE, AUTOSCALING_ROLE]}
 
 
 def policy_json() -> str:

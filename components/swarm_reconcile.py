@@ -16,6 +16,7 @@ class SwarmReconcileArgs:
     manager: pulumi.Input[command.remote.ConnectionArgs]  # to the first manager
     node_ids: Sequence[pulumi.Input[str]]  # every node the program has, as joined
     stacks: Sequence[str]  # every stack the program deploys
+    elastic_pools: Sequence[str] = ()  # their nodes are the scaler's (node/swarm_scaler.py), kept here
     after: Sequence[pulumi.Resource] = field(default_factory=list)  # every node admitted
 
 
@@ -28,7 +29,8 @@ class SwarmReconcile(pulumi.ComponentResource):
             f"{name}-run",
             connection=args.manager,
             create=pulumi.Output.all(*args.node_ids).apply(
-                lambda ids: as_root(reconcile(nodes=list(ids), stacks=list(args.stacks)))),
+                lambda ids: as_root(reconcile(nodes=list(ids), stacks=list(args.stacks),
+                                              elastic_pools=list(args.elastic_pools)))),
             opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after)),
         )
         self.register_outputs({})

@@ -50,6 +50,9 @@ class Account:
     spot_requests: dict = field(default_factory=dict)
     objects: dict = field(default_factory=dict)  # "bucket/key" -> {"tags"}
     parameters: dict = field(default_factory=dict)  # SSM parameter name -> (its value, the generation it was made in)
+    groups: dict = field(default_factory=dict)  # Auto Scaling group name -> its record (localswarm/fake_groups.py)
+    roles: dict = field(default_factory=dict)  # IAM role name -> {"policies": {policy name: its document}}
+    profiles: dict = field(default_factory=dict)  # instance profile name -> its role's name
     quotas: dict = field(default_factory=dict)  # quota code -> value, over DEFAULT_QUOTA
     denied: set = field(default_factory=set)  # IAM actions the operator's credentials may not call
     generations: dict = field(default_factory=dict)  # resource name -> times replaced (its id changes)
@@ -368,17 +371,22 @@ def tag(inputs: dict) -> None:
 
 
 def ssm_parameter(resource: str, inputs: dict) -> dict:
-    """aws.ssm.Parameter as a second `up` finds it: one made in an earlier run of the same resource keeps its value
-    (the program's ignore_changes on value: no update, the state's outputs), a replaced one (Account.replace)
-    takes the new. A data type of aws:ec2:image must name an image (SSM checks it: ParameterValidationError)."""
+    """aws.ssm.Parameter as a second `up` finds it: a pool's image (insecureValue) made in an earlier run of the same
+    resource keeps its value (the program's ignore_changes on value: no update, the state's outputs), a replaced
+    one (Account.replace) takes the new; a SecureString (an elastic pool's join) takes each run's value. A data
+    type of aws:ec2:image must name an image (SSM checks it: ParameterValidationError)."""
     check_tags(inputs.get("tags"), "ec2", f"creating SSM Parameter ({inputs.get('name')})")
     if inputs.get("dataType") == "aws:ec2:image" and not str(inputs.get("insecureValue", "")).startswith("ami-"):
         raise AwsError(f"creating SSM Parameter ({inputs.get('name')}): ParameterValidationError")
+    arn = f"arn:aws:ssm:us-east-1:{ACCOUNT_ID}:parameter{inputs['name']}"
+    if "insecureValue" not in inputs:
+        ACCOUNT.parameters[inputs["name"]] = (inputs.get("value"), ACCOUNT.generations.get(resource, 0))
+        return {**inputs, "arn": arn}
     generation = ACCOUNT.generations.get(resource, 0)
     kept = ACCOUNT.parameters.get(inputs["name"])
     if kept is None or kept[1] != generation:
         kept = ACCOUNT.parameters[inputs["name"]] = (inputs["insecureValue"], generation)
-    return {**inputs, "insecureValue": kept[0], "value": kept[0], "arn": f"arn:aws:ssm:us-east-1:{ACCOUNT_ID}:parameter{inputs['name']}"}
+    return {**inputs, "insecureValue": kept[0], "value": kept[0], "arn": arn}
 
 
 def put_object(bucket: str, key: str, tags: dict | None) -> None:

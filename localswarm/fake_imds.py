@@ -78,11 +78,16 @@ def make_handler(root: Path, token: str):
 # Beside the machines (machines.STATE): the records of the program's rehearsal, one per machine address.
 RECORDS = Path(os.environ.get("GPU_SWARM_REHEARSAL_STATE", "/var/lib/gpu-swarm-rehearsal")) / "imds"
 INSTANCE_PATHS = {"/latest/meta-data/instance-id": "instance-id", "/latest/meta-data/ami-id": "ami-id",
-                  "/latest/user-data": "user-data"}
+                  "/latest/user-data": "user-data", "/latest/meta-data/local-ipv4": "local-ipv4"}
+# An instance with an instance profile: its role's name, and its temporary credentials as JSON (EC2 User Guide,
+# "Retrieve security credentials from instance metadata"). The record's "iam": {"role", "AccessKeyId",
+# "SecretAccessKey", "Token", "Expiration"}; localswarm/fake_aws_api.py accepts requests signed with them.
+CREDENTIALS_PATH = "/latest/meta-data/iam/security-credentials/"
 
 
 def register(records: Path, address: str, record: dict) -> None:
-    """What the instance at `address` is to IMDS: {"instance-id", "ami-id", "user-data", "metadataOptions"}."""
+    """What the instance at `address` is to IMDS: {"instance-id", "ami-id", "user-data", "metadataOptions"},
+    and "local-ipv4" and "iam" (see CREDENTIALS_PATH) where it has them."""
     records.mkdir(parents=True, exist_ok=True)
     tmp = records / f".{address}.tmp"
     tmp.write_text(json.dumps(record))
@@ -127,6 +132,14 @@ def make_instance_handler(records: Path):
                 return self._answer(401)
             if token is None and options.get("httpTokens", "optional") == "required":
                 return self._answer(401)
+            iam = record.get("iam")
+            if self.path.startswith(CREDENTIALS_PATH):
+                role = self.path[len(CREDENTIALS_PATH):]
+                if not iam or role not in ("", iam["role"]):
+                    return self._answer(404)
+                return self._answer(200, iam["role"] if not role else json.dumps({
+                    "Code": "Success", "Type": "AWS-HMAC", **{k: iam[k] for k in
+                                                             ("AccessKeyId", "SecretAccessKey", "Token", "Expiration")}}))
             key = INSTANCE_PATHS.get(self.path)
             if key is None or key not in record:
                 return self._answer(404)

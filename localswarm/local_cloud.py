@@ -34,7 +34,7 @@ from typing import Callable
 from pulumi.runtime import mocks as pulumi_mocks, rpc
 
 from components.provider_facts import as_diffed, replaced_by
-from localswarm import fake_account, fake_aws, fake_imds, machines, network, object_store, ssh
+from localswarm import elastic_cloud, fake_account, fake_aws, fake_imds, machines, network, object_store, ssh
 from localswarm.network import BRIDGE_ADDR, SUBNET
 
 INSTANCE = "aws:ec2/instance:Instance"
@@ -44,6 +44,7 @@ COMMAND = "command:remote:Command"
 EC2_SUBNET = "aws:ec2/subnet:Subnet"
 # aws.ec2.Instance inputs that the provider changes with a stop, a modify and a start.
 STOPPED_TO_CHANGE = ("instanceType", "cpuOptions", "userData", "userDataBase64")
+GROUP = "aws:autoscaling/group:Group"  # an elastic pool's: its machines are its own (localswarm/elastic_cloud.py)
 
 
 @dataclass
@@ -122,7 +123,12 @@ class LocalCloud(pulumi_mocks.Mocks):
                    "aws:s3/bucketObjectv2:BucketObjectv2": self._object, "aws:s3/bucket:Bucket": self._bucket,
                    "aws:ec2/keyPair:KeyPair": self._key_pair, "aws:ec2/eip:Eip": self._eip,
                    "aws:ec2/eipAssociation:EipAssociation": self._eip_association,
-                   "tls:index/privateKey:PrivateKey": self._private_key}.get(args.typ, self._other)
+                   "tls:index/privateKey:PrivateKey": self._private_key, GROUP: self._elastic,
+                   "aws:ec2/launchTemplate:LaunchTemplate": self._elastic, "aws:iam/role:Role": self._elastic,
+                   "aws:iam/instanceProfile:InstanceProfile": self._elastic,
+                   "aws:iam/rolePolicy:RolePolicy": self._elastic,
+                   "aws:ssm/parameter:Parameter": self._elastic}.get(args.typ, self._other)
+        self.options.typ = args.typ
         with self.lock:
             self.pending[urn] = {"type": args.typ, "operation": "updating" if before else "creating"}
         try:
@@ -197,6 +203,8 @@ class LocalCloud(pulumi_mocks.Mocks):
         if change in ("same", "update"):
             if change == "update" and any(before["inputs"].get(k) != inputs.get(k) for k in STOPPED_TO_CHANGE):
                 self._stop_change_start(name, before, inputs)
+            if change == "update" and before["inputs"].get("iamInstanceProfile") != inputs.get("iamInstanceProfile"):
+                self._associate_profile(before, inputs)  # AssociateIamInstanceProfile: in place, no stop
             self._record(name, typ, change)
             return before["id"], {**before["outputs"], **inputs}
         if change == "replace":
@@ -217,15 +225,17 @@ class LocalCloud(pulumi_mocks.Mocks):
                 for model, memory in fake_aws.gpus_of(inputs["instanceType"])]
         public_key = self._public_key(inputs["keyName"])
         # What IMDS answers the machine, in place before it boots: its first request finds it.
+        iam = elastic_cloud.instance_credentials(inputs.get("iamInstanceProfile"), instance_id)
         fake_imds.register(fake_imds.RECORDS, network.node_addr(index), {
             "instance-id": instance_id, "ami-id": inputs["ami"], "user-data": inputs["userData"],
-            "metadataOptions": launched["metadataOptions"]})
+            "local-ipv4": network.node_addr(index), "metadataOptions": launched["metadataOptions"],
+            **({"iam": iam} if iam else {})})
         machine = machines.launch(
             f"lsw-{index}", index, user_data=inputs["userData"],
             # ami-id as IMDS has it: the image the instance was launched from, which it keeps.
             meta_data={"instance-id": instance_id, "ami-id": inputs["ami"], "local-hostname": hostname,
                        "public-keys": [public_key]},
-            gpus=gpus, hosts={host: BRIDGE_ADDR for host in self._bucket_hosts()})
+            gpus=gpus, hosts={host: BRIDGE_ADDR for host in [*self._bucket_hosts(), *elastic_cloud.api_hosts(self.region)]})
         with self.lock:
             record = {"machine": machine.name, "index": index, "hostname": hostname, "eni": eni,
                       "role": inputs["tags"].get("gpu-swarm:role", "worker")}
@@ -250,6 +260,40 @@ class LocalCloud(pulumi_mocks.Mocks):
                                   for model, memory in fake_aws.gpus_of(inputs["instanceType"])])
         machines.start(m)
         self.say(f"{name}: {record['hostname']} started again as {inputs.get('instanceType')}")
+
+    def _associate_profile(self, before: dict, inputs: dict) -> None:
+        """The instance's IMDS answers its new role's credentials from now on."""
+        record = self.machines_by_instance.get(before["id"])
+        if not record:
+            return
+        address = network.node_addr(record["index"])
+        try:
+            known = json.loads((fake_imds.RECORDS / f"{address}.json").read_text())
+        except (OSError, ValueError):
+            return
+        iam = elastic_cloud.instance_credentials(inputs.get("iamInstanceProfile"), before["id"])
+        known.pop("iam", None)
+        fake_imds.register(fake_imds.RECORDS, address, {**known, **({"iam": iam} if iam else {})})
+
+    def _elastic(self, name: str, inputs: dict, before: dict | None):
+        """An elastic pool's resources: kept where the rehearsal's AWS endpoints read them (elastic_cloud.py)."""
+        typ = self.options.typ
+        if typ == "aws:iam/role:Role":
+            rid, extra = elastic_cloud.role(name, before)
+        elif typ == "aws:iam/instanceProfile:InstanceProfile":
+            rid, extra = elastic_cloud.instance_profile(name, inputs, before)
+        elif typ == "aws:iam/rolePolicy:RolePolicy":
+            rid, extra = elastic_cloud.role_policy(name, inputs), {}
+        elif typ == "aws:ssm/parameter:Parameter":
+            rid, extra = (before["id"] if before else f"{name}-{uuid.uuid4().hex[:8]}"), \
+                elastic_cloud.parameter(inputs, self.region)
+        elif typ == "aws:ec2/launchTemplate:LaunchTemplate":
+            rid, extra = elastic_cloud.launch_template(name, inputs, before, self._public_key(inputs["keyName"])
+                                                       if inputs.get("keyName") else "")
+        else:
+            rid, extra = elastic_cloud.group(name, inputs, before)
+        self._record(name, typ, "same" if before and before["inputs"] == inputs else "update" if before else "create")
+        return rid, {**inputs, **extra}
 
     def _terminate(self, resource: dict) -> None:
         # A spot request's machine is its instance's (deleting the request cancels it, then terminates that).
@@ -357,6 +401,8 @@ class LocalCloud(pulumi_mocks.Mocks):
             resource = self.previous[name]
             if resource["type"] in (INSTANCE, SPOT_REQUEST):
                 self._terminate(resource)
+            elif resource["type"] == GROUP:
+                elastic_cloud.delete_group(resource["id"])
             elif resource["type"] == "aws:s3/bucketObjectv2:BucketObjectv2":
                 object_store.object_path(resource["outputs"]["bucket"], resource["inputs"]["key"]).unlink(missing_ok=True)
             self._record(name.split("::")[-1], resource["type"], "delete")  # by name, in the report

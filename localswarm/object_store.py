@@ -23,11 +23,12 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 from pathlib import Path
 
-from localswarm import dns, fake_imds
+from localswarm import dns, fake_aws_api, fake_imds
 from localswarm.host import SETUP_HINT, RehearsalError, run
 from localswarm.network import BRIDGE_ADDR, SUBNET
 
@@ -74,9 +75,11 @@ def _openssl(*args: str) -> None:
 
 
 def server_names() -> list[str]:
+    """S3's names, and the Auto Scaling and SSM endpoints that elastic pools' nodes call (fake_aws_api.py)."""
     names = ["s3.amazonaws.com", "*.s3.amazonaws.com"]
     for region in REGIONS:
-        names += [f"s3.{region}.amazonaws.com", f"*.s3.{region}.amazonaws.com"]
+        names += [f"s3.{region}.amazonaws.com", f"*.s3.{region}.amazonaws.com", f"autoscaling.{region}.amazonaws.com",
+                  f"ssm.{region}.amazonaws.com"]
     return names
 
 
@@ -85,7 +88,8 @@ def issue_server_cert(folder: Path) -> tuple[Path, Path]:
     ca = ensure_ca()
     cert, key = folder / "server.crt", folder / "server.key"
     signed_by = folder / "server.ca-sha256"
-    ca_digest = hashlib.sha256(ca.read_bytes()).hexdigest()
+    # Issued again for another CA, or another list of names.
+    ca_digest = hashlib.sha256(ca.read_bytes() + "\n".join(server_names()).encode()).hexdigest()
     if cert.exists() and key.exists() and signed_by.exists() and signed_by.read_text() == ca_digest:
         return cert, key
     folder.mkdir(parents=True, exist_ok=True)
@@ -156,6 +160,36 @@ class Handler(http.server.BaseHTTPRequestHandler):
         bucket, _, key = path.lstrip("/").partition("/")  # path style
         return bucket, key
 
+    def _api(self) -> bool:
+        """A request to the Auto Scaling or SSM stand-in (an elastic pool's): answered here, True."""
+        host = (self.headers.get("Host") or "").split(":")[0].lower()
+        if not fake_aws_api.HOST.fullmatch(host):
+            return False
+        from localswarm import elastic_cloud
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        try:
+            with elastic_cloud.STORE.changing() as state:
+                status, kind, data = fake_aws_api.handle(
+                    state, self.command, host, self.path, dict(self.headers), body,
+                    launch=lambda group, instance: elastic_cloud.launch_instance(state, group, instance),
+                    terminate=lambda instance: elastic_cloud.terminate_instance(state, instance))
+        except Exception as e:  # noqa: BLE001 (AWS's answer to its own fault; the log has the rest)
+            self.log_message("API fault: %s", repr(e))
+            status, kind, data = 500, "text/xml", (f"<ErrorResponse><Error><Type>Receiver</Type><Code>InternalFailure"
+                                                  f"</Code><Message>{e!r}</Message></Error></ErrorResponse>").encode()
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        return True
+
+    def do_POST(self) -> None:  # noqa: N802
+        if not allowed(self.client_address[0]):
+            return self._error(403, "AccessDenied", "Access Denied")
+        if not self._api():
+            self._error(405, "MethodNotAllowed", "The specified method is not allowed against this resource.")
+
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         if not allowed(self.client_address[0]):
             return self._error(403, "AccessDenied", "Access Denied")
@@ -198,8 +232,21 @@ def serve(address: str = BRIDGE_ADDR, port: int = PORT) -> None:
     server.socket = context.wrap_socket(server.socket, server_side=True)
     dns.serve_in_background(address)
     fake_imds.serve_in_background(address)
+    threading.Thread(target=_converge_groups, name="groups", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     server.serve_forever()
+
+
+def _converge_groups(interval_s: float = 2) -> None:
+    """What Auto Scaling does by itself: each group replaces what it lost (a reclaimed machine) and terminates
+    what it was asked to, between the scaler's calls."""
+    from localswarm import elastic_cloud
+    while True:
+        time.sleep(interval_s)
+        try:
+            elastic_cloud.converge_all()
+        except Exception as e:  # noqa: BLE001 (the server goes on; the log says why)
+            sys.stderr.write(f"{time.strftime('%H:%M:%S')} groups: converge failed: {e}\n")
 
 
 def _pid() -> int | None:

@@ -19,7 +19,7 @@ from localswarm.nodes import Node
 from localswarm.task_runs import outcome  # noqa: F401 (for the callers of placement)
 from swarm.gpu_kind import resource_env_name, slot_gpu
 from swarm.labels import CONDITION_LABEL, DRAINED_BY_LABEL, HEALTH_LABEL, HEALTH_LAST_LABEL, MAINTENANCE_LABEL
-from swarm.node_contract import SENTINEL_SERVICE
+from swarm.node_contract import AUTOSCALE_STATUS_LABEL, SENTINEL_SERVICE
 from swarm.rollout import advertised_gpus
 
 
@@ -115,7 +115,22 @@ def collect(nodes: list[Node], engine: Engine, kind: str, shared_kind: str = "")
                              names_by_id, state_of, task_runs.node_faults(node_docs))
     for n in view_nodes:
         del n["id"]
-    return {"nodes": view_nodes, "services": services}
+    return {"nodes": view_nodes, "services": services, "autoscale": autoscale_status(node_docs)}
+
+
+def autoscale_status(node_docs: list[dict]) -> dict:
+    """Each elastic pool's numbers and last decision, as the scaler left them on its leader's node
+    (node/swarm_scaler.py); the newest where managers hold several (a leader change)."""
+    found: dict = {}
+    for info in node_docs:
+        try:
+            pools = json.loads((info["Spec"].get("Labels") or {}).get(AUTOSCALE_STATUS_LABEL) or "{}")
+        except ValueError:
+            continue
+        for pool, numbers in pools.items():
+            if str(numbers.get("last", "")) >= str(found.get(pool, {}).get("last", "")):
+                found[pool] = numbers
+    return dict(sorted(found.items()))
 
 
 def services_view(services_docs: list[dict], tasks_docs: list[dict], gpus_of, names_by_id: dict,
@@ -196,6 +211,12 @@ def render_table(view: dict) -> str:
                              "ended" if t.get("ended") else t["state"]))
     if len(rows) > 1:
         out.append(_table(rows))
+    elastic = [("ELASTIC POOL", "DESIRED", "READY", "BOOTING", "LEAVING", "WAITING", "LAST DECISION")]
+    for pool, n in (view.get("autoscale") or {}).items():
+        elastic.append((pool, f"{n.get('desired')} ({n.get('min')}-{n.get('max')})", str(n.get("ready")),
+                        str(n.get("booting")), str(n.get("leaving")), str(n.get("waiting")), n.get("last") or "-"))
+    if len(elastic) > 1:
+        out.append(_table(elastic))
     failed = [f"{svc['name']} task {t['slot']} failed {task_runs.fault_text(fault, t['last_run']['node'])}"
               for svc in view["services"] for t in svc["tasks"] if (fault := (t.get("last_run") or {}).get("hardware"))]
     if failed:

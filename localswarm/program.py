@@ -32,7 +32,8 @@ from pulumi.runtime import mocks as pulumi_mocks
 from to_node import software as node_software
 from localswarm import api, engine, machines, network, node_image, nspawn, object_store, placement, registry, ssh
 from localswarm.host import CLI, REPO, RehearsalError, check_host, find_engine, run
-from localswarm.local_cloud import COMMAND, LocalCloud
+from localswarm import elastic_cloud
+from localswarm.local_cloud import COMMAND, GROUP, LocalCloud
 from localswarm.nodes import REGISTRY, STATE_ROOT
 from localswarm.stack_config import stack_config
 from settings import image_registry
@@ -330,8 +331,9 @@ def _run_program(cloud: LocalCloud, config: dict, stack: str, parallel: int, sou
 
 
 def view_nodes(cloud_or_state) -> list[ViewNode]:
-    records = (cloud_or_state.machines_by_instance if isinstance(cloud_or_state, LocalCloud)
-               else cloud_or_state.get("machines", {})).values()
+    """The program's machines, and those of its elastic pools' groups (localswarm/elastic_cloud.py)."""
+    records = [*(cloud_or_state.machines_by_instance if isinstance(cloud_or_state, LocalCloud)
+                 else cloud_or_state.get("machines", {})).values(), *elastic_cloud.group_machines()]
     return [ViewNode(r["hostname"], r["index"], r["role"], network.node_addr(r["index"]),
                      docker_socket(machines.Machine(r["machine"], r["index"])))
             for r in sorted(records, key=lambda r: r["index"])]
@@ -388,6 +390,8 @@ def destroy(*, progress: Progress = print) -> dict:
             record = known.pop(r["outputs"].get("spotInstanceId") or r["id"], None)
             if record:
                 machines.terminate(machines.Machine(record["machine"], record["index"]))
+        elif r["type"] == GROUP:  # force_delete: its machines go with it
+            elastic_cloud.delete_group(r["id"])
         elif r["type"] == "aws:s3/bucketObjectv2:BucketObjectv2":
             object_store.object_path(r["outputs"]["bucket"], r["inputs"]["key"]).unlink(missing_ok=True)
         deleted.append(engine.name_of(key))
@@ -403,10 +407,11 @@ def destroy(*, progress: Progress = print) -> dict:
 def down(*, progress: Progress = print) -> dict:
     """Every machine terminated, the S3 stand-in stopped, the state gone: as `pulumi destroy` plus a clean host."""
     state = load_state()
+    object_store.stop()  # first: its groups would launch machines again
+    elastic_cloud.STORE.path.unlink(missing_ok=True)
     for record in state.get("machines", {}).values():
         machines.terminate(machines.Machine(record["machine"], record["index"]))
     machines.teardown_all()
-    object_store.stop()
     STATE_FILE.unlink(missing_ok=True)
     progress(f"program rehearsal removed ({len(state.get('machines', {}))} machine(s))")
     return {"removed_machines": sorted(r["hostname"] for r in state.get("machines", {}).values())}

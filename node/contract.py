@@ -25,11 +25,12 @@ POOL_SLOTS_PER_GPU_LABEL = "gpu-swarm.slots-per-gpu"  # tasks per shared GPU; 0:
 SOFTWARE_LABEL = "gpu-swarm.software"  # the release the node runs: rollout admit_node writes, cordon_node reads
 MAINTENANCE_LABEL = "gpu-swarm.maintenance"  # "<since>:<release>": rollout's cordon_node writes it while the
 # node's software changes, admit_node removes it; swarm_reconciler.py gives no such node back
-DRAINED_BY_LABEL = "gpu-swarm.drained-by"  # who drained the node, one of the three below; none: an operator.
+DRAINED_BY_LABEL = "gpu-swarm.drained-by"  # who drained the node, one of the four below; none: an operator.
 # Each drainer makes active only nodes it drained itself; swarm/health.py reports it.
 DRAINED_BY_ROLLOUT = "rollout"  # swarm/rollout.py cordon_node; admit_node undoes it
 DRAINED_BY_GPU_CHECK = "gpu-check"  # swarm/gpu_check.py, when the node failed the check; admit_node undoes it
 DRAINED_BY_HEALTH = "health"  # node/swarm_reconciler.py, on a fault; it undoes it itself once healthy
+DRAINED_BY_AUTOSCALE = "autoscale"  # node/swarm_scaler.py, removing an idle node of an elastic pool (or giving it back)
 VERIFIED_LABEL = "gpu-swarm.gpus-verified"  # the release whose GPUs swarm/gpu_check.py last proved; it reads it
 HEALTH_LABEL = "gpu-swarm.health"  # "<condition>:<reason>": swarm_reconciler.py writes while it holds the
 # node drained; swarm/health.py and the rehearsal's status read it
@@ -74,6 +75,20 @@ EFA_KIND = "AWS-EFA"
 # in a task's error: swarm gave that GPU away, which its scheduler does after a leader change.
 GPU_HELD = "is held by container"
 
+# Elastic pools (settings/pool_autoscale.py). An elastic node joins by itself (node/swarm_join.py), and writes two
+# engine labels first (daemon.json "labels"); the leader's scaler (node/swarm_scaler.py) reads them to find the
+# node's instance, and believes them only for an instance that the pool's Auto Scaling group lists, claimed by no
+# other node. Engine labels are the node's own word, so the scaler sets the pool labels above only once it has.
+INSTANCE_ID_LABEL = "gpu-swarm.instance-id"  # engine label: the node's EC2 instance id, from IMDS
+ELASTIC_POOL_LABEL = "gpu-swarm.elastic-pool"  # engine label: the pool whose group launched it (its node.env)
+# Node labels the scaler keeps on the swarm's node objects, so that a new leader's scaler reads what the last one did.
+IDLE_SINCE_LABEL = "gpu-swarm.idle-since"  # unix time since which the admitted node has held no GPU task
+AUTOSCALE_LABEL = "gpu-swarm.autoscale"  # "<goal>:<phase>:<since>" while the scaler takes the node out: goal
+# remove (the group shrinks) or replace (outdated software: the group launches another), phase paused, draining
+# or terminating
+AUTOSCALE_STATUS_LABEL = "gpu-swarm.autoscale.status"  # on the leader's own node: each elastic pool's nodes
+# wanted, booting and ready, and its last decision, as JSON; `localswarm program status` and swarm/health.py read it
+
 # ---------------------------------------------------------------- labels on other swarm objects
 # The program's own; no node program reads them, but every gpu-swarm label lives here.
 STACK_NAMESPACE_LABEL = "com.docker.stack.namespace"  # Docker's, not ours: `docker stack deploy` puts it on
@@ -107,6 +122,14 @@ SPOT_ENV = "GPU_SWARM_SPOT"  # "true" on spot nodes: the watcher then watches fo
 EFA_ENV = "GPU_SWARM_EFA_INTERFACES"  # EFA interfaces the instance type has (EFA pools): install-efa.sh checks the
 # node shows that many
 AGENT_ARGS_ENV = "GPU_SWARM_AGENT_ARGS"  # extra agent flags: an operator's unit drop-in sets it; the agent's unit reads
+JOIN_PARAMETER_ENV = "GPU_SWARM_JOIN_PARAMETER"  # an elastic pool's nodes: the SSM parameter (SecureString) that
+# holds the swarm's worker token and the managers' addresses; swarm_join.py reads it with the pool's instance role
+JOIN_DOCUMENT_KEYS = ("token", "managers", "cluster")  # the parameter's JSON value: components/elastic_pool.py
+# writes the worker token, the managers' private addresses and the swarm's cluster id; swarm_join.py reads them
+ELASTIC_POOL_ENV = "GPU_SWARM_ELASTIC_POOL"  # an elastic pool's nodes: the pool; join-swarm.sh writes it as the
+# ELASTIC_POOL_LABEL engine label
+REGION_ENV = "GPU_SWARM_REGION"  # an elastic pool's nodes and the managers of a cluster with one: the AWS region
+# whose endpoints node/aws_api.py calls
 
 # ---------------------------------------------------------------- health.env: the health settings
 # The program (settings.Health.node_env) writes them to HEALTH_ENV_PATH and restarts the two
@@ -208,6 +231,13 @@ MPS_SCRIPT_PATH = f"{SOFTWARE_DIR}/gpu-swarm-mps"  # gpu-swarm-mps.service runs 
 GUARD_SERVER_DIR = "/run/gpu-swarm/guard"  # the guard's server (guard_server.py) listens on <dir>/requests and
 # names itself in <dir>/server.pid; the agent writes it to runtime.env as GUARD_SERVER; gpu-swarm-runtime reads both
 GUARD_SERVER_PATH = f"{SOFTWARE_DIR}/guard_server.py"  # gpu-swarm-guard.service runs it
+AUTOSCALE_DIR = f"{CONFIG_DIR}/autoscale"  # the program writes it on every manager (to_node/commands.py
+# autoscale_settings); the scaler reads it at each round, so a change restarts nothing
+AUTOSCALE_POOLS_PATH = f"{AUTOSCALE_DIR}/pools.json"  # each elastic pool: its group, bounds, GPUs and labels
+AUTOSCALE_ADMIT_SUFFIX = ".admit.sh"  # <AUTOSCALE_DIR>/<pool>.admit.sh NODE_ID: swarm/rollout.py's admit_node for
+# any node of the pool, the same post-join GPU check a fixed node gets; the scaler runs it
+SCALER_PATH = f"{SOFTWARE_DIR}/swarm_scaler.py"  # gpu-swarm-scaler.service runs it on every manager
+JOIN_PATH = f"{SOFTWARE_DIR}/swarm_join.py"  # join-swarm.sh runs it, the last step of an elastic node's boot
 # Other programs' files that ours write or read:
 DOCKER_DAEMON_JSON = "/etc/docker/daemon.json"  # the agent (resources, gpu.* labels, runtimes) and the watcher
 # (condition labels) write their keys; dockerd reads; the program counts the advertised resources
@@ -231,6 +261,7 @@ CLOUD_INIT_RESULT = "/run/cloud-init/result.json"  # cloud-init writes it when i
 AGENT_UNIT = "gpu-swarm-agent.service"  # install-gpu-agent.sh installs it; runs before docker at every boot
 HEALTH_UNIT = "gpu-swarm-health.service"  # install-health-watcher.sh installs it on GPU nodes
 RECONCILER_UNIT = "gpu-swarm-reconciler.service"  # install-reconciler.sh installs it on managers
+SCALER_UNIT = "gpu-swarm-scaler.service"  # install-reconciler.sh installs it on managers; idle without elastic pools
 MPS_UNIT = "gpu-swarm-mps.service"  # install-mps.sh installs it on pools that share by MPS; before the agent and docker
 GUARD_UNIT = "gpu-swarm-guard.service"  # install-gpu-agent.sh installs it on GPU nodes; before docker
 METRICS_UNIT = "gpu-swarm-metrics.service"  # install-gpu-metrics.sh installs it on GPU nodes

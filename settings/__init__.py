@@ -133,7 +133,7 @@ def _check_against_aws(r: Reader, managers, manager_type_ok: bool, pools, networ
                         sharing_mode=p.sharing_mode,
                         options=p.options, zones=placed[p.index].zones,
                         efa_interfaces=placed[p.index].efa_interfaces, offered_in=placed[p.index].offered_in,
-                        max_unavailable=wave_size(p.max_unavailable, p.count))
+                        max_unavailable=wave_size(p.max_unavailable, p.most_nodes), autoscale=p.autoscale)
             )
     if image:
         manager_ami, gpu_ami = resolve_amis(r, image, ami_id, managers, pools)

@@ -197,6 +197,13 @@ def resolve_amis(r: Reader, image: str, ami_id: str | None, managers: Managers |
                         "(driver branch 580, with the proprietary module), or choose a Turing or newer type "
                         "(g4dn and later)")
     for p in pools:
+        if p.valid and p.autoscale and gpu_facts.root_device != ELASTIC_ROOT_DEVICE:
+            # A launch template sizes and encrypts the root volume by its device name (an instance's
+            # root_block_device needs none); Ubuntu's and the Deep Learning AMI's is this one.
+            r.error("amiId" if image == "custom" else "image",
+                    f"{gpu_ami}'s root device is {gpu_facts.root_device or 'unknown'}, and an elastic pool's launch "
+                    f"template sets up {ELASTIC_ROOT_DEVICE} (as Ubuntu images have it); use such an image, or "
+                    f"give gpuPools[{p.index}] a count instead of autoscale")
         if p.valid and p.root_volume_gib < gpu_facts.root_snapshot_gib:
             r.error(
                 f"gpuPools[{p.index}].rootVolumeGiB",
@@ -210,6 +217,9 @@ def resolve_amis(r: Reader, image: str, ami_id: str | None, managers: Managers |
             f"{manager_facts.root_snapshot_gib} GiB snapshot; use at least {manager_facts.root_snapshot_gib}",
         )
     return manager_ami, gpu_ami
+
+
+ELASTIC_ROOT_DEVICE = "/dev/sda1"
 
 
 def region_problem(r: Reader) -> bool:

@@ -44,6 +44,7 @@ class AmiFacts:
     id: str
     architecture: str
     root_snapshot_gib: int  # the root volume may not be smaller
+    root_device: str = ""  # the root volume's device name (an elastic pool's launch template names it)
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,8 @@ def describe_ami(ami_id: str) -> AmiFacts:
         None,
     )
     size = int((root.ebs or {}).get("volume_size", 0)) if root else 0
-    return AmiFacts(id=ami_id, architecture=result.architecture, root_snapshot_gib=size)
+    return AmiFacts(id=ami_id, architecture=result.architecture, root_snapshot_gib=size,
+                    root_device=result.root_device_name or "")
 
 
 def vpc_cidrs(vpc_id: str) -> tuple[str, ...]:

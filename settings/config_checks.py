@@ -11,6 +11,7 @@ import pulumi.runtime.config as runtime_config
 
 from settings import reader
 from settings.model import PROJECT, Managers
+from settings.pool_autoscale import Autoscale, read_autoscale
 from settings.pool_options import PoolOptions, read_pool_options
 from settings.pool_rollout import read_rollout
 from settings.pool_sharing import NOT_SHARED, read_sharing
@@ -132,6 +133,11 @@ class PoolConfig:
     options: PoolOptions = PoolOptions()  # market, reservation, placement, EFA, zone
     sharing_mode: str = "time-slicing"  # with slots_per_gpu: time-slicing or mps (settings/pool_sharing.py)
     max_unavailable: int | str = ROLLOUT_DEFAULTS["maxUnavailable"]  # nodes or "P%" (settings/pool_rollout.py)
+    autoscale: Autoscale | None = None  # an elastic pool (settings/pool_autoscale.py); count is then 0
+
+    @property
+    def most_nodes(self) -> int:
+        return self.autoscale.max if self.autoscale else self.count
 
 
 def read_pools(r: Reader) -> list[PoolConfig]:
@@ -179,11 +185,16 @@ def read_pools(r: Reader) -> list[PoolConfig]:
             ok = False
         elif not _check_instance_type_name(instance_type, lambda m: error("instanceType", m)):
             ok = False
-        count = integer(entry.get("count"), None, 0, 1000, lambda m: error("count", m))
-        if count is None:
-            if "count" not in entry:
-                error("count", "required: how many nodes the pool has (0 or more)")
-            ok = False
+        autoscale = read_autoscale(entry.get("autoscale"), entry, error)  # settings/pool_autoscale.py
+        if "autoscale" in entry:
+            count, ok = 0, ok and autoscale is not None
+        else:
+            count = integer(entry.get("count"), None, 0, 1000, lambda m: error("count", m))
+            if count is None:
+                if "count" not in entry:
+                    error("count", "required: how many nodes the pool has (0 or more), or autoscale: {max: N} for "
+                                   "a pool that grows when GPU tasks wait and shrinks when idle")
+                ok = False
         options = read_pool_options(entry, entry.get("spot"), error)  # settings/pool_options.py
         ok, spot = ok and options is not None, bool(options and options.spot)
         price = str(entry.get("spotMaxPrice") or "").strip() or None
@@ -214,7 +225,7 @@ def read_pools(r: Reader) -> list[PoolConfig]:
         if type_ok:
             pools.append(PoolConfig(name, instance_type, count, spot, price, volume, i, ok, slots,
                                     options or PoolOptions(), sharing_mode=sharing_mode,
-                                    max_unavailable=max_unavailable))
+                                    max_unavailable=max_unavailable, autoscale=autoscale))
         elif ok:
             raise AssertionError("a pool without a valid instance type must have a problem")
     return pools

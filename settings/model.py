@@ -7,6 +7,7 @@ import pulumi
 
 from swarm.node_contract import (HEALTH_CRITICAL_XIDS_ENV, HEALTH_IGNORE_XIDS_ENV, HEALTH_INTERVAL_ENV,
                                  HEALTH_MAX_DRAINED_PERCENT_ENV, HEALTH_RECOVERY_ENV)
+from settings.pool_autoscale import Autoscale
 from settings.pool_options import PoolOptions
 from swarm.stack_files import StackInfo
 
@@ -50,6 +51,14 @@ class GpuPool:
     # A capacity-block pool: its block's end (RFC 3339, as AWS reads it at preview), which its nodes drain
     # ahead of (the health watcher); an extended block has a later one.
     capacity_block_end: str = ""
+    # An elastic pool (settings/pool_autoscale.py): an Auto Scaling group the scaler sizes; its count is 0,
+    # as the program makes none of its nodes itself.
+    autoscale: Autoscale | None = None
+
+    @property
+    def most_nodes(self) -> int:
+        """The most nodes the pool can have: what quotas and reservations must hold."""
+        return self.autoscale.max if self.autoscale else self.count
 
 
 @dataclass(frozen=True)
@@ -159,6 +168,10 @@ class Settings:
     @property
     def max_gpus_per_node(self) -> int:
         return max((p.gpus_per_node for p in self.gpu_pools), default=0)
+
+    @property
+    def elastic_pools(self) -> tuple[GpuPool, ...]:
+        return tuple(p for p in self.gpu_pools if p.autoscale)
 
     @property
     def tag_map(self) -> dict[str, str]:

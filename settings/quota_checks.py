@@ -78,11 +78,13 @@ def needs(managers: Managers | None, manager_vcpus: int, pools: list[GpuPool], v
             managers.count * manager_vcpus)
         add(ELASTIC_IPS, "managers", managers.count)  # each keeps its address (components/node_pool.py)
     for p in pools:
+        # An elastic pool holds quota at its most: autoscale.max.
+        size = f"up to {p.most_nodes}" if p.autoscale else str(p.count)
         if p.options.market_type != "capacity-block":
-            add(vcpu_quota(p.instance_type, p.spot), f"pool {p.name} ({p.count} x {p.instance_type})",
-                p.count * vcpus.get(p.instance_type, 0))
+            add(vcpu_quota(p.instance_type, p.spot), f"pool {p.name} ({size} x {p.instance_type})",
+                p.most_nodes * vcpus.get(p.instance_type, 0))
         if p.efa_interfaces:  # AWS gives a multi-interface node no public address: an Elastic IP each
-            add(ELASTIC_IPS, f"pool {p.name} (EFA)", p.count)
+            add(ELASTIC_IPS, f"pool {p.name} (EFA)", p.most_nodes)
     return out
 
 
@@ -105,4 +107,4 @@ def check_quotas(r: Reader, managers: Managers | None, pools: list[GpuPool], vcp
             key = "gpuPools" if any(w.startswith("pool ") for w, _ in parts) else "managerCount"
             r.error(key, f"the cluster needs {needed} {quota.unit} of the EC2 quota {quota.code} ('{quota.name}') "
                          f"({who}), and this account's quota in {region} is {value:g}. "
-                         f"{how_to_raise(quota, needed, region)}. Or make the pools smaller")
+                         f"{how_to_raise(quota, needed, region)}. Or make the pools smaller (count, or autoscale.max)")

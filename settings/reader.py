@@ -8,6 +8,7 @@ from typing import Any
 import pulumi.runtime.config as runtime_config
 
 from settings.model import PROJECT
+from settings.pool_autoscale import AUTOSCALE_DEFAULTS  # noqa: F401 (the checks import it from here too)
 from settings.values import boolean, integer, suggest  # noqa: F401 (the checks import them from here too)
 from swarm.gpu_kind import DEFAULT_KIND
 
@@ -63,6 +64,7 @@ POOL_DEFAULTS: dict[str, Any] = {
     "availabilityZone": "",  # all of the pool's nodes in this zone
     "sharing": None,  # {slotsPerGpu: K, mode}: the pool's GPUs are shared by K tasks each (settings/pool_sharing.py)
     "rollout": None,  # {maxUnavailable}: how many nodes a roll drains at once (settings/pool_rollout.py)
+    "autoscale": None,  # {min, max, idleMinutes}: an elastic pool, instead of count (settings/pool_autoscale.py)
 }
 SHARING_DEFAULTS: dict[str, Any] = {"slotsPerGpu": None, "mode": "time-slicing"}
 ROLLOUT_DEFAULTS: dict[str, Any] = {"maxUnavailable": "10%"}  # or a number of nodes

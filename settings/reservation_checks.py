@@ -48,7 +48,7 @@ def check_reservations(r: Reader, pools: list[GpuPool], region: str) -> list[Gpu
     for pool in pools:
         out.append(pool)
         reservation_id = pool.options.reservation_id
-        if not reservation_id or not pool.count:
+        if not reservation_id or not pool.most_nodes:
             continue
         where = f"{pool.name}.capacityReservation"
         block = pool.options.market_type == "capacity-block"

@@ -148,7 +148,7 @@ def check_stacks(r: Reader, stacks: list[StackConfig], pools: list[GpuPool], kin
                                        profiles=stack.profiles, variables=dict(stack.variables),
                                        secrets=dict(stack.secrets), base_dir=path.parent,
                                        pools={p.name: pool_labels(p) for p in pools},
-                                       pool_nodes={p.name: p.count for p in pools})
+                                       pool_nodes={p.name: p.most_nodes for p in pools})  # an elastic pool at its max
         except StackFileError as exc:
             for problem in exc.problems:
                 r.error(f"stacks[{stack.index}].file", f"{stack.file}: {problem}")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from swarm.gpu_kind import validate_kind
 from swarm.labels import CHECK_SERVICE_LABEL, DRAINED_BY_GPU_CHECK, DRAINED_BY_LABEL, VERIFIED_LABEL
 from swarm.node_contract import CHECK_IMAGE, GPU_HELD
-from swarm.script import node_id, quote
+from swarm.script import node_prefix, node_ref, quote
 
 # CHECK_IMAGE is built on every GPU node by node/build-check-image.sh (busybox and the C
 # library that the nvidia-smi the runtime mounts in needs). The .invalid domain never
@@ -45,12 +45,12 @@ class GpuCheck:
 def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuCheck, units: int = 0) -> list[str]:
     """Lines for admit_node: prove the node's GPUs unless this release already did; drain it if not.
     units: what the node advertises of the kind it checks (its GPUs, or its slots); default count."""
-    node = node_id(node)
+    node = node_ref(node)
     kind = validate_kind(check.shared_kind or kind)
     reserve = 1 if check.shared_kind else count
     # The reserving job cannot start while other tasks hold more than this of the node's units.
     spare = (units or count) - reserve
-    jobs = f"gpu-swarm-check-{node[:12]}"
+    jobs = f"gpu-swarm-check-{node_prefix(node)}"
     common = (f"--detach --mode replicated-job --restart-condition none --no-resolve-image "
               f"--constraint node.id=={node} --label {CHECK_SERVICE_LABEL}={node}")
     probe = quote(PROBE)

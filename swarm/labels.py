@@ -9,6 +9,8 @@ from swarm.node_contract import (  # noqa: F401 (re-exported)
     POOL_GPU_MODEL_LABEL, POOL_INSTANCE_TYPE_LABEL, POOL_LABEL, POOL_SLOTS_PER_GPU_LABEL, POOL_SPOT_LABEL,
     SIGNALLED_LABEL, SOFTWARE_LABEL, STACK_LABEL, STACK_NAMESPACE_LABEL, VERIFIED_LABEL)
 from swarm.node_contract import EFA_COUNT_LABEL, EFA_LABEL_PREFIX  # noqa: F401 (re-exported)
+from swarm.node_contract import (AUTOSCALE_LABEL, AUTOSCALE_STATUS_LABEL, DRAINED_BY_AUTOSCALE,  # noqa: F401
+                                 ELASTIC_POOL_LABEL, IDLE_SINCE_LABEL, INSTANCE_ID_LABEL)
 
 
 def node_label_function() -> str:

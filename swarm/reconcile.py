@@ -5,7 +5,9 @@ here rather than in delete hooks: a delete hook runs with the connection of the 
 manager that may be gone) and would hold up `pulumi destroy`, while this runs with today's
 connection while the nodes to remove are still alive, so their tasks move before they go, and
 `up` goes on only once the stacks they moved run again (or wait, saying why).
-Only what the program made is touched: nodes with a pool label, stacks with a marker.
+Only what the program made is touched: nodes with a pool label, stacks with a marker. The nodes of an
+elastic pool the program still has are the scaler's to add and remove (node/swarm_scaler.py): kept; those
+of a pool it no longer has go like any other.
 """
 from __future__ import annotations
 
@@ -17,12 +19,13 @@ from swarm.stacks import DEFAULT_WAIT_SECONDS, STACK_MARKER_PREFIX, note_moving_
 
 def reconcile(*, nodes: list[str], stacks: list[str], drain_timeout_s: int = 300,
               stack_timeout_s: int = 120, settle_timeout_s: int = 120,
-              moved_timeout_s: int = DEFAULT_WAIT_SECONDS) -> str:
+              moved_timeout_s: int = DEFAULT_WAIT_SECONDS, elastic_pools: list[str] = ()) -> str:
     """Drain and remove labelled nodes not in `nodes`; remove marked stacks not in `stacks`; then
     wait until every node in `nodes` is ready, and fail naming those that are not; then wait until
     every kept stack that had a task on a removed node has settled again (node/stack_settle.py)."""
     keep_nodes = " ".join(node_id(n) for n in sorted(set(nodes)))
     keep_stacks = " ".join(swarm_name(s, "stack name") for s in sorted(set(stacks)))
+    keep_pools = " ".join(swarm_name(p, "pool name") for p in sorted(set(elastic_pools)))
     namespace = f'"label={STACK_NAMESPACE_LABEL}=$name"'
     return script(
         *manager_ready(),
@@ -32,6 +35,7 @@ def reconcile(*, nodes: list[str], stacks: list[str], drain_timeout_s: int = 300
         *longest_grace_function(),
         f"for id in $(docker node ls -q --filter {quote('node.label=' + POOL_LABEL)}); do",
         '  case "$keep_nodes" in *" $id "*) continue ;; esac',
+        *_elastic_kept(keep_pools),
         "  role=$(docker node inspect --format '{{.Spec.Role}}' \"$id\")",
         '  echo "removing node $id ($role), which the program no longer has"',
         *_indent(note_moving_stacks('"$id"')),
@@ -54,6 +58,14 @@ def reconcile(*, nodes: list[str], stacks: list[str], drain_timeout_s: int = 300
         *settle_moved_stacks(moved_timeout_s),
         "echo reconciled",
     )
+
+
+def _elastic_kept(pools: str) -> list[str]:
+    """Lines in the removal loop that keep the nodes of the elastic pools the program has: none without one."""
+    if not pools:
+        return []
+    return [f"  pool=$(docker node inspect --format '{{{{index .Spec.Labels \"{POOL_LABEL}\"}}}}' \"$id\")",
+            f"  case ' {pools} ' in *\" $pool \"*) continue ;; esac"]
 
 
 def _kept_nodes_ready(timeout_s: int) -> list[str]:

@@ -15,8 +15,8 @@ import json
 from swarm.gpu_check import GpuCheck, verify_gpus
 from swarm.gpu_kind import validate_kind
 from swarm.labels import DRAINED_BY_LABEL, MAINTENANCE_LABEL, SOFTWARE_LABEL, node_label_function
-from swarm.script import (RETRY_TRANSIENT_SWARM_ERRORS, label_key, node_id, quote, script, sha256_hex,
-                          swarm_name, wait_until)
+from swarm.script import (ARGUMENT_HEADER, NODE_ARGUMENT, RETRY_TRANSIENT_SWARM_ERRORS, label_key,
+                          node_argument_lines, node_id, node_ref, quote, script, sha256_hex, swarm_name, wait_until)
 
 
 def manager_ready(timeout_s: int = 180) -> list[str]:
@@ -114,10 +114,11 @@ def admit_node(node: str, labels: dict[str, str], *, expected_gpus: int, kind: s
                slots_per_gpu: int = 0, shared_kind: str = "", check: GpuCheck | None = None) -> str:
     """Label a node, check the swarm sees its GPUs, end its maintenance, prove its GPUs (check).
 
-    A node that shares its GPUs advertises slots_per_gpu slots of shared_kind per GPU.
+    A node that shares its GPUs advertises slots_per_gpu slots of shared_kind per GPU. node may be
+    NODE_ARGUMENT: the script then admits the node whose ID is its first argument (an elastic pool's).
     Prints {"resources": <its generic resources>, "check": <the GPU check's result or null>}.
     """
-    node = node_id(node)
+    node = node_ref(node)
     kind = validate_kind(kind)
     want = sha256_hex(software)
     if expected_gpus < 0:
@@ -129,7 +130,8 @@ def admit_node(node: str, labels: dict[str, str], *, expected_gpus: int, kind: s
     kind_field = quote(f'"Kind":"{advertised_kind}"')
     if check and slots_per_gpu:
         check = dataclasses.replace(check, shared_kind=advertised_kind)  # every other setting as given
-    return script(
+    return (ARGUMENT_HEADER if node == NODE_ARGUMENT else "") + script(
+        *node_argument_lines(node),
         *manager_ready(),
         node_label_function(),
         # Never admitted and drained by nobody: it joined drained (swarm/script.py), and is ours to give back.

@@ -47,6 +47,32 @@ def node_id(value: str) -> str:
     return value
 
 
+# An admit rendered once for every node of an elastic pool, whose node ID comes at run time as the script's first
+# argument (node/swarm_scaler.py runs it on the leader for each node that joins): the builders take NODE_ARGUMENT
+# where an ID goes, and the script opens with node_argument_lines(), which check it as node_id() checks an ID
+# given here. Checked so, it is safe unquoted, and the script tells shellcheck so (ARGUMENT_HEADER).
+NODE_ARGUMENT = "$node"
+ARGUMENT_HEADER = "# shellcheck disable=SC2086 # $node is checked first: 25 characters [a-z0-9]\n"
+
+
+def node_ref(value: str) -> str:
+    """A node ID checked as node_id() checks it, or NODE_ARGUMENT."""
+    return value if value == NODE_ARGUMENT else node_id(value)
+
+
+def node_prefix(value: str) -> str:
+    """Its first 12 characters, as docker shows a short ID."""
+    return "${node:0:12}" if value == NODE_ARGUMENT else value[:12]
+
+
+def node_argument_lines(value: str) -> list[str]:
+    if value != NODE_ARGUMENT:
+        return []
+    return ["node=${1:-}",
+            "[[ $node =~ ^[a-z0-9]{25}$ ]] || "
+            "{ echo \"gpu-swarm: expected a 25-character swarm node ID as the argument, got '$node'\" >&2; exit 2; }"]
+
+
 def cluster_id(value: str) -> str:
     if not isinstance(value, str) or not _CLUSTER_ID_RE.fullmatch(value):
         raise ValueError(f"expected a 25-character swarm cluster ID, got {value!r}")

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 # The node programs import their siblings (gpu_agent imports gpu_detect), as they do on a node.
 sys.path.insert(0, str(REPO / "node"))
 from components import collector
-from localswarm import engine as engine_model, fake_aws
+from localswarm import engine as engine_model, fake_aws, fake_groups, fake_iam
 from settings import image_registry
 from localswarm.fake_aws import (  # noqa: F401  (the tests import these from here)
     ACCOUNT, AMIS, ARM_AMI, BLOCK_RESERVATION, CUSTOM_AMI, CUSTOM_AMI_NEXT, DEEP_LEARNING_AMI, INSTANCE_TYPES,
@@ -95,6 +95,15 @@ class AwsMocks(pulumi_mocks.Mocks):
             return bucket, {**state, **extra}
         if args.typ == "aws:ssm/parameter:Parameter":
             return f"{args.name}-id", fake_aws.ssm_parameter(args.name, state)
+        if args.typ == "aws:autoscaling/group:Group":
+            group = fake_groups.create_group(ACCOUNT.groups, state["name"], state)
+            return state["name"], {**state, "arn": group["arn"]}
+        if args.typ == "aws:iam/role:Role":
+            return fake_iam.iam_role(args.name, state)
+        if args.typ == "aws:iam/instanceProfile:InstanceProfile":
+            return fake_iam.instance_profile(args.name, state)
+        if args.typ == "aws:iam/rolePolicy:RolePolicy":
+            return fake_iam.role_policy(args.name, state)
         if args.typ == "aws:s3/bucketObjectv2:BucketObjectv2":
             fake_aws.put_object(str(state.get("bucket")), state.get("key", ""), state.get("tags"))
         if args.typ == "aws:ec2/vpcEndpoint:VpcEndpoint":
@@ -131,6 +140,13 @@ def command_stdout(name: str, create: str) -> str:
         return json.dumps({"cluster_id": FAKE_CLUSTER_ID, "node_id": fake_node_id(name), "created": True}) + "\n"
     if "/swarm/join" in create and "docker swarm init" not in create:  # join_swarm
         return fake_node_id(name) + "\n"
+    if "elastic nodes read at" in create:  # swarm/health.py read_elastic_nodes: one node of pool t4 joined
+        resources = [{"NamedResourceSpec": {"Kind": "NVIDIA-GPU", "Value": fake_gpu_uuid("elastic", 0)}}]
+        return json.dumps({"id": fake_node_id("elastic"), "hostname": "ip-10-42-0-99", "state": "ready",
+                           "availability": "active", "condition": "healthy", "reason": "ok", "gpu": "-",
+                           "since": "1800000000", "drainedBy": "", "health": "", "healthLast": "", "pool": "t4",
+                           "instance": "i-0e1a571c0000000001", "addr": "10.42.0.99", "resources": resources,
+                           "software": "", "verified": ""}) + "\n"
     if "GenericResources" in create:  # admit_node: the swarm sees what the node advertises
         expected = int(re.search(r"\"\$n\" -eq (\d+) \]", create)[1])
         kind = re.search(r'"Kind":"([^"]+)"', create)[1]

@@ -72,6 +72,7 @@ SMOKES = {
     "health.py": "test_health_bench",
     "metrics_sample.py": "test_metrics_sample_bench",
     "access_rehearsal.py": "test_access_rehearsal_bench",
+    "autoscale.py": "test_autoscale_bench",
 }
 
 
@@ -232,3 +233,11 @@ def test_access_rehearsal_bench(engine):
     assert "every expectation held" in done.stderr
     found = json.loads(done.stdout)
     assert found["every_pin_is_a_machines_own_key"] and found["wrong_proxy_key"].startswith("refused")
+
+
+@REHEARSAL
+def test_autoscale_bench(engine):
+    out = python("autoscale.py", timeout=900).stdout
+    assert "1 runs, idle time 5 s" in out
+    for figure in ("pending_to_decision_s", "decision_to_admitted_s", "admitted_to_running_s", "gone_to_removed_s"):
+        assert figure in out, figure

@@ -117,8 +117,9 @@ def test_the_units_run_and_read_the_contracts_paths():
     reconciler = unit(c.RECONCILER_UNIT)
     assert f"ExecStart=/usr/bin/python3 {c.RECONCILER_PATH}\n" in reconciler
     assert f"EnvironmentFile=-{c.HEALTH_ENV_PATH}\n" in reconciler
+    assert f"ExecStart=/usr/bin/python3 {c.SCALER_PATH}\n" in unit(c.SCALER_UNIT)
     for name, program in ((c.AGENT_UNIT, c.AGENT_PATH), (c.HEALTH_UNIT, c.WATCHER_PATH),
-                          (c.RECONCILER_UNIT, c.RECONCILER_PATH)):
+                          (c.RECONCILER_UNIT, c.RECONCILER_PATH), (c.SCALER_UNIT, c.SCALER_PATH)):
         assert f"Documentation=file://{program}\n" in unit(name)
 
 
@@ -142,6 +143,7 @@ def test_the_steps_install_the_contracts_units_and_read_its_keys():
     assert c.AGENT_UNIT in (NODE / "install-gpu-agent.sh").read_text()
     assert f"install_service {c.HEALTH_UNIT}" in (NODE / "install-health-watcher.sh").read_text()
     assert f"install_service {c.RECONCILER_UNIT}" in (NODE / "install-reconciler.sh").read_text()
+    assert f"install_service {c.SCALER_UNIT}" in (NODE / "install-reconciler.sh").read_text()
     driver = (NODE / "install-nvidia-driver.sh").read_text()
     assert f"${{{c.IMAGE_ENV}:-}}" in driver and f"${{{c.KERNEL_MODULES_ENV}:-" in driver
 

@@ -63,6 +63,7 @@ def test_every_step_script_ships_and_none_is_dead():
                                (False, "m7i.large")):
         used |= {s.rstrip("&") for s in node_software.bootstrap_steps(gpu=gpu, instance_type=instance_type)}
     used |= {s.rstrip("&") for s in node_software.bootstrap_steps(gpu=True, instance_type="p5.48xlarge", efa=True)}
+    used |= {s.rstrip("&") for s in node_software.bootstrap_steps(gpu=True, instance_type="g5.xlarge", elastic=True)}
     # Not steps: the runner, what the steps source, and what gpu-swarm-imds.service runs at each boot.
     scripts = {path.stem for path in SOURCE_DIR.glob("*.sh")} - {"bootstrap", "common", "imds-root-only"}
     assert used == scripts

@@ -3,7 +3,7 @@ program makes, and a preview whose credentials lack one says which, never anothe
 
 The program runs under mocks with stacks that between them register every resource type and ask every data
 source it has: the dev and prod stacks, a spot `stop` pool with EFA, a Capacity Block, an existing VPC with its
-own subnets, a custom AMI. A type or data source with no row in the policy's table fails here.
+own subnets, a custom AMI, an elastic pool. A type or data source with no row in the policy's table fails here.
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ STACKS = [
     ("existing-vpc-custom-ami", stack_config("dev", vpcId=fake_aws.VPC, image="custom", amiId=CUSTOM_AMI,
                                              subnetIds=["subnet-0aaaaaaaaaaaaaaaa", "subnet-0cccccccccccccccc"],
                                              gpuPools=[T4])),
+    ("elastic", stack_config("dev", gpuPools=[{"name": "t4", "instanceType": "g4dn.xlarge", "autoscale": {"max": 2}}])),
 ]
 
 
@@ -51,7 +52,8 @@ def test_every_resource_type_the_program_registers_has_its_actions_in_the_policy
     types, _ = used
     assert types - set(operator_policy.RESOURCES) == set()
     assert {"aws:ec2/instance:Instance", "aws:ec2/launchTemplate:LaunchTemplate",
-            "aws:ec2/capacityReservation:CapacityReservation"} <= types  # the stacks reach the rare ones
+            "aws:ec2/capacityReservation:CapacityReservation", "aws:autoscaling/group:Group",
+            "aws:iam/rolePolicy:RolePolicy"} <= types  # the stacks reach the rare ones
 
 
 def test_every_data_source_the_program_asks_has_its_actions_in_the_policy(used):

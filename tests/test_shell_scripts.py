@@ -622,18 +622,20 @@ def test_gpu_agent_step_fails_loudly_with_the_agents_journal(node):
     assert "agent: NVML failed" in node.log.read_text()
 
 
-@pytest.mark.parametrize("step,unit", [("install-health-watcher", "gpu-swarm-health.service"),
-                                       ("install-reconciler", "gpu-swarm-reconciler.service"),
-                                       ("install-gpu-metrics", "gpu-swarm-metrics.service")])
-def test_health_steps_install_enable_and_restart_their_unit(node, step, unit):
+@pytest.mark.parametrize("step,units", [("install-health-watcher", ["gpu-swarm-health.service"]),
+                                        ("install-reconciler", ["gpu-swarm-reconciler.service",
+                                                                "gpu-swarm-scaler.service"]),
+                                        ("install-gpu-metrics", ["gpu-swarm-metrics.service"])])
+def test_health_steps_install_enable_and_restart_their_unit(node, step, units):
     """Restart, not start: a node that gets new software runs the new watcher at once."""
     node.real_step(step)
     node.fake("systemctl", "exit 0")
     assert node.bootstrap(step).returncode == 0, node.log.read_text()
-    assert node.called() == [f"systemctl show -p LoadState --value {unit}",
-                             "systemctl daemon-reload", f"systemctl restart {unit}",  # systemctl said nothing: reload
-                             f"systemctl enable --no-reload {unit}", "systemctl daemon-reload"]
-    assert (node.root / "units" / unit).read_text() == (NODE_SRC / unit).read_text()
+    assert node.called() == [call for unit in units for call in (
+        f"systemctl show -p LoadState --value {unit}", "systemctl daemon-reload",  # systemctl said nothing: reload
+        f"systemctl restart {unit}", f"systemctl enable --no-reload {unit}")] + ["systemctl daemon-reload"]
+    for unit in units:
+        assert (node.root / "units" / unit).read_text() == (NODE_SRC / unit).read_text()
 
 
 def test_a_health_unit_that_does_not_start_fails_its_step_with_its_journal(node):

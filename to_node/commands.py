@@ -14,8 +14,8 @@ from settings.config_checks import LINUX_USER_RE, public_key_problem  # one copy
 from swarm.gpu_kind import validate_kind
 from swarm.script import quote, script
 
-from swarm.node_contract import (CLOUD_INIT_LOG, CLOUD_INIT_RESULT, CLOUD_INIT_STATUS, COST_ENV_PATH,  # noqa: E402
-                                 DOCKER_DAEMON_JSON, INSTALL_UNIT)
+from swarm.node_contract import (AUTOSCALE_DIR, CLOUD_INIT_LOG, CLOUD_INIT_RESULT, CLOUD_INIT_STATUS,  # noqa: E402
+                                 COST_ENV_PATH, DOCKER_DAEMON_JSON, INSTALL_UNIT)
 
 # Written when a failed first boot has been reported: the next `pulumi up` retries the install.
 BOOT_FAILURE_REPORTED = f"{STATE_DIR}/boot-failure-reported"
@@ -263,6 +263,33 @@ def _price_lines(price: dict[str, str], root: str) -> list[str]:
     return [f"cat >{cost}.new <<'COST_ENV'\n{env_text(price)}COST_ENV",
             f"if cmp -s {cost}.new {cost}; then rm -f {cost}.new; echo price unchanged; "
             f"else mv {cost}.new {cost}; echo price changed; fi"]
+
+
+def autoscale_settings(files: dict[str, str], root: str = "") -> str:
+    """On a manager, as root: make AUTOSCALE_DIR hold exactly `files` (name -> content: pools.json and each
+    elastic pool's admit script). The scaler reads them at each round, so nothing restarts; a file of a pool
+    the program no longer has goes. Contents travel base64-encoded: an admit script holds heredocs of its own.
+    Prints "changed" or "unchanged"."""
+    import base64
+    import re
+
+    folder = quote(root + AUTOSCALE_DIR)
+    lines = [f"mkdir -p {folder}", f"chmod 0755 {folder}", "changed=''", "keep=' '"]
+    for name, content in sorted(files.items()):
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.-]*", name):
+            raise ValueError(f"autoscale file name {name!r}: use lowercase letters, digits, '.' and '-'")
+        mode = "0755" if name.endswith(".sh") else "0644"
+        encoded = base64.b64encode(content.encode()).decode()
+        lines += [f"printf '%s' {encoded} | base64 -d >{folder}/.{name}.new",
+                  f"if cmp -s {folder}/.{name}.new {folder}/{name}; then rm -f {folder}/.{name}.new; else "
+                  f"chmod {mode} {folder}/.{name}.new; mv {folder}/.{name}.new {folder}/{name}; changed=1; fi",
+                  f'keep="${{keep}}{name} "']
+    lines += [f"for f in {folder}/*; do",
+              '  [ -e "$f" ] || continue',
+              '  case "$keep" in *" ${f##*/} "*) ;; *) rm -f "$f"; changed=1 ;; esac',
+              "done",
+              'if [ -n "$changed" ]; then echo changed; else echo unchanged; fi']
+    return script(*lines)
 
 
 def authorize_keys(user: str, keys: list[str]) -> str:

@@ -18,8 +18,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from swarm.gpu_kind import validate_kind
-from swarm.node_contract import (EFA_ENV, PRICE_DATE_ENV, PRICE_ENV, PRICE_GPUS_ENV, PRICE_INSTANCE_TYPE_ENV,
-                                 PRICE_MARKET_ENV)
+from swarm.node_contract import (EFA_ENV, ELASTIC_POOL_ENV, JOIN_PARAMETER_ENV, PRICE_DATE_ENV, PRICE_ENV,
+                                 PRICE_GPUS_ENV, PRICE_INSTANCE_TYPE_ENV, PRICE_MARKET_ENV, REGION_ENV)
 from swarm.script import sha256_hex
 
 REPO = Path(__file__).resolve().parent.parent
@@ -154,9 +154,9 @@ def kernel_modules(instance_type: str) -> str:
     return "proprietary" if family in PROPRIETARY_MODULE_FAMILIES else "open"
 
 
-def bootstrap_steps(*, gpu: bool, instance_type: str, efa: bool = False) -> list[str]:
+def bootstrap_steps(*, gpu: bool, instance_type: str, efa: bool = False, elastic: bool = False) -> list[str]:
     """The bootstrap steps for a node, in order; each is node/<step>.sh, and <step>& runs in the background.
-    efa: the pool's nodes have EFA interfaces.
+    efa: the pool's nodes have EFA interfaces. elastic: an elastic pool's, which join the swarm by themselves, last.
 
     secure-imds comes first on every node: its user data holds its SSH host key (node/imds-root-only.sh)."""
     if not gpu:  # a manager: it runs the health reconciler, which needs the engine up
@@ -176,7 +176,8 @@ def bootstrap_steps(*, gpu: bool, instance_type: str, efa: bool = False) -> list
     # configuration, so it runs while the agent's venv is still being made in the background,
     # not after the docker restart that the agent's new configuration costs.
     return steps + ["install-container-toolkit", "install-mps", "build-check-image", "install-gpu-agent",
-                    "apply-docker-config", "install-health-watcher", "install-gpu-metrics"]
+                    "apply-docker-config", "install-health-watcher", "install-gpu-metrics",
+                    *(["join-swarm"] if elastic else [])]
 
 
 def node_env(*, gpu: bool, gpu_kind: str, instance_type: str, image: str, slots_per_gpu: int = 0,
@@ -211,6 +212,11 @@ def price_env(per_hour: float | None, *, market: str, date: str, instance_type: 
     metrics exporter shares between its GPUs. A price not known is written empty: the exporter then has none."""
     return {PRICE_ENV: "" if per_hour is None else repr(float(per_hour)), PRICE_MARKET_ENV: market,
             PRICE_DATE_ENV: date, PRICE_INSTANCE_TYPE_ENV: instance_type, PRICE_GPUS_ENV: str(gpus)}
+
+
+def elastic_env(parameter: str, region: str, pool: str) -> dict[str, str]:
+    """node.env's join settings, on an elastic pool's nodes: join-swarm.sh reads them."""
+    return {JOIN_PARAMETER_ENV: parameter, REGION_ENV: region, ELASTIC_POOL_ENV: pool}
 
 
 def env_text(env: dict[str, str]) -> str:
