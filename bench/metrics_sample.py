@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from localswarm import api, metrics, monitoring_stack  # noqa: E402
 from localswarm.state import nodes_of, require_state  # noqa: E402
+from swarm import monitoring  # noqa: E402
 
 LOADS = [(2048, 91), (6144, 64), (512, 12)]  # (MiB, utilization %) of three tasks
 
@@ -64,7 +65,8 @@ def main() -> int:
             lines.append(f"\n## {panel['title']}")
             for target in panel["targets"]:
                 lines.append(f"  {target['expr']}")
-                result = monitoring_stack.query(prometheus, target["expr"])
+                # Prometheus knows no Grafana $__ variables: ask what Grafana would send.
+                result = monitoring_stack.query(prometheus, monitoring.as_grafana_sends(target["expr"]))
                 unit = panel["fieldConfig"]["defaults"].get("unit")
                 for row in sorted(result, key=lambda r: label_text(r["metric"])):
                     value = float(row["value"][1])

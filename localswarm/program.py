@@ -296,6 +296,12 @@ def _bumped_software(n: int) -> Path:
 def _run_program(cloud: LocalCloud, config: dict, stack: str, parallel: int, source: Path | None,
                  secret_keys: list[str]) -> dict:
     exports: dict = {}
+    # Whoever called (a test that next runs the program under the test mocks) keeps the loop it had.
+    policy = asyncio.get_event_loop_policy()
+    try:
+        before = policy.get_event_loop()
+    except RuntimeError:
+        before = None
     loop = asyncio.new_event_loop()
     # The SDK registers resources from the loop's default executor: its size is the engine's --parallel.
     loop.set_default_executor(ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="pulumi"))
@@ -326,7 +332,7 @@ def _run_program(cloud: LocalCloud, config: dict, stack: str, parallel: int, sou
         program()
     finally:
         loop.close()
-        asyncio.set_event_loop(None)
+        asyncio.set_event_loop(before)
     return exports
 
 

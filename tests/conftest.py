@@ -252,6 +252,13 @@ def use_mocks(config: dict[str, str], secret_keys: tuple[str, ...] = (), stack: 
     # check (settings/cuda_checks.py) warns and goes on; a test that reads images points ENDPOINTS at its own.
     image_registry.ENDPOINTS.clear()
     image_registry.ENDPOINTS["*"] = "http://127.0.0.1:9"
+    # The SDK makes its futures on the thread's current loop; a test before may have closed or cleared it.
+    try:
+        loop = asyncio.get_event_loop()
+    except RuntimeError:
+        loop = None
+    if loop is None or loop.is_closed():
+        asyncio.set_event_loop(asyncio.new_event_loop())
     mocks = AwsMocks()
     monitor = RecordingMonitor(mocks)
     # A fresh root stack per run, or exports of earlier runs would linger in its outputs.

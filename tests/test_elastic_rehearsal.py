@@ -52,6 +52,12 @@ def _gpu_tasks(tasks: list[dict]) -> list[dict]:
     return [t for t in tasks if t["Status"]["State"] == "running" and t.get("GenericResources")]
 
 
+def _status(nodes: list[dict]) -> dict:
+    """The scaler's status label on the manager (empty before its first publish)."""
+    manager = next(n for n in nodes if n["Spec"]["Role"] == "manager")
+    return json.loads(manager["Spec"].get("Labels", {}).get("gpu-swarm.autoscale.status", "{}"))
+
+
 def _workers(nodes: list[dict]) -> list[dict]:
     return [n for n in nodes if n["Spec"]["Role"] == "worker"]
 
@@ -74,7 +80,9 @@ def life():
                busy_seen)
         facts["one_left"] = busy_seen
         program.up(stack="dev", overrides={"gpuPools": POOLS, "stacks": []}, progress=lambda m: None)
-        nodes, _ = _until("the pool back at zero", lambda n, t: not _workers(n), 420)
+        # The scaler removes the node, then publishes its status on the manager: wait for both.
+        nodes, _ = _until("the pool back at zero, said on the manager",
+                          lambda n, t: not _workers(n) and " forget " in _status(n).get("t4", {}).get("last", ""), 420)
         state = elastic_cloud.STORE.read()
         facts["zero"] = {"nodes": nodes, "group": state["groups"][GROUP], "machines": state["machines"],
                          "running": sorted(m.name for m in machines.machines())}
@@ -118,7 +126,6 @@ def test_removing_the_stack_brings_the_pool_back_to_zero(life):
     assert zero["group"]["desired"] == 0 and zero["group"]["instances"] == {} and zero["machines"] == {}
     assert not _workers(zero["nodes"])
     assert zero["running"] == ["lsw-1"]  # the manager's machine alone
-    status = json.loads(next(n for n in zero["nodes"] if n["Spec"]["Role"] == "manager")["Spec"]["Labels"]
-                        ["gpu-swarm.autoscale.status"])
+    status = _status(zero["nodes"])
     assert (status["t4"]["desired"], status["t4"]["ready"], status["t4"]["booting"]) == (0, 0, 0)
     assert " forget " in status["t4"]["last"] and "its instance left the group" in status["t4"]["last"]
