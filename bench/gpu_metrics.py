@@ -47,6 +47,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import gpu_standins  # noqa: E402  (--smoke)
 from gpu_bench import (KIND, PROBE_IMAGE, SHARED_KIND, Engine, agent, check, gpus_of_host,  # noqa: E402
                        print_results, run, samples, wait)
+from node import contract  # noqa: E402  (cost.env's keys, as the program writes them)
 from swarm import formation  # noqa: E402  (pure Python: no Pulumi needed here)
 
 # An engine of its own, beside (never instead of) gpu_e2e.py's: its own data and socket.
@@ -170,11 +171,20 @@ def main() -> int:
                             "{{json .Description.Resources.GenericResources}}").stdout
         check("the engine advertises its GPUs to swarm", KIND in advertised, advertised.strip()[:200])
 
+        # The node's price as the program writes it (to_node/software.py price_env): the exporter splits it
+        # among the machine's GPUs, and gives a reserved GPU's share to the task holding it.
+        gpu_count = max(len(host), 1)
+        price = 12.5 * gpu_count
+        cost_env = out / "cost.env"
+        cost_env.write_text(f"{contract.PRICE_ENV}={price}\n{contract.PRICE_MARKET_ENV}=on-demand\n"
+                            f"{contract.PRICE_INSTANCE_TYPE_ENV}=bench.{gpu_count}gpu\n"
+                            f"{contract.PRICE_GPUS_ENV}={gpu_count}\n")
         port = free_port()
         log = open(out / "exporter.log", "w")
         exporter = subprocess.Popen([sys.executable, str(REPO / "node" / "gpu_metrics.py"), "--address", "127.0.0.1",
                                      "--port", str(port), "--kind", KIND, "--docker-socket", sock,
-                                     "--daemon-json", str(ENGINE.root / "daemon.json")], stdout=log,
+                                     "--daemon-json", str(ENGINE.root / "daemon.json"),
+                                     "--cost-env", str(cost_env)], stdout=log,
                                     stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}/metrics"
 
@@ -191,6 +201,10 @@ def main() -> int:
         check("every GPU is reported, and up", gpus and all(
             (value(before, "gpu_swarm_gpu_up", gpu=g) or ({}, 0))[1] == 1 for g in gpus), f"{len(gpus)} GPU(s)")
 
+        idle_before = {g: (value(before, "gpu_swarm_idle_cost_dollars_per_hour", gpu=g) or ({}, -1))[1] for g in gpus}
+        check("cost: every GPU's share of the node's price is idle before any task", gpus and all(
+            abs(v - price / gpu_count) < 1e-9 for v in idle_before.values()),
+            f"${price:g}/h over {gpu_count} GPU(s): " + ", ".join(f"{v:g}" for v in idle_before.values()))
         docker("service", "create", "--detach", "--name", SERVICE, "--generic-resource", f"{KIND}=1",
                "--restart-condition", "none", PROBE_IMAGE, "cuda-probe", str(args.mib))
         started = time.monotonic()
@@ -235,6 +249,13 @@ def main() -> int:
         check("no other GPU's series name the task", bool(gpus) and gpu in gpus and not theirs,
               "; ".join(theirs)[:200] or (f"{len(others)} other GPU(s) name no task of it" if others
                                           else "one GPU: no other to compare"))
+        share = price / gpu_count
+        task_cost = (value(after, "gpu_swarm_task_cost_dollars_per_hour", gpu=gpu, service=SERVICE) or ({}, -1))[1]
+        idle_cost = (value(after, "gpu_swarm_idle_cost_dollars_per_hour", gpu=gpu) or ({}, -1))[1]
+        node_cost = (value(after, "gpu_swarm_node_cost_dollars_per_hour") or ({}, -1))[1]
+        check("cost: the task holding the GPU carries its whole share, the GPU none idle, the node its price",
+              abs(task_cost - share) < 1e-9 and abs(idle_cost) < 1e-9 and abs(node_cost - price) < 1e-9,
+              f"task ${task_cost:g}/h, idle ${idle_cost:g}/h, node ${node_cost:g}/h (share ${share:g}/h)")
         readings = [n for n in ("gpu_swarm_gpu_utilization_percent", "gpu_swarm_power_watts",
                                 "gpu_swarm_temperature_celsius", "gpu_swarm_sm_clock_hertz",
                                 "gpu_swarm_throttle_reasons") if value(after, n, gpu=gpu)]
