@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from localswarm import changes, rehearsal
 from localswarm.host import CLI, RehearsalError, find_engine
@@ -107,11 +108,22 @@ def _parser() -> argparse.ArgumentParser:
     program.add_argument("--refresh", action=argparse.BooleanOptionalAction, default=None,
                          help="read the instances back first, as `pulumi up --refresh` (default: Pulumi.yaml's "
                               "refresh option, which is `always`)")
+    real = sub.add_parser("pulumi", help="Pulumi's real CLI on the unchanged program, with the rehearsal's "
+                          "local providers (localswarm/pulumi_cli.py): preview, stack, config",
+                          description="Pulumi's real CLI on the unchanged program, with the rehearsal's local "
+                                      "providers (localswarm/pulumi_cli.py), e.g. `pulumi preview --diff`.")
+    real.add_argument("--stack", default="dev", help="Pulumi.<stack>.yaml to use (default %(default)s)")
+    real.add_argument("--stack-file", type=Path, default=None, metavar="PATH",
+                      help="the stack's config file (default Pulumi.<stack>.yaml of the project)")
+    real.add_argument("args", nargs=argparse.REMAINDER, help="the CLI's own arguments")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "pulumi":
+        from localswarm import pulumi_cli
+        return pulumi_cli.run(args.args, args.stack, args.stack_file).returncode
     # With --json, stdout carries only the JSON document; progress goes to stderr.
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
     try:

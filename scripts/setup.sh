@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 . scripts/steps.sh
 # shellcheck source=../node/versions.env
 . node/versions.env
-STEP_PREFIX=setup STEP_COUNT=4
+STEP_PREFIX=setup STEP_COUNT=5
 setup_t0=$(now_us)
 
 export DEBIAN_FRONTEND=noninteractive
@@ -76,6 +76,24 @@ if image=$(.venv/bin/python -m localswarm.node_image --check); then
 else
   # It says how long each layer took and how big it is; mmdebstrap's own log stays in the cache.
   quietly --show '^(base|node layer|node image)' .venv/bin/python -m localswarm.node_image
+  step_done
+fi
+pulumi_version=$(cat tools/pulumi/VERSION)
+step_begin "Pulumi CLI $pulumi_version (its Go module, tools/pulumi/go.mod) into .tools/bin"
+if on_path=$(command -v pulumi) && [ "$("$on_path" version 2>/dev/null)" = "v$pulumi_version" ]; then
+  step_skipped "$on_path is $pulumi_version"
+elif [ -x .tools/bin/pulumi ] && [ "$(.tools/bin/pulumi version 2>/dev/null)" = "v$pulumi_version" ]; then
+  step_skipped ".tools/bin/pulumi is $pulumi_version"
+else
+  # The CLI's module has replace lines, so `go install pkg@version` is refused; the tools module
+  # requires it at one version (go.sum pins every dependency) and `go build` makes the binary.
+  say "  building github.com/pulumi/pulumi/pkg/v3/cmd/pulumi: a cold build downloads its modules and takes minutes"
+  go=$(command -v go || echo /usr/local/go/bin/go)  # sudo's PATH may leave out Go's folder
+  [ -x "$go" ] || { say "no Go toolchain: install Go 1.26 or newer (https://go.dev/doc/install), then run this again" >&2; exit 1; }
+  mkdir -p .tools/bin
+  (cd tools/pulumi && quietly "$go" build -trimpath -ldflags "-X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=v$pulumi_version" \
+    -o ../../.tools/bin/pulumi github.com/pulumi/pulumi/pkg/v3/cmd/pulumi)
+  say "  .tools/bin/pulumi: $(.tools/bin/pulumi version), $(du -h .tools/bin/pulumi | cut -f1)"
   step_done
 fi
 STEP_T0=$setup_t0

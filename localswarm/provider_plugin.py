@@ -1,0 +1,150 @@
+"""Provider plugins for Pulumi's real CLI in the rehearsal: `pulumi-resource-aws`, `-command` and `-tls`.
+
+The CLI starts a plugin as an executable found on PATH (localswarm/plugins/, put first on PATH
+only by localswarm/pulumi_cli.py) and speaks Pulumi's provider protocol to it over gRPC: the
+plugin prints the port it serves on as its first line of stdout (pulumi/sdk/go/common/resource/
+plugin/plugin.go reads it so). It reports the version the program pins, so the engine sees the
+provider the program asked for.
+
+What they answer is the rehearsal's fake AWS (localswarm/fake_aws.py), the same answers the
+tests' mocks give: lookups (Invoke), reads of existing resources (Read), inputs as given
+(Check), and the real provider's replace rules (Diff, components/provider_facts.py). They
+preview only: a Create or Update outside a preview is refused with a message that says so,
+because resources the rehearsal would make (machines, commands over SSH) are made by
+`localswarm program up` until pulumi-command's provider can be built here.
+"""
+from __future__ import annotations
+
+import sys
+from concurrent import futures
+
+import grpc
+from google.protobuf import empty_pb2, json_format, struct_pb2
+from pulumi.runtime.proto import plugin_pb2, provider_pb2, provider_pb2_grpc
+
+VERSIONS = {"aws": "7.51.1", "command": "1.2.1", "tls": "5.6.2"}  # requirements.txt's pins
+# The provider protocol's markers (pulumi/sdk/go/common/resource/plugin/rpc.go).
+SECRET_SIG = "4dabf18193072939515e22adb298388d"
+SECRET_VALUE = "1b47061264138c4ac30d75fd1eb44270"
+UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
+
+
+def plain(value):
+    """A protocol value without its secret wrappers (the fake AWS reads plain values)."""
+    if isinstance(value, dict):
+        if value.get(SECRET_SIG) == SECRET_VALUE:
+            return plain(value.get("value"))
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
+
+
+def _dict(message: struct_pb2.Struct) -> dict:
+    return json_format.MessageToDict(message) if message is not None else {}
+
+
+def _struct(value: dict) -> struct_pb2.Struct:
+    out = struct_pb2.Struct()
+    out.update(value)
+    return out
+
+
+def resource_type(urn: str) -> str:
+    """urn:pulumi:<stack>::<project>::<parent types $>…<type>::<name> -> <type>."""
+    return urn.split("::")[2].split("$")[-1]
+
+
+class Provider(provider_pb2_grpc.ResourceProviderServicer):
+    def __init__(self, package: str):
+        self.package = package
+        self.version = VERSIONS[package]
+
+    def GetPluginInfo(self, request, context):
+        return plugin_pb2.PluginInfo(version=self.version)
+
+    def GetSchema(self, request, context):
+        return provider_pb2.GetSchemaResponse(schema='{"name": "%s", "version": "%s"}' % (self.package, self.version))
+
+    def CheckConfig(self, request, context):
+        return provider_pb2.CheckResponse(inputs=request.news)
+
+    def DiffConfig(self, request, context):
+        return provider_pb2.DiffResponse()
+
+    def Configure(self, request, context):
+        # supportsPreview false: the engine previews a new resource from its inputs, without a Create.
+        return provider_pb2.ConfigureResponse(acceptSecrets=True, acceptResources=True, supportsPreview=False)
+
+    def Check(self, request, context):
+        return provider_pb2.CheckResponse(inputs=request.news)
+
+    def Diff(self, request, context):
+        from components.provider_facts import KNOWN_TYPES, replaced_by
+        typ = resource_type(request.urn)
+        olds, news = plain(_dict(request.old_inputs or request.olds)), plain(_dict(request.news))
+        for key in request.ignoreChanges:
+            if key in olds:
+                news[key] = olds[key]
+            else:
+                news.pop(key, None)
+        changed = sorted(k for k in set(olds) | set(news) if olds.get(k) != news.get(k))
+        known = typ in KNOWN_TYPES or typ.startswith("command:remote:")
+        replaces = sorted(replaced_by(typ, olds, news)) if known and changed else []
+        return provider_pb2.DiffResponse(
+            changes=provider_pb2.DiffResponse.DIFF_SOME if changed else provider_pb2.DiffResponse.DIFF_NONE,
+            diffs=changed, replaces=replaces, deleteBeforeReplace=False)
+
+    def Read(self, request, context):
+        from localswarm import fake_aws
+        typ = resource_type(request.urn)
+        if typ == "aws:ec2/capacityReservation:CapacityReservation":
+            state = fake_aws.capacity_reservation_state(request.id)
+            return provider_pb2.ReadResponse(id=request.id, properties=_struct(state), inputs=_struct(state))
+        # Anything else this rehearsal has not made is gone, as the real provider reads a missing resource.
+        return provider_pb2.ReadResponse()
+
+    def Invoke(self, request, context):
+        from localswarm import fake_aws
+        try:
+            answer = fake_aws.answer(request.tok, plain(_dict(request.args)))
+        except Exception as exc:  # noqa: BLE001 -- the provider's error, as the program would see it
+            return provider_pb2.InvokeResponse(failures=[provider_pb2.CheckFailure(reason=str(exc))])
+        return provider_pb2.InvokeResponse(**{"return": _struct(answer)})
+
+    def Create(self, request, context):
+        if request.preview:
+            return provider_pb2.CreateResponse(properties=request.properties)
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, _PREVIEW_ONLY % request.urn)
+
+    def Update(self, request, context):
+        if request.preview:
+            return provider_pb2.UpdateResponse(properties=request.news)
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, _PREVIEW_ONLY % request.urn)
+
+    def Delete(self, request, context):
+        return empty_pb2.Empty()
+
+    def Cancel(self, request, context):
+        return empty_pb2.Empty()
+
+    def Attach(self, request, context):
+        return empty_pb2.Empty()
+
+
+_PREVIEW_ONLY = ("%s: the rehearsal's local providers preview only; `localswarm program up` makes the "
+                 "rehearsal's resources")
+
+
+def serve(package: str) -> None:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8),
+                         options=[("grpc.max_receive_message_length", 400 * 1024 * 1024)])
+    provider_pb2_grpc.add_ResourceProviderServicer_to_server(Provider(package), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print(port, flush=True)  # the engine reads the port from the first line
+    server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
