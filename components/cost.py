@@ -12,6 +12,7 @@ preview goes on without them. docs/operations/cost.md says what is and is not co
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -54,7 +55,8 @@ class PoolCost:
     instance_type: str
     market: str  # on-demand, spot, reserved or capacity-block
     reservation: str  # the reservation (or its group) or Capacity Block the nodes run in; "" for none
-    parts: tuple[Part, ...]
+    parts: tuple[Part, ...]  # an elastic pool's: at its min
+    at_max: "PoolCost | None" = None  # an elastic pool at its max (autoscale); None for a pool of a count
 
     @property
     def nodes(self) -> int:
@@ -150,18 +152,26 @@ def node_zone(pool: GpuPool, cluster_zones: tuple[str, ...], index: int) -> str:
 
 
 def pool_cost(pool: GpuPool, cluster_zones: tuple[str, ...], prices: PriceReader) -> PoolCost:
+    """A pool's cost with its count of nodes; an elastic pool's at its min, and at its max beside it."""
+    if pool.autoscale:
+        at_min = _pool_cost(pool, cluster_zones, prices, pool.autoscale.min)
+        return dataclasses.replace(at_min, at_max=_pool_cost(pool, cluster_zones, prices, pool.autoscale.max))
+    return _pool_cost(pool, cluster_zones, prices, pool.count)
+
+
+def _pool_cost(pool: GpuPool, cluster_zones: tuple[str, ...], prices: PriceReader, count: int) -> PoolCost:
     o = pool.options
     if o.market_type == "capacity-block":
         return PoolCost(pool.name, pool.instance_type, "capacity-block", o.capacity_reservation or "",
-                        (Part("", pool.count, Price(None, why=BLOCK_PRICE)),))
+                        (Part("", count, Price(None, why=BLOCK_PRICE)),))
     if o.spot:
-        placed = [node_zone(pool, cluster_zones, i) for i in range(pool.count)]
+        placed = [node_zone(pool, cluster_zones, i) for i in range(count)]
         zones = pool.zones or cluster_zones
         return PoolCost(pool.name, pool.instance_type, "spot", "",
                         tuple(Part(z, placed.count(z), prices.spot(pool.instance_type, z)) for z in zones))
     market = "reserved" if o.capacity_reservation else "on-demand"
     return PoolCost(pool.name, pool.instance_type, market, o.capacity_reservation or "",
-                    (Part("", pool.count, prices.on_demand(pool.instance_type)),))
+                    (Part("", count, prices.on_demand(pool.instance_type)),))
 
 
 def price_list_provider(name: str, region: str, parent: pulumi.Resource) -> aws.Provider | None:
@@ -185,12 +195,18 @@ class ClusterCost:
 
     @property
     def per_hour(self) -> float:
-        """What the priced pools cost together: see unpriced() for the others."""
+        """What the priced pools cost together (elastic pools at their min): see unpriced() for the others."""
         return sum(p.per_hour or 0 for p in self.pools)
+
+    @property
+    def per_hour_at_max(self) -> float:
+        """The same with every elastic pool at its max."""
+        return sum((p.at_max or p).per_hour or 0 for p in self.pools)
 
     def unpriced(self) -> list[str]:
         return [f"{p.pool} ({p.instance_type}): {why}" for p in self.pools for why in
-                dict.fromkeys(part.price.why for part in p.parts if part.nodes and part.price.per_hour is None)]
+                dict.fromkeys(part.price.why for part in (p.at_max or p).parts + p.parts
+                              if part.nodes and part.price.per_hour is None)]
 
     def node_price(self, pool: str, zone: str = "") -> tuple[PoolCost, Price]:
         """A node's price: its pool's, and for spot its zone's."""
@@ -208,6 +224,7 @@ class ClusterCost:
         return {
             "currency": "USD", "region": self.region, "perHour": round(self.per_hour, 4),
             "complete": not self.unpriced(),
+            **({"perHourAtMax": round(self.per_hour_at_max, 4)} if any(p.at_max for p in self.pools) else {}),
             "pools": [{"pool": p.pool, "instanceType": p.instance_type, "market": p.market, "nodes": p.nodes,
                        **({"reservation": p.reservation} if p.reservation else {}),
                        "perHour": None if p.per_hour is None else round(p.per_hour, 4),
@@ -216,7 +233,9 @@ class ClusterCost:
                                    "source": part.price.source or None,
                                    **({"olderThanADay": True} if part.price.stale else {}),
                                    **({"notKnown": part.price.why} if part.price.per_hour is None else {})}
-                                  for part in p.parts]}
+                                  for part in p.parts],
+                       **({"elastic": {"min": p.nodes, "max": p.at_max.nodes, "perHourAtMin": _rounded(p.per_hour),
+                                       "perHourAtMax": _rounded(p.at_max.per_hour)}} if p.at_max else {})}
                       for p in self.pools],
             "notPriced": self.unpriced(),
             "table": self.table(),
@@ -230,6 +249,10 @@ def cluster_cost(s: Settings, region: str, provider: pulumi.ProviderResource | N
                         (Part("", s.managers.count, prices.on_demand(s.managers.instance_type)),))
     zones = tuple(s.network.availability_zones)
     return ClusterCost(s.cluster_name, region, (managers, *(pool_cost(p, zones, prices) for p in s.gpu_pools)))
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def _money(value: float | None) -> str:
@@ -255,9 +278,15 @@ def render_table(cost: ClusterCost) -> list[str]:
             rows.append((p.pool if first else "", str(part.nodes), p.instance_type if first else "",
                          market if first else "", part.zone or "(region)", _money(part.price.per_hour),
                          _money(each) if part.nodes else "0", _date(part.price) or "not known"))
+        if p.at_max:  # elastic: the rows above are its min; this is its max
+            rows.append(("", f"max {p.at_max.nodes}", "", "autoscale", "", "", _money(p.at_max.per_hour),
+                         f"at its max (min {p.nodes})"))
     unpriced = cost.unpriced()
     rows.append(("TOTAL", str(sum(p.nodes for p in cost.pools)), "", "", "", "", _money(cost.per_hour),
                  "without the pools not priced below" if unpriced else ""))
+    if any(p.at_max for p in cost.pools):
+        rows.append(("AT MAX", str(sum((p.at_max or p).nodes for p in cost.pools)), "", "", "", "",
+                     _money(cost.per_hour_at_max), "every elastic pool at its max"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = [f"{cost.cluster} in {cost.region}: what its instances cost per hour, in USD at AWS's list prices "
              "(no tax, Savings Plans, Reserved Instances or credits)"]

@@ -252,3 +252,31 @@ def test_the_fake_price_list_and_spot_history_answer_as_the_providers_data_sourc
         spot_price("us-east-1a", descriptions=())
     with pytest.raises(Exception, match="no EC2 Spot Price History found"):
         spot_price("us-east-1b")  # p5.48xlarge is offered in us-east-1a and us-east-1c only
+
+
+def test_an_elastic_pool_is_priced_at_its_min_and_at_its_max():
+    elastic = {"name": "t4", "instanceType": "g4dn.xlarge", "autoscale": {"min": 1, "max": 4, "idleMinutes": 15}}
+    fixed = {"name": "l4", "instanceType": "g6.xlarge", "count": 1}
+    out = run_program(stack_config("dev", stacks=[], gpuPools=[elastic, fixed])).exports["cost"]
+    by_pool = {p["pool"]: p for p in out["pools"]}
+    each = by_pool["t4"]["prices"][0]["perNodeHour"]
+    assert each > 0
+    assert by_pool["t4"]["nodes"] == 1 and by_pool["t4"]["perHour"] == round(each, 4)
+    assert by_pool["t4"]["elastic"] == {"min": 1, "max": 4, "perHourAtMin": round(each, 4),
+                                        "perHourAtMax": round(4 * each, 4)}
+    assert "elastic" not in by_pool["l4"]
+    assert out["perHour"] == round(sum(p["perHour"] for p in out["pools"]), 4)
+    assert out["perHourAtMax"] == round(out["perHour"] + 3 * each, 4)
+    assert next(line for line in out["table"] if "autoscale" in line).split()[:3] == ["max", "4", "autoscale"]
+    at_max = next(line for line in out["table"] if line.startswith("AT MAX"))
+    assert at_max.split()[2:4] == ["6", f"{out['perHourAtMax']:,.4f}"]  # 1 manager, 4 of t4, 1 of l4
+
+
+def test_an_elastic_pool_of_min_0_whose_type_has_no_price_is_named_not_priced_at_0(monkeypatch):
+    monkeypatch.delitem(fake_prices.ON_DEMAND, "g4dn.xlarge")
+    elastic = {"name": "t4", "instanceType": "g4dn.xlarge", "autoscale": {"max": 2}}
+    out = run_program(stack_config("dev", stacks=[], gpuPools=[elastic])).exports["cost"]
+    (t4,) = [p for p in out["pools"] if p["pool"] == "t4"]
+    assert t4["elastic"]["perHourAtMin"] == 0 and t4["elastic"]["perHourAtMax"] is None
+    assert out["complete"] is False and out["notPriced"] == [
+        "t4 (g4dn.xlarge): the Price List has no Linux on-demand price for g4dn.xlarge in us-east-1"]

@@ -17,7 +17,8 @@ from to_node.software import min_versions
 PINNED = min_versions()["DOCKER_VERSION"]
 REPO = Path(__file__).resolve().parent.parent
 COPIED = ("scripts/setup.sh", "scripts/steps.sh", "scripts/test.sh", "localswarm/install-engine.sh",
-          "node/versions.env", "requirements.txt")
+          "node/versions.env", "requirements.txt", "tools/pulumi/VERSION")
+PULUMI = (REPO / "tools" / "pulumi" / "VERSION").read_text().strip()
 STEP_END = re.compile(r"^(\w+): (\[\d/\d\] .+): (done|skipped) in (\d+\.\d) s")
 
 
@@ -36,6 +37,7 @@ class Checkout:
         self.fake("id", "echo 0")  # setup wants root; the fakes need none
         self.fake("dpkg-query", "echo 'install ok installed'")
         self.fake("dockerd", 'echo "Docker version 20.10.24+dfsg1, build 297e128"')  # too old
+        self.fake("pulumi", f'echo "v{PULUMI}"')  # the user's own CLI, of the pinned version
 
     def fake(self, command: str, body: str, folder: Path | None = None) -> None:
         path = (folder or self.bin) / command
@@ -131,10 +133,12 @@ echo "Successfully installed grpcio iniconfig pulumi_aws"
     assert "setup:   downloaded 2 files, 13.0 MB (and 1 files, 7.4 MB, from pip's cache)" in lines
     assert "Unpacking" not in result.stdout and "Reading package lists" not in result.stdout
     assert [(title, status) for _, title, status, _ in step_ends(result.stdout)] == [
-        ("[1/4] Debian packages", "done"),
-        ("[2/4] Python packages (requirements.txt) into .venv", "done"),
-        (f"[3/4] Docker Engine {PINNED}", "skipped"),
-        ("[4/4] rehearsal node image (Debian trixie, mmdebstrap)", "skipped")]
+        ("[1/5] Debian packages", "done"),
+        ("[2/5] Python packages (requirements.txt) into .venv", "done"),
+        (f"[3/5] Docker Engine {PINNED}", "skipped"),
+        ("[4/5] rehearsal node image (Debian trixie, mmdebstrap)", "skipped"),
+        (f"[5/5] Pulumi CLI {PULUMI} (its Go module, tools/pulumi/go.mod) into .tools/bin", "skipped")]
+    assert f"{checkout.bin}/pulumi is {PULUMI}" in result.stdout
     assert re.fullmatch(r"setup: done in \d+\.\d s", lines[-1])
 
 
@@ -146,7 +150,7 @@ def test_setup_says_what_it_skips(checkout):
     result = checkout.run("scripts/setup.sh")
 
     assert result.returncode == 0, result.stdout + result.stderr
-    assert [status for _, _, status, _ in step_ends(result.stdout)] == ["skipped"] * 4
+    assert [status for _, _, status, _ in step_ends(result.stdout)] == ["skipped"] * 5
     assert f"{checkout.prefix}/usr/sbin/dockerd is Docker version {PINNED}+dfsg4" in result.stdout
 
 
@@ -170,7 +174,7 @@ esac""", checkout.root / ".venv" / "bin")
     lines = result.stdout.splitlines()
     assert "setup:   base: done in 26.9 s, 475 MB in /var/cache/gpu-swarm/node-image/base-1" in lines
     assert "I: downloading" not in result.stdout
-    assert step_ends(result.stdout)[-1][1:3] == ("[4/4] rehearsal node image (Debian trixie, mmdebstrap)", "done")
+    assert step_ends(result.stdout)[-2][1:3] == ("[4/5] rehearsal node image (Debian trixie, mmdebstrap)", "done")
 
 
 def test_setup_shows_why_the_node_image_failed(checkout):
@@ -184,7 +188,50 @@ esac""", checkout.root / ".venv" / "bin")
     result = checkout.run("scripts/setup.sh")
     assert result.returncode == 1
     assert "    E: Release file expired" in result.stderr
-    assert re.search(r"\[4/4\] rehearsal node image .*: failed in", result.stderr)
+    assert re.search(r"\[4/5\] rehearsal node image .*: failed in", result.stderr)
+
+
+def _ready(checkout: Checkout) -> None:
+    """Steps 1 to 4 have nothing to do."""
+    checkout.fake("apt-get", "exit 1")
+    checkout.venv('echo "Requirement already satisfied: pulumi"')
+    checkout.engine()
+
+
+def test_setup_builds_the_pinned_cli_from_its_go_module_and_then_skips_it(checkout):
+    _ready(checkout)
+    checkout.fake("pulumi", 'echo "v3.100.0"')  # a user's CLI of another version is left alone
+    # go build, as the real one is called: in the tools module, -o the binary, the version stamped by -X.
+    checkout.fake("go", f"""echo "go $*" >> "{checkout.root}/go.calls"; pwd >> "{checkout.root}/go.calls"
+[ "$1" = build ] || exit 2
+out=""; version=""
+while [ $# -gt 0 ]; do case "$1" in -o) out=$2; shift ;; *Version=*) version=${{1##*Version=}} ;; esac; shift; done
+echo "go: downloading github.com/pulumi/pulumi/pkg/v3 v{PULUMI}"
+printf '#!/bin/sh\necho %s\n' "$version" > "$out"; chmod +x "$out"
+""")
+    first = checkout.run("scripts/setup.sh")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert step_ends(first.stdout)[-1][1:3] == (
+        f"[5/5] Pulumi CLI {PULUMI} (its Go module, tools/pulumi/go.mod) into .tools/bin", "done")
+    assert re.search(rf"setup:   .tools/bin/pulumi: v{re.escape(PULUMI)}, \S+", first.stdout)
+    calls = (checkout.root / "go.calls").read_text().splitlines()
+    assert calls[0].startswith("go build -trimpath") and calls[0].endswith("github.com/pulumi/pulumi/pkg/v3/cmd/pulumi")
+    assert calls[1] == str(checkout.root / "tools" / "pulumi")
+    assert "go: downloading" not in first.stdout  # Go's own lines stay in the log
+    second = checkout.run("scripts/setup.sh")
+    assert f".tools/bin/pulumi is {PULUMI}" in second.stdout
+    assert len((checkout.root / "go.calls").read_text().splitlines()) == 2  # not built again
+
+
+def test_setup_shows_why_the_cli_build_failed(checkout):
+    _ready(checkout)
+    checkout.fake("pulumi", "exit 127")
+    checkout.fake("go", 'echo "go: github.com/pulumi/pulumi/pkg/v3@v3.0.0: reading https://proxy.golang.org: 403 Forbidden"'
+                        "; exit 1")
+    result = checkout.run("scripts/setup.sh")
+    assert result.returncode == 1
+    assert "403 Forbidden" in result.stderr
+    assert re.search(r"\[5/5\] Pulumi CLI .*: failed in", result.stderr)
 
 
 def test_setup_stops_with_pips_output_when_pip_fails(checkout):
