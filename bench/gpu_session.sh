@@ -361,8 +361,10 @@ sweep() {  # sweep CGROUP: end what a program left running, and the containers o
   ((orphans == 0)) || say "   ended $orphans process(es) of containers whose engine had gone"
 }
 
-unpath() {  # unpath DIR: the checkout's path in DIR's text files becomes <repo>: results are committed, paths are not
-  grep -rIlF -- "$repo/" "$1" 2>/dev/null | while IFS= read -r file; do sed -i "s|$repo/|<repo>/|g" "$file"; done
+unpath() {  # unpath DIR: the checkout's path and $OUT in DIR's text files become <repo> and <out>: results are committed, paths are not
+  grep -rIlF -e "$repo/" -e "$OUT_DIR/" "$1" 2>/dev/null | while IFS= read -r file; do
+    sed -i -e "s|$repo/|<repo>/|g" -e "s|$OUT_DIR/|<out>/|g" "$file"
+  done
 }
 
 pack() {  # pack NAME: what the program wrote at $OUT/NAME (a folder or a file) and its console
