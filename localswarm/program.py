@@ -111,6 +111,9 @@ def up(*, stack: str = "dev", overrides: dict | None = None, parallel: int = 6, 
     state = load_state()
     if state and state.get("stack") != stack:
         raise RehearsalError(f"the rehearsal holds stack {state.get('stack')!r}; run `{CLI} down` first")
+    from localswarm import pulumi_cli
+    if pulumi_cli.holds_machines():
+        raise RehearsalError(f"Pulumi's CLI holds a rehearsal (`{CLI} pulumi up`); run `{CLI} down` first")
     from localswarm.state import load_state as load_rehearsal
     if load_rehearsal():
         raise RehearsalError(f"a `localswarm up` rehearsal is up; run `{CLI} down` first")

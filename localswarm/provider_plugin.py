@@ -7,15 +7,16 @@ plugin/plugin.go reads it so). It reports the version the program pins, so the e
 provider the program asked for.
 
 What they answer is the rehearsal's fake AWS (localswarm/fake_aws.py), the same answers the
-tests' mocks give: lookups (Invoke), reads of existing resources (Read), inputs as given
-(Check), and the real provider's replace rules (Diff, components/provider_facts.py). They
-preview only: a Create or Update outside a preview is refused with a message that says so,
-because resources the rehearsal would make (machines, commands over SSH) are made by
-`localswarm program up` until pulumi-command's provider can be built here.
+tests' mocks give: lookups (Invoke), inputs as given (Check), and the real provider's replace
+rules (Diff, components/provider_facts.py). Outside a preview, Create, Update, Delete and Read
+(the refresh of `refresh: always`) act on the rehearsal's machines through
+localswarm/plugin_cloud.py.
 """
 from __future__ import annotations
 
+import json
 import sys
+import threading
 from concurrent import futures
 
 import grpc
@@ -59,6 +60,16 @@ class Provider(provider_pb2_grpc.ResourceProviderServicer):
     def __init__(self, package: str):
         self.package = package
         self.version = VERSIONS[package]
+        self._cloud = None
+        self._cloud_lock = threading.Lock()
+
+    def cloud(self):
+        """The rehearsal's cloud for this package, made on the first step that needs it (never in a preview)."""
+        with self._cloud_lock:
+            if self._cloud is None:
+                from localswarm import plugin_cloud, pulumi_cli
+                self._cloud = plugin_cloud.PluginCloud(self.package, pulumi_cli.root())
+            return self._cloud
 
     def GetPluginInfo(self, request, context):
         return plugin_pb2.PluginInfo(version=self.version)
@@ -98,11 +109,18 @@ class Provider(provider_pb2_grpc.ResourceProviderServicer):
     def Read(self, request, context):
         from localswarm import fake_aws
         typ = resource_type(request.urn)
-        if typ == "aws:ec2/capacityReservation:CapacityReservation":
+        if typ == "aws:ec2/capacityReservation:CapacityReservation":  # Resource.get of one AWS has
             state = fake_aws.capacity_reservation_state(request.id)
             return provider_pb2.ReadResponse(id=request.id, properties=_struct(state), inputs=_struct(state))
-        # Anything else this rehearsal has not made is gone, as the real provider reads a missing resource.
-        return provider_pb2.ReadResponse()
+        if typ == "aws:ec2/instance:Instance":
+            # The refresh of `refresh: always`: a terminated machine is gone (an empty read), a stopped one stopped.
+            state = self.cloud().instance_state(request.id)
+            if state is None:
+                return provider_pb2.ReadResponse()
+            properties = {**_dict(request.properties), "instanceState": state}
+            return provider_pb2.ReadResponse(id=request.id, properties=_struct(properties), inputs=request.inputs)
+        # Everything else stays as the state holds it, as pulumi-command and pulumi-tls read theirs.
+        return provider_pb2.ReadResponse(id=request.id, properties=request.properties, inputs=request.inputs)
 
     def Invoke(self, request, context):
         from localswarm import fake_aws
@@ -115,14 +133,28 @@ class Provider(provider_pb2_grpc.ResourceProviderServicer):
     def Create(self, request, context):
         if request.preview:
             return provider_pb2.CreateResponse(properties=request.properties)
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, _PREVIEW_ONLY % request.urn)
+        try:
+            rid, outputs = self.cloud().create(request.urn, resource_type(request.urn), plain(_dict(request.properties)))
+        except Exception as exc:  # noqa: BLE001 -- the step's error, as the engine prints a provider's
+            context.abort(grpc.StatusCode.UNKNOWN, str(exc))
+        return provider_pb2.CreateResponse(id=rid, properties=_struct(_jsonable(outputs)))
 
     def Update(self, request, context):
         if request.preview:
             return provider_pb2.UpdateResponse(properties=request.news)
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, _PREVIEW_ONLY % request.urn)
+        try:
+            outputs = self.cloud().update(request.urn, resource_type(request.urn), request.id,
+                                          plain(_dict(request.old_inputs)), plain(_dict(request.olds)),
+                                          plain(_dict(request.news)))
+        except Exception as exc:  # noqa: BLE001
+            context.abort(grpc.StatusCode.UNKNOWN, str(exc))
+        return provider_pb2.UpdateResponse(properties=_struct(_jsonable(outputs)))
 
     def Delete(self, request, context):
+        try:
+            self.cloud().delete(request.urn, resource_type(request.urn), request.id, plain(_dict(request.properties)))
+        except Exception as exc:  # noqa: BLE001
+            context.abort(grpc.StatusCode.UNKNOWN, str(exc))
         return empty_pb2.Empty()
 
     def Cancel(self, request, context):
@@ -132,8 +164,8 @@ class Provider(provider_pb2_grpc.ResourceProviderServicer):
         return empty_pb2.Empty()
 
 
-_PREVIEW_ONLY = ("%s: the rehearsal's local providers preview only; `localswarm program up` makes the "
-                 "rehearsal's resources")
+def _jsonable(value):
+    return json.loads(json.dumps(value, default=str))
 
 
 def serve(package: str) -> None:

@@ -15,6 +15,7 @@ passphrase's salt into its copy, not into the user's file.
 """
 from __future__ import annotations
 
+import json
 import os
 import runpy
 import shutil
@@ -30,6 +31,7 @@ PLUGINS = REPO / "localswarm" / "plugins"
 PASSPHRASE = "gpu-swarm-rehearsal"
 VERSION = (REPO / "tools" / "pulumi" / "VERSION").read_text().strip()
 RUNS_PROGRAM = ("up", "preview", "update")
+MAKES = ("up", "update", "destroy", "refresh")  # steps that act on the rehearsal's machines
 
 
 def cli() -> str:
@@ -111,9 +113,38 @@ def language_server():
     return server, f"127.0.0.1:{port}"
 
 
+def holds_machines() -> bool:
+    """Whether machines that the CLI's rehearsal made are still there (its aws plugin's world)."""
+    try:
+        return bool(json.loads((root() / "world-aws.json").read_text()).get("machines"))
+    except (OSError, ValueError):
+        return False
+
+
+def prepare_host(stack_file: Path) -> None:
+    """What the machines reach, before the CLI makes any: the bridge, the registry, the S3 stand-in (as
+    `program up` has them, localswarm/program.py), and the program's preview reads images from that registry."""
+    import yaml
+    from localswarm import node_image, program
+    from localswarm.host import CLI, RehearsalError, check_host
+    from localswarm.nodes import REGISTRY
+    from localswarm.stack_config import config_text
+    from settings import image_registry
+    if program.load_state().get("resources"):
+        raise RehearsalError(f"a `program up` rehearsal is up; run `{CLI} down` first")
+    check_host()
+    say = lambda m: print(f"rehearsal: {m}", flush=True)  # noqa: E731
+    node_image.ensure_image(say)
+    config = {k: config_text(v) for k, v in (yaml.safe_load(stack_file.read_text()).get("config") or {}).items()}
+    program._infrastructure(config, say)
+    image_registry.ENDPOINTS["docker.io"] = f"http://{REGISTRY}"
+
+
 def run(args: list[str], stack: str, stack_file: Path | None = None, **popen) -> subprocess.CompletedProcess:
     """`pulumi <args> --stack <stack>` in the rehearsal; popen: subprocess.run's (capture_output, say)."""
     pulumi, env, work = cli(), environment(), project_dir(stack, stack_file)
+    if args and args[0] in MAKES:
+        prepare_host(work / f"Pulumi.{stack}.yaml")
     subprocess.run([pulumi, "stack", "select", "--create", stack, "--non-interactive"], cwd=work, env=env,
                    check=True, stdout=subprocess.DEVNULL)
     extra, server = [], None
