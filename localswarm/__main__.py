@@ -115,6 +115,8 @@ def _parser() -> argparse.ArgumentParser:
     real.add_argument("--stack", default="dev", help="Pulumi.<stack>.yaml to use (default %(default)s)")
     real.add_argument("--stack-file", type=Path, default=None, metavar="PATH",
                       help="the stack's config file (default Pulumi.<stack>.yaml of the project)")
+    real.add_argument("--report", action="store_true",
+                      help="after a successful `up`, print the rehearsal's report from the stack's outputs")
     real.add_argument("args", nargs=argparse.REMAINDER, help="the CLI's own arguments")
     return p
 
@@ -123,7 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "pulumi":
         from localswarm import pulumi_cli
-        return pulumi_cli.run(args.args, args.stack, args.stack_file).returncode
+        done = pulumi_cli.run(args.args, args.stack, args.stack_file)
+        if done.returncode == 0 and args.report and args.args[:1] == ["up"]:
+            print("\n".join(["", *pulumi_cli.report(args.stack)]))
+        return done.returncode
     # With --json, stdout carries only the JSON document; progress goes to stderr.
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
     try:

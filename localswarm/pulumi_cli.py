@@ -140,6 +140,14 @@ def prepare_host(stack_file: Path) -> None:
     image_registry.ENDPOINTS["docker.io"] = f"http://{REGISTRY}"
 
 
+def report(stack: str) -> list[str]:
+    """The rehearsal's report, from `pulumi stack output --json` (localswarm/pulumi_report.py)."""
+    from localswarm import pulumi_report
+    shown = subprocess.run([cli(), "stack", "output", "--json", "--stack", stack], cwd=root() / "project",
+                           env=environment(), capture_output=True, text=True, check=True)
+    return pulumi_report.render(json.loads(shown.stdout))
+
+
 def run(args: list[str], stack: str, stack_file: Path | None = None, **popen) -> subprocess.CompletedProcess:
     """`pulumi <args> --stack <stack>` in the rehearsal; popen: subprocess.run's (capture_output, say)."""
     pulumi, env, work = cli(), environment(), project_dir(stack, stack_file)

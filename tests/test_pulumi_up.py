@@ -43,7 +43,7 @@ def first():
     cli("down")
     planned = pulumi("preview", "--json")
     assert planned.returncode == 0, planned.stdout[-3000:] + planned.stderr[-3000:]
-    done = pulumi("up", "--yes", "--skip-preview")
+    done = pulumi("--report", "up", "--yes", "--skip-preview")  # as ./scripts/rehearse.sh runs it
     yield json.loads(planned.stdout), done
     cli("down")
 
@@ -72,6 +72,16 @@ def test_the_nodes_advertise_their_gpus_and_the_stack_runs(first):
     assert nodes["gpu-swarm-dev-manager-0"]["role"] == "manager"
     assert out["stackTasks"]["gpu-smoke"]["services"] == {"gpu-smoke_gpu": "1 running, 1 waiting for resources"}
     assert out["privateKey"] == "[secret]"  # the CLI keeps the secret output a secret
+
+
+def test_the_report_reads_the_stacks_real_outputs(first):
+    report = first[1].stdout.rsplit("\nDuration: ", 1)[1]
+    rows = {line.split()[0]: line.split() for line in report.splitlines() if line.startswith("gpu-swarm-dev-")}
+    assert rows["gpu-swarm-dev-t4-0"][1:] == ["worker", "t4", "ready", "active", "1/1", "yes"]
+    assert rows["gpu-swarm-dev-manager-0"][1:] == ["manager", "managers", "ready", "active", "0/0", "-"]
+    assert "stack gpu-smoke: gpu-smoke_gpu: 1 running, 1 waiting for resources" in report
+    assert re.search(r"gpu-swarm-dev-t4-0: .*cloud-init [\d.]+ s \(done\)", report)
+    assert "TOTAL" in report  # the cost table, as the stack output holds it
 
 
 def test_a_second_up_with_nothing_changed_reads_health_again_and_changes_nothing_else(first):
