@@ -21,24 +21,19 @@ from concurrent import futures
 
 import grpc
 from google.protobuf import empty_pb2, json_format, struct_pb2
+from pulumi.runtime import rpc
 from pulumi.runtime.proto import plugin_pb2, provider_pb2, provider_pb2_grpc
 
 VERSIONS = {"aws": "7.51.1", "command": "1.2.1", "tls": "5.6.2"}  # requirements.txt's pins
-# The provider protocol's markers (pulumi/sdk/go/common/resource/plugin/rpc.go).
-SECRET_SIG = "4dabf18193072939515e22adb298388d"
-SECRET_VALUE = "1b47061264138c4ac30d75fd1eb44270"
-UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
+# The provider protocol's markers (pulumi/sdk/go/common/resource/plugin/rpc.go), as the SDK names them.
+SECRET_SIG, SECRET_VALUE = rpc._special_sig_key, rpc._special_secret_sig
 
 
 def plain(value):
-    """A protocol value without its secret wrappers (the fake AWS reads plain values)."""
-    if isinstance(value, dict):
-        if value.get(SECRET_SIG) == SECRET_VALUE:
-            return plain(value.get("value"))
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    return value
+    """A protocol value without its secret wrappers, as the rehearsal's handlers read inputs (one rule:
+    localswarm/local_cloud.py's)."""
+    from localswarm.local_cloud import _plain
+    return _plain(value)
 
 
 def _dict(message: struct_pb2.Struct) -> dict:

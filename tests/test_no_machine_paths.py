@@ -19,7 +19,8 @@ HOME = re.compile(r"(?<![\w>)}/.-])/home/[a-z][\w.-]*/")
 
 def _tracked() -> list[Path]:
     names = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout.split(b"\0")
-    return [REPO / n.decode() for n in names if n]
+    # This file names the paths it looks for.
+    return [REPO / n.decode() for n in names if n and REPO / n.decode() != Path(__file__).resolve()]
 
 
 def _text(path: Path) -> str:
