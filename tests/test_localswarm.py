@@ -67,6 +67,9 @@ def test_two_gpu_replica_lands_only_where_two_gpus_are_free(rehearsal, engine):
     wait_for(lambda v: not tasks_of(v, "smoke_gpu"), 60, "smoke_gpu to scale to 0")
     # One GPU taken on node-1 and on node-2 leaves node-3 as the only node with two free.
     _service(engine, "one", 1, 2, "--constraint", "node.hostname!=node-3", "--replicas-max-per-node", "1")
+    # "one" holds its GPUs before "two" asks: two services made at once race for node-1's and node-2's GPUs.
+    wait_for(lambda v: sorted(t["state"] for t in tasks_of(v, "one")) == ["running", "running"], 60,
+             "the 1-GPU tasks to run")
     _service(engine, "two", 2, 1)
     try:
         view = wait_for(lambda v: [t["state"] for t in tasks_of(v, "two")] == ["running"]
