@@ -3,13 +3,13 @@
 
     sudo flock /tmp/lsw.lock .venv/bin/python bench/access_rehearsal.py [--json] [--smoke]
 
-Runs the program itself (`localswarm program up`: Pulumi's mocks, real cloud-init, real sshd,
+Runs the program itself (`localswarm pulumi up`: Pulumi's real CLI, real cloud-init, real sshd,
 real SSH) with three managers and one GPU node, then:
 1. each machine's sshd has exactly the host key its user data brought, and it is the key every
-   connection of the program pins (the program's state holds the connections);
+   connection of the program pins (the stack's state holds the connections: `pulumi stack export`);
 2. real OpenSSH, with that pin, reaches a worker through a manager's Elastic IP; with another
    node's key pinned it refuses ("Host key verification failed"), for the node and for the proxy;
-3. the first manager's machine is stopped; the next `program up` goes through the second manager:
+3. the first manager's machine is stopped; the next `pulumi up` goes through the second manager:
    every worker command's proxy and the swarm steps name its address, and what runs again only
    checks (which commands ran, and that no instance was replaced, is printed);
 4. everything is removed (`localswarm down`), also when a step fails.
@@ -20,20 +20,47 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from localswarm import engine, machines, program, rehearsal, ssh  # noqa: E402
+from localswarm import machines, pulumi_cli, rehearsal, ssh  # noqa: E402
 
-OVERRIDES = {"managerCount": "3"}
+REPO = Path(__file__).resolve().parent.parent
+
+
+def pulumi(*args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "localswarm", "pulumi", "--stack", "dev", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=1500)
+    if done.returncode != 0:
+        raise RuntimeError(f"pulumi {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done
+
+
+def up(managers: int) -> dict:
+    """`pulumi up` with managerCount set: its seconds, the CLI's change counts, the commands that ran."""
+    pulumi("config", "set", "gpu-swarm:managerCount", str(managers))
+    started = time.monotonic()
+    out = pulumi("up", "--yes").stdout
+    tail = out.rsplit("\nResources:\n", 1)[1].split("\n\n", 1)[0]
+    counts = {m[2]: int(m[1]) for m in re.finditer(r"^\s+(?:[-+~] )?(\d+) (\w+)", tail, re.M)}
+    return {"seconds": round(time.monotonic() - started, 1), "commands": pulumi_cli.last_run()["commands"],
+            "resources": {"create": counts.get("created", 0), "replace": counts.get("replaced", 0)}}
+
+
+def state_now() -> dict:
+    """The stack's resources by name (`pulumi stack export`) and the machines behind its instances."""
+    return {"resources": {r["urn"].rsplit("::", 1)[1]: r for r in pulumi_cli.exported("dev")},
+            "machines": pulumi_cli.world()["machines"]}
 
 
 def connections(state: dict) -> dict[str, dict]:
-    """Each command's connection, by the command's name (the state knows it by its URN)."""
-    return {engine.name_of(urn): r["inputs"]["connection"] for urn, r in state["resources"].items()
+    """Each command's connection, by the command's name."""
+    return {name: r["inputs"]["connection"] for name, r in state["resources"].items()
             if r["type"] == "command:remote:Command"}
 
 
@@ -108,13 +135,14 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="one manager, no failover: the smallest real run")
     args = parser.parse_args()
     say = (lambda m: print(m, file=sys.stderr)) if args.json else print
-    overrides = {**OVERRIDES, "managerCount": "1"} if args.smoke else OVERRIDES
+    managers_wanted = 1 if args.smoke else 3
     out: dict = {}
     failed = ["the run did not finish"]  # its exception says why
     try:
-        first = program.up(stack="dev", overrides=overrides, progress=say)
-        out["first_up"] = {"seconds": first["timings"]["up_s"], "commands": first["commands_executed"]}
-        state = program.load_state()
+        rehearsal.down(progress=say)
+        first = up(managers_wanted)
+        out["first_up"] = {"seconds": first["seconds"], "commands": len(first["commands"])}
+        state = state_now()
         check_pins(state, out)
         check_openssh(state, out)
         managers = sorted(r["hostname"] for r in state["machines"].values() if r["role"] == "manager")
@@ -123,13 +151,13 @@ def main() -> int:
         if not args.smoke:  # the failover needs a second manager
             machines.stop(machine_of(state, managers[0]))
             say(f"stopped {managers[0]}; a second up must go through {managers[1]}")
-            second = program.up(stack="dev", overrides=overrides, progress=say)
-            state = program.load_state()
+            second = up(managers_wanted)
+            state = state_now()
             conns = connections(state)
             manager_1 = next(c["host"] for n, c in conns.items() if n == "gpu-swarm-member-managers-1-join")
             proxies = {c["proxy"]["host"] for c in conns.values() if c.get("proxy")}
             out["second_up"] = {
-                "seconds": second["timings"]["up_s"], "resources": second["resources"],
+                "seconds": second["seconds"], "resources": second["resources"],
                 "proxies": sorted(proxies), "manager_1": manager_1,
                 "swarm_steps_on": sorted({conns[n]["host"] for n in conns if n.endswith(("-cordon", "-admit"))}),
                 "ran": sorted(f"{c['name']} ({c['action']})" for c in second["commands"]),

@@ -4,7 +4,7 @@ Run as root after scripts/setup.sh, under the rehearsal's lock:
     flock /tmp/gpu-swarm-rehearsal.lock .venv/bin/python bench/autoscale.py [--runs 5] [--idle-seconds 5]
 --smoke: one run, to see that the bench still runs.
 
-One `localswarm program up` of the dev stack whose pool is elastic (t4, g4dn.xlarge, autoscale {min 0, max 1}),
+One real `pulumi up` (`localswarm pulumi --stack dev up`, Pulumi's CLI) of the dev stack whose pool is elastic (t4, g4dn.xlarge, autoscale {min 0, max 1}),
 without stacks: the pool has no node. The bench then shortens the pool's idle time on the manager to
 --idle-seconds (it rewrites idleSeconds in the scaler's settings, /etc/gpu-swarm/autoscale/pools.json, which
 the scaler reads at each round; the program's smallest is idleMinutes: 1). Each run:
@@ -35,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from localswarm import api, elastic_cloud, machines, program  # noqa: E402
+from localswarm import api, elastic_cloud, machines, pulumi_host  # noqa: E402
 from swarm.node_contract import AUTOSCALE_POOLS_PATH, CHECK_IMAGE  # noqa: E402
 
 POOL = {"name": "t4", "instanceType": "g4dn.xlarge", "autoscale": {"min": 0, "max": 1, "idleMinutes": 1}}
@@ -80,7 +80,7 @@ def wait(what: str, found, timeout: float = 600, poll_s: float = 0.5):
 
 
 def sock() -> str:
-    return program.docker_socket(manager())
+    return pulumi_host.docker_socket(manager())
 
 
 def task_running() -> float | None:
@@ -124,7 +124,11 @@ def main() -> None:
         sys.exit("the rehearsal needs root")
     subprocess.run([sys.executable, "-m", "localswarm", "down"], cwd=REPO, capture_output=True, check=True)
     try:
-        program.up(stack="dev", overrides={"gpuPools": [POOL], "stacks": []}, progress=lambda m: None)
+        for args_ in (("config", "set-all", "--json", json.dumps(
+                          {"gpu-swarm:gpuPools": {"value": json.dumps([POOL]), "objectValue": [POOL], "secret": False}})),
+                      ("config", "rm", "gpu-swarm:stacks"), ("up", "--yes")):
+            subprocess.run([sys.executable, "-m", "localswarm", "pulumi", "--stack", "dev", *args_], cwd=REPO,
+                           capture_output=True, check=True)
         settings = json.loads(on_manager(f"cat {AUTOSCALE_POOLS_PATH}"))
         settings["pools"][0]["idleSeconds"] = int(args.idle_seconds)
         on_manager(f"cat >{AUTOSCALE_POOLS_PATH} <<'EOF'\n{json.dumps(settings)}\nEOF")

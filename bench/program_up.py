@@ -1,4 +1,4 @@
-"""Benchmark: `localswarm program up` (the program's real path) beside `localswarm up` (the fast rehearsal), same shape.
+"""Benchmark: the real `pulumi up` of the program (Pulumi's CLI, the rehearsal's machines) beside `localswarm up`.
 
 Run as root after scripts/setup.sh:  .venv/bin/python bench/program_up.py [--runs N]
 --smoke: one run of each (the shape is already the smallest), to see that the bench still runs.
@@ -6,9 +6,10 @@ Run as root after scripts/setup.sh:  .venv/bin/python bench/program_up.py [--run
 Both build one manager and one GPU node with one GPU and deploy the smoke stack; the two
 alternate (A B A B ...) so a drift of this machine's speed hits both. For each it prints the
 median and the spread (min-max) over N runs of the whole `up` (wall seconds, from a clean host:
-`down` runs before each, untimed). For program up it also prints a second `pulumi up` with
-nothing changed, and a roll of new node software (`--bump-node-software`), and the boot steps of
-the median first run, as the program's bootstrapTimings output reports them.
+`down` runs before each, untimed). For `pulumi up` (`localswarm pulumi --stack dev up --yes`) it
+also prints a second `pulumi up` with nothing changed, and a roll of new node software
+(`--bump-node-software`), with the commands each ran a script of (localswarm/pulumi_cli.py
+last_run), and the boot steps of the median first run, as the stack's bootstrapTimings output has them.
 """
 from __future__ import annotations
 
@@ -21,15 +22,24 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from localswarm import pulumi_cli  # noqa: E402
 
 
-def localswarm(*args: str) -> tuple[float, dict]:
+def localswarm(*args: str) -> float:
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "localswarm", *args], cwd=REPO, capture_output=True, text=True)
     seconds = time.monotonic() - started
     if proc.returncode != 0:
-        sys.exit(f"localswarm {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
-    return seconds, json.loads(proc.stdout) if "--json" in args else {}
+        sys.exit(f"localswarm {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return seconds
+
+
+def pulumi_up(*rehearsal: str) -> tuple[float, int]:
+    """The real `pulumi up --yes` of the dev stack: its wall seconds and how many commands ran a script."""
+    seconds = localswarm("pulumi", "--stack", "dev", *rehearsal, "up", "--yes")
+    return seconds, len(pulumi_cli.last_run()["commands"])
 
 
 def spread(values: list[float]) -> str:
@@ -46,23 +56,24 @@ def main() -> int:
     fast, first, again, roll, boots, commands, ran_again, ran_roll = [], [], [], [], [], [], [], []
     for _ in range(args.runs):
         localswarm("down")
-        seconds, _ = localswarm("up", "--nodes", "2", "--gpus-per-node", "1", "--json")
-        fast.append(seconds)
+        fast.append(localswarm("up", "--nodes", "2", "--gpus-per-node", "1", "--json"))
         localswarm("down")
-        seconds, report = localswarm("program", "up", "--stack", "dev", "--json")
+        seconds, ran = pulumi_up()
         first.append(seconds)
-        commands.append(report["commands_executed"])
-        boots.append(report["outputs"]["bootstrapTimings"])
-        seconds, report = localswarm("program", "up", "--stack", "dev", "--json")
+        commands.append(ran)
+        shown = subprocess.run([sys.executable, "-m", "localswarm", "pulumi", "--stack", "dev", "stack", "output",
+                                "--json"], cwd=REPO, capture_output=True, text=True, check=True)
+        boots.append(json.loads(shown.stdout)["bootstrapTimings"])
+        seconds, ran = pulumi_up()
         again.append(seconds)
-        ran_again.append(report["commands_executed"])
-        seconds, report = localswarm("program", "up", "--stack", "dev", "--bump-node-software", "--json")
+        ran_again.append(ran)
+        seconds, ran = pulumi_up("--bump-node-software")
         roll.append(seconds)
-        ran_roll.append(report["commands_executed"])
+        ran_roll.append(ran)
     localswarm("down")
     print(f"{args.runs} runs each, alternating, on {subprocess.getoutput('nproc')} cores")
     print(f"localswarm up --nodes 2 --gpus-per-node 1          {spread(fast)}")
-    print(f"localswarm program up --stack dev (first up)       {spread(first)}   "
+    print(f"pulumi up --stack dev (first up, Pulumi's CLI)     {spread(first)}   "
           f"{statistics.median(first) / statistics.median(fast):.2f}x; {commands[0]} commands")
     # Each first up against the fast up just before it: a drift of this machine's speed hits both.
     pairs = [p / f for p, f in zip(first, fast)]

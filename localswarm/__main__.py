@@ -87,27 +87,6 @@ def _parser() -> argparse.ArgumentParser:
     command("roll", "roll new node software through every node, one node per pool at a time")
     stacks = command("stacks", "deploy exactly these compose files; stacks not listed are removed")
     stacks.add_argument("files", nargs="*", metavar="[NAME=]FILE")
-    program = command("program", "run the Pulumi program itself (`pulumi up` under mocks) against local machines "
-                                 "that boot its user data with cloud-init; again: a second `pulumi up`")
-    program.add_argument("action", choices=("up", "status", "destroy"),
-                         help="destroy: `pulumi destroy`, every resource of the state deleted as the engine deletes it")
-    program.add_argument("--stack", default="dev", help="Pulumi.<stack>.yaml to use (default %(default)s)")
-    program.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                         help="override a config key, as `pulumi config set` would; VALUE is JSON for lists and "
-                              "objects (repeatable)")
-    program.add_argument("--secret", action="append", default=[], metavar="KEY=VALUE",
-                         help="like --set, as `pulumi config set --secret` (repeatable)")
-    program.add_argument("--parallel", type=int, default=6, metavar="N",
-                         help="resource operations at once, as `pulumi up --parallel` (default %(default)s)")
-    program.add_argument("--bump-node-software", action="store_true",
-                         help="as if node/ had changed (and stays changed for later runs): a new bundle "
-                              "that rolls through the nodes")
-    program.add_argument("--replace", action="append", default=[], metavar="URN",
-                         help="replace this resource (its URN, or its name) even if nothing changed, as "
-                              "`pulumi up --replace` (repeatable)")
-    program.add_argument("--refresh", action=argparse.BooleanOptionalAction, default=None,
-                         help="read the instances back first, as `pulumi up --refresh` (default: Pulumi.yaml's "
-                              "refresh option, which is `always`)")
     real = sub.add_parser("pulumi", help="Pulumi's real CLI on the unchanged program, with the rehearsal's "
                           "local providers (localswarm/pulumi_cli.py): preview, stack, config",
                           description="Pulumi's real CLI on the unchanged program, with the rehearsal's local "
@@ -117,6 +96,12 @@ def _parser() -> argparse.ArgumentParser:
                       help="the stack's config file (default Pulumi.<stack>.yaml of the project)")
     real.add_argument("--report", action="store_true",
                       help="after a successful `up`, print the rehearsal's report from the stack's outputs")
+    real.add_argument("--bump-node-software", action="store_true",
+                      help="as if node/ had changed (and stays changed for later runs): a new bundle that rolls "
+                           "through the nodes")
+    real.add_argument("--status", action="store_true",
+                      help="instead of running the CLI: the swarm of its machines (nodes, GPUs, tasks); JSON with --json")
+    real.add_argument("--json", action="store_true", help="with --status: the view as JSON")
     real.add_argument("args", nargs=argparse.REMAINDER, help="the CLI's own arguments")
     return p
 
@@ -125,7 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "pulumi":
         from localswarm import pulumi_cli
-        done = pulumi_cli.run(args.args, args.stack, args.stack_file)
+        if args.status:
+            try:
+                view = pulumi_cli.status(args.stack)
+            except RehearsalError as e:
+                print(f"localswarm: {e}", file=sys.stderr)
+                return 1
+            print(json.dumps(view, indent=2) if args.json else render_table(view))
+            return 0
+        done = pulumi_cli.run(args.args, args.stack, args.stack_file, bump_software=args.bump_node_software)
         if done.returncode == 0 and args.report and args.args[:1] == ["up"]:
             print("\n".join(["", *pulumi_cli.report(args.stack)]))
         return done.returncode
@@ -142,11 +135,6 @@ def main(argv: list[str] | None = None) -> int:
             from localswarm import monitoring_stack, state as state_mod
             manager = next(n for n in state_mod.nodes_of(state_mod.require_state()) if n.role == "manager")
             result["monitoring"] = monitoring_stack.deploy(manager, find_engine(), progress=say)
-        if args.command == "program" and args.action == "up":
-            from localswarm import monitoring_stack, program
-            access = monitoring_stack.program_access(result["outputs"], program.view_nodes(program.load_state()))
-            if access:
-                result["monitoring"] = access
     except RehearsalError as e:
         print(f"localswarm: {e}", file=sys.stderr)
         return 1
@@ -163,17 +151,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nengines ready {t['nodes_ready_s']} s, swarm formed {t['swarm_ready_s']} s, "
               f"stacks converged {t['stack_converged_s']} s")
         print(NEXT_STEPS)
-    elif args.command == "program" and args.action == "up":
-        print(f"\nthe program ran {result['commands_executed']} command(s) "
-              f"({result['unchanged_commands']} unchanged) in {result['timings']['up_s']} s")
-        if result["outputs"].get("cost"):  # the preview's table, as `pulumi stack output cost` has it
-            print("\n" + "\n".join(result["outputs"]["cost"]["table"]))
-        for node, steps in (result["outputs"].get("bootstrapTimings") or {}).items():
-            print(f"  {node}: " + ", ".join(f"{step} {t.get('seconds')} s ({t.get('status')})"
-                                           for step, t in steps.items()))
-        if "monitoring" in result:
-            from localswarm import monitoring_stack
-            print(monitoring_stack.render_access(result["monitoring"]))
     elif args.command == "top":
         from localswarm import top
         print(top.render(result))
@@ -220,17 +197,6 @@ def _run(args, say):
         return changes.roll(progress=say)
     if args.command == "stacks":
         return changes.set_stacks(args.files, progress=say)
-    if args.command == "program":
-        from localswarm import program
-        if args.action == "status":
-            return program.status(progress=say)
-        if args.action == "destroy":
-            return program.destroy(progress=say)
-        secrets = _overrides(args.secret)
-        return program.up(stack=args.stack, overrides={**_overrides(args.set), **secrets},
-                          secret_keys=tuple(secrets), parallel=args.parallel,
-                          bump_software=args.bump_node_software, replace=tuple(args.replace),
-                          refresh=args.refresh, progress=say)
     raise AssertionError(args.command)
 
 

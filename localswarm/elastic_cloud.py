@@ -1,4 +1,4 @@
-"""Elastic pools in the rehearsal: what `program up` makes of their AWS resources, and the machines their groups run.
+"""Elastic pools in the rehearsal: what `localswarm pulumi up` makes of their AWS resources, and the machines their groups run.
 
 LocalCloud (localswarm/local_cloud.py) hands the program's IAM roles, instance profiles and policies, its SSM
 parameters, launch templates and Auto Scaling groups to the functions here, which keep them in the shared
@@ -6,7 +6,7 @@ state of the rehearsal's AWS endpoints (localswarm/fake_aws_api.py Store, STORE 
 rehearsal machines: launch_instance boots one from the group's launch template, its user data through real
 cloud-init, with IMDS answering its instance id, address and its role's credentials (which the endpoints then
 accept). The object store's server process (localswarm/object_store.py) answers the machines' API calls and
-runs each group's converge; `program up` converges a group it has just made or changed, and terminates a
+runs each group's converge; `localswarm pulumi up` converges a group it has just made or changed, and terminates a
 group's machines with it.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from localswarm.fake_account import ACCOUNT_ID, DEFAULT_METADATA
 from localswarm.fake_aws_api import Store
 
 STORE = Store(machines.STATE / "aws-api" / "state.json")
-GROUP_INDEXES = range(244, 150, -1)  # group machines take addresses from the top; `program up`'s from the bottom
+GROUP_INDEXES = range(244, 150, -1)  # group machines take addresses from the top; `localswarm pulumi up`'s from the bottom
 
 
 def api_hosts(region: str) -> list[str]:
@@ -163,5 +163,5 @@ def instance_credentials(profile: str | None, instance_id: str) -> dict | None:
 
 
 def group_machines() -> list[dict]:
-    """The machines of every group, as `program status` lists nodes."""
+    """The machines of every group, as `localswarm status` lists nodes."""
     return list(STORE.read()["machines"].values())

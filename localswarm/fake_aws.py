@@ -1,7 +1,7 @@
 """AWS as the Pulumi mocks see it: the answers of the data sources the program asks, and what AWS fills in.
 
-One catalogue for the unit tests (tests/conftest.py) and the rehearsal's `program up`
-(localswarm/program.py). A lookup that AWS would refuse raises, with the provider's words,
+One catalogue for the unit tests (tests/conftest.py) and the rehearsal's `localswarm pulumi up`
+(localswarm/pulumi_cli.py). A lookup that AWS would refuse raises, with the provider's words,
 as a failing invoke does; nothing here is reached over a network. What the program made in
 an earlier run (its subnets, its instances and their state) is an Account (localswarm/fake_account.py):
 the plural lookups answer from it, as AWS answers a second `pulumi up` from what the first one made.

@@ -7,7 +7,7 @@ fake IMDS handed an instance (localswarm/fake_imds.py), within five minutes of n
 service; the caller's role must allow the action on the resource (localswarm/fake_iam.py iam_allows, over the
 policies the program made), or the answer is AccessDenied in IAM's words. The group's behaviour is
 localswarm/fake_groups.py's. `handle` is pure over a state dict; the rehearsal keeps that dict in a file (Store),
-shared by `program up` (which makes groups, templates, parameters and roles) and the server that answers the
+shared by `localswarm pulumi up` (which makes groups, templates, parameters and roles) and the server that answers the
 machines (localswarm/object_store.py serves these host names beside S3's).
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ def empty_state() -> dict:
 
 
 class Store:
-    """The state dict in a JSON file, changed under an exclusive lock: `program up` and the server share it."""
+    """The state dict in a JSON file, changed under an exclusive lock: `localswarm pulumi up` and the server share it."""
 
     def __init__(self, path: Path):
         self.path = path

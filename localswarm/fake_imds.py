@@ -9,7 +9,7 @@ maintenance-scheduled.json), written by `localswarm node spot-notice` (and healt
 No file: 404, as EC2 answers when nothing is announced.
 Like IMDSv2, a GET without a token gets 401.
 
-The program's rehearsal (localswarm/program.py) asks for what EC2 gives each instance instead: one
+The program's rehearsal (localswarm/pulumi_cli.py) asks for what EC2 gives each instance instead: one
 server on the bridge, which the bridge's packets to 169.254.169.254:80 reach (network.create_bridge),
 answering each machine by its address from the record LocalCloud writes when it launches it
 (register): its instance id, user data and metadata options, kept as EC2 keeps them

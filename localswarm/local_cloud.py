@@ -1,21 +1,18 @@
-"""The Pulumi engine and AWS, played locally for `program up`: Pulumi's mocks, backed by real machines and real SSH.
+"""The rehearsal's resource handlers: what AWS and the providers do to one resource, on real machines and real SSH.
 
-Pulumi's Python SDK calls Mocks.new_resource for each resource in the program's dependency
-order, from a thread pool (its size is `pulumi up --parallel`): a resource that depends on
-another is registered only once the other's call has returned. So this class can *do* what
-the engine and the providers do, in that order:
+Pulumi's real CLI decides every step; the rehearsal's provider plugins (localswarm/plugin_cloud.py)
+hand each create and update here, one resource at a time, in the shape of Pulumi's Mocks.new_resource:
 - an aws.ec2.Instance becomes a machine (localswarm/machines.py) that boots its user data;
 - a command.remote.Command runs its script over SSH (localswarm/ssh.py);
 - the node software's bundle goes to the S3 stand-in (localswarm/object_store.py);
 - a tls.PrivateKey is a real key, so the machines take the program's key.
-Like the engine, it remembers what the last run made (the state file, by URN) and compares:
-an unchanged command does not run again, a changed one runs again (an update), a changed
-trigger replaces it; an instance whose replacing inputs changed (minus ignore_changes) is
-replaced, the new machine first, with the program's current inputs (ignore_changes keeps old
-values for the diff only), the old one terminated at the end of the run (or first, with
-delete_before_replace); an in-place change that AWS makes with a stop (a new type, user data)
-stops the machine, changes it (a new type has its own GPUs) and starts it. After the first
-failure no new step starts. What the program no longer has is deleted after the run.
+Given the resource as the state held it, a handler does what the provider does with the change: an
+unchanged command runs nothing, a changed one runs its update (or its create when it has no update);
+an in-place change that AWS makes with a stop (a new type, user data) stops the machine, changes it
+(a new type has its own GPUs) and starts it. What it cannot tell from one step (a replacement, a
+delete) the engine sends as a create and a delete of their own. The class still holds the bookkeeping
+of the engine the CLI replaced (replace targets, pending steps, what a run deletes at its end): unused
+by the plugins, and next to go.
 """
 from __future__ import annotations
 
@@ -297,7 +294,8 @@ class LocalCloud(pulumi_mocks.Mocks):
 
     def _terminate(self, resource: dict) -> None:
         # A spot request's machine is its instance's (deleting the request cancels it, then terminates that).
-        record = self.machines_by_instance.pop(resource["outputs"].get("spotInstanceId") or resource["id"], None)
+        with self.lock:  # a parallel step may be writing the machines out (localswarm/plugin_cloud.py)
+            record = self.machines_by_instance.pop(resource["outputs"].get("spotInstanceId") or resource["id"], None)
         if record:
             m = machines.Machine(record["machine"], record["index"])
             machines.terminate(m)

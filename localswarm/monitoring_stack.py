@@ -12,7 +12,7 @@ images, pinned by their own digests:
 The deploy itself is swarm/monitoring.py's render() and deploy_monitoring(), as the program runs
 them; only the Engine socket Prometheus reads and the scrape interval (2 s) differ.
 `python -m localswarm.monitoring_stack --hub-images` pushes both images under Docker Hub names
-for `localswarm program up`, whose machines use the registry as their Hub mirror, and prints the
+for `localswarm pulumi up`, whose machines use the registry as their Hub mirror, and prints the
 monitoringImages value to --set.
 """
 from __future__ import annotations
@@ -136,7 +136,7 @@ def images(progress=print) -> dict[str, str]:
 
 
 def hub_images(progress=print) -> dict[str, str]:
-    """The same, under Docker Hub names, for `localswarm program up` (machines pull through the mirror)."""
+    """The same, under Docker Hub names, for `localswarm pulumi up` (machines pull through the mirror)."""
     deb = prometheus_deb(progress)
     version = deb.name.split("_")[1].split("+")[0]
     prometheus = push_image(HUB_NAMES["prometheus"], version, prometheus_rootfs(deb), prometheus_config())
@@ -209,7 +209,7 @@ def query(prometheus: dict, expr: str, nodes: list | None = None) -> list[dict]:
 
 
 def program_access(outputs: dict, nodes: list, timeout: float = 90) -> dict | None:
-    """Where to look after `program up` with monitoring on, or None when it is off: the program's own
+    """Where to look after `localswarm pulumi up` with monitoring on, or None when it is off: the program's own
     `monitoring` output (the SSH tunnel and the addresses it opens on the operator's machine) and
     where each answers in this rehearsal. Each is asked, so the report says what answers, not what
     should. The stack deploys with --detach=true, so Prometheus gets up to timeout seconds to start;
@@ -244,7 +244,7 @@ def _answers(url: str) -> bool:
 
 
 def render_access(access: dict) -> str:
-    """program_access() as `program up` prints it."""
+    """program_access() as `localswarm pulumi up` prints it."""
     prometheus, grafana = access["rehearsal"]["prometheus"], access["rehearsal"]["grafana"]
     answers = {True: "answers", False: "does not answer"}
     task = (f"runs on {prometheus['task']['node']} and answers /-/ready in its task" if prometheus["task"]
@@ -264,7 +264,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m localswarm.monitoring_stack", description=__doc__.split("\n")[0])
     parser.add_argument("--hub-images", action="store_true", required=True,
                         help="push the rehearsal's Prometheus and Grafana stand-in under Docker Hub names (the "
-                             "rehearsal must be up) and print the monitoringImages value for `program up --set`")
+                             "rehearsal must be up) and print the monitoringImages value for `pulumi config set`")
     parser.parse_args(argv)
     try:
         print(json.dumps(hub_images(lambda m: print(m, file=sys.stderr))))

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
+from typing import Callable
 
 from localswarm import api
 from localswarm.host import Engine, RehearsalError
@@ -18,7 +20,7 @@ from localswarm import task_runs
 from localswarm.nodes import Node
 from localswarm.task_runs import outcome  # noqa: F401 (for the callers of placement)
 from swarm.gpu_kind import resource_env_name, slot_gpu
-from swarm.labels import CONDITION_LABEL, DRAINED_BY_LABEL, HEALTH_LABEL, HEALTH_LAST_LABEL, MAINTENANCE_LABEL
+from swarm.labels import POOL_LABEL, CONDITION_LABEL, DRAINED_BY_LABEL, HEALTH_LABEL, HEALTH_LAST_LABEL, MAINTENANCE_LABEL
 from swarm.node_contract import AUTOSCALE_STATUS_LABEL, SENTINEL_SERVICE
 from swarm.rollout import advertised_gpus
 
@@ -232,3 +234,31 @@ def render_table(view: dict) -> str:
 def _table(rows: list[tuple[str, ...]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+class DrainWatcher(threading.Thread):
+    """What the swarm itself says while `pulumi up` runs: the most nodes of each pool drained at once.
+    nodes() gives the machines as they are now (a run adds and removes them); the first manager is asked."""
+
+    def __init__(self, nodes: Callable[[], list]):
+        super().__init__(daemon=True)
+        self.nodes, self.peak, self._done = nodes, {}, threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(0.5):
+            try:
+                managers = [n for n in self.nodes() if n.role == "manager"]
+                infos = api.get(managers[0].sock, "/nodes", timeout=5) if managers else []
+            except (OSError, api.ApiError, http.client.HTTPException, ValueError):
+                continue  # no swarm yet, or its engine restarts
+            counts: dict[str, int] = {}
+            for info in infos:
+                if info["Spec"].get("Availability") == "drain":
+                    pool = (info["Spec"].get("Labels") or {}).get(POOL_LABEL, "?")
+                    counts[pool] = counts.get(pool, 0) + 1
+            for pool, n in counts.items():
+                self.peak[pool] = max(self.peak.get(pool, 0), n)
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()

@@ -7,7 +7,9 @@ aws.ec2.Instance becomes a machine that boots its user data, a command.remote.Co
 script over real SSH, a tls.PrivateKey is a real key. What the engine's state does not hold for
 the plugin (the machines behind instances, what a key pair's lookup finds) the plugin keeps in a
 world file of its package, under the rehearsal's Pulumi folder, so that the next CLI run (a
-second `up`, a `destroy`) finds it.
+second `up`, a `destroy`) finds it. Each command that ran a script is also appended to the folder's
+actions.jsonl as it finishes, with its host and seconds: what the rehearsal's report says each CLI
+run did on the nodes (localswarm/pulumi_cli.py), which the CLI's display does not show.
 """
 from __future__ import annotations
 
@@ -32,7 +34,9 @@ def _say(message: str) -> None:
 class PluginCloud:
     def __init__(self, package: str, root: Path, region: str = "us-east-1"):
         self.world = root / f"world-{package}.json"
+        self.actions_log = root / "actions.jsonl"
         self.lock = threading.Lock()
+        self._logged = 0
         known = self._load()
         self.cloud = LocalCloud(previous={}, region=region, say=_say, clock=time.monotonic,
                                 machines_by_instance=known.get("machines", {}), next_index=known.get("next_index", 1))
@@ -51,11 +55,18 @@ class PluginCloud:
         with self.lock, open(self.world.with_suffix(".lock"), "w") as held:
             fcntl.flock(held, fcntl.LOCK_EX)
             c = self.cloud
-            with c.lock:
-                doc = {"current": c.current, "machines": c.machines_by_instance, "next_index": c.next_index}
+            with c.lock:  # written out while no other step changes it
+                doc = json.dumps({"current": c.current, "machines": c.machines_by_instance, "next_index": c.next_index},
+                                 default=str)
+                done, self._logged = c.actions[self._logged:], len(c.actions)
             tmp = self.world.with_suffix(".tmp")
-            tmp.write_text(json.dumps(doc, default=str))
+            tmp.write_text(doc)
             tmp.replace(self.world)
+            with open(self.actions_log, "a") as log:
+                for a in done:
+                    if a.typ == COMMAND and a.host:
+                        log.write(json.dumps({"name": a.name, "action": a.action, "host": a.host,
+                                              "seconds": a.seconds, "at": time.time()}) + "\n")
 
     def _step(self, urn: str, typ: str, inputs: dict, before: dict | None) -> tuple[str, dict]:
         c = self.cloud
@@ -88,17 +99,26 @@ class PluginCloud:
                 object_store.object_path(outputs["bucket"], outputs["key"]).unlink(missing_ok=True)
             elif typ == COMMAND and outputs.get("delete"):
                 from localswarm import ssh
-                ssh.run(outputs["connection"], outputs["delete"])
+                done = ssh.run(outputs["connection"], outputs["delete"])
+                c._record(urn.rsplit("::", 1)[1], COMMAND, "delete", done.seconds, outputs["connection"]["host"])
             with c.lock:
                 c.current.pop(urn, None)
 
     def instance_state(self, rid: str) -> str | None:
-        """running or stopped as the machine is now; None when it is gone (terminated, or never this rehearsal's)."""
+        """running or stopped as the machine is now; None when it is gone (terminated, or never this rehearsal's).
+        A machine gone behind the program's back leaves the world too: the refresh drops its instance from
+        the state, so nothing would ever delete its record (as AWS forgets a terminated instance)."""
         from localswarm import machines
-        record = self.cloud.machines_by_instance.get(rid)
+        c = self.cloud
+        with c.lock:
+            record = c.machines_by_instance.get(rid)
         if not record:
             return None
         m = machines.Machine(record["machine"], record["index"])
         if machines.running(m):
             return "running"
-        return "stopped" if m.dir.exists() else None
+        if m.dir.exists():
+            return "stopped"
+        with self._saved(), c.lock:
+            c.machines_by_instance.pop(rid, None)
+        return None

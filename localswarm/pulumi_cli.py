@@ -12,6 +12,12 @@ for the CLI only; PULUMI_HOME and the state (a local file backend with a passphr
 the rehearsal's state folder, so a user's Pulumi setup is never read or shadowed. The project
 folder the CLI reads holds copies of Pulumi.yaml and the stack's file: the CLI writes the
 passphrase's salt into its copy, not into the user's file.
+
+What the CLI's display does not say, each `up`, `destroy` or `refresh` here writes to last-run.json
+in that folder: the commands that ran a script on a node (host, seconds, in the order they
+finished: the command plugin's actions.jsonl) and the most nodes of each pool the swarm had
+drained at once while it ran. `--bump-node-software` stands in for an edit of node/: the program
+builds a bundle with one more changed byte, on this run and every later one, as an edit stays.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ import runpy
 import shutil
 import subprocess
 import sys
+import time
 from concurrent import futures
 from pathlib import Path
 
@@ -121,47 +128,152 @@ def holds_machines() -> bool:
         return False
 
 
-def prepare_host(stack_file: Path) -> None:
-    """What the machines reach, before the CLI makes any: the bridge, the registry, the S3 stand-in (as
-    `program up` has them, localswarm/program.py), and the program's preview reads images from that registry."""
+def prepare_host(stack_file: Path) -> dict:
+    """What the machines reach, before the CLI makes any (localswarm/pulumi_host.py); the program's preview
+    reads images from that registry. Returns the config the rehearsal sets in its copy of the stack file."""
     import yaml
-    from localswarm import node_image, program
-    from localswarm.host import CLI, RehearsalError, check_host
+    from localswarm import node_image, pulumi_host
+    from localswarm.host import check_host
     from localswarm.nodes import REGISTRY
     from localswarm.stack_config import config_text
     from settings import image_registry
-    if program.load_state().get("resources"):
-        raise RehearsalError(f"a `program up` rehearsal is up; run `{CLI} down` first")
     check_host()
     say = lambda m: print(f"rehearsal: {m}", flush=True)  # noqa: E731
     node_image.ensure_image(say)
     config = {k: config_text(v) for k, v in (yaml.safe_load(stack_file.read_text()).get("config") or {}).items()}
-    program._infrastructure(config, say)
+    extra = pulumi_host.prepare(config, say)
     image_registry.ENDPOINTS["docker.io"] = f"http://{REGISTRY}"
+    return extra
 
 
 def report(stack: str) -> list[str]:
-    """The rehearsal's report, from `pulumi stack output --json` (localswarm/pulumi_report.py)."""
-    from localswarm import pulumi_report
+    """The rehearsal's report, from `pulumi stack output --json` (localswarm/pulumi_report.py); with
+    monitoring on, where its tunnel's addresses answer in the rehearsal (localswarm/monitoring_stack.py)."""
+    from localswarm import monitoring_stack, pulumi_report
     shown = subprocess.run([cli(), "stack", "output", "--json", "--stack", stack], cwd=root() / "project",
                            env=environment(), capture_output=True, text=True, check=True)
-    return pulumi_report.render(json.loads(shown.stdout))
+    outputs = json.loads(shown.stdout)
+    access = monitoring_stack.program_access(outputs, nodes())
+    return pulumi_report.render(outputs) + ([monitoring_stack.render_access(access)] if access else [])
 
 
-def run(args: list[str], stack: str, stack_file: Path | None = None, **popen) -> subprocess.CompletedProcess:
+def bumps(more: bool = False) -> int:
+    """How many edits of node/ the rehearsal stands in for; one more with `more`, kept for later runs."""
+    path = root() / "node-bumps"
+    try:
+        n = int(path.read_text())
+    except (OSError, ValueError):
+        n = 0
+    if more:
+        n += 1
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{n}\n")
+    return n
+
+
+def world(package: str = "aws") -> dict:
+    try:
+        return json.loads((root() / f"world-{package}.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def nodes() -> list:
+    """The CLI's machines as localswarm/placement.py reads them (and those of its elastic pools' groups)."""
+    from localswarm import pulumi_host
+    return pulumi_host.view_nodes(world().get("machines", {}))
+
+
+def held_stack() -> str | None:
+    """The stack of the CLI's last run that acted on machines."""
+    try:
+        return last_run().get("stack")
+    except (OSError, ValueError):
+        return None
+
+
+def status(stack: str) -> dict:
+    """What the swarm of the CLI's machines says: nodes, GPUs, services and tasks (localswarm/placement.py)."""
+    import yaml
+    from localswarm import placement
+    from localswarm.host import CLI, RehearsalError, find_engine
+    if not holds_machines():
+        raise RehearsalError(f"Pulumi's CLI holds no rehearsal machines; make some with `{CLI} pulumi up`")
+    config = (yaml.safe_load((root() / "project" / f"Pulumi.{stack}.yaml").read_text()) or {}).get("config") or {}
+    kind = config.get("gpu-swarm:gpuKind") or "NVIDIA-GPU"
+    return placement.collect(nodes(), find_engine(), kind, config.get("gpu-swarm:sharedGpuKind") or f"{kind}-SHARED")
+
+
+def _plain(value):
+    """A value of `pulumi stack export --show-secrets` with its secrets opened: the export writes each as
+    {<the SDK's signature key>: <the secret's signature>, "plaintext": <the value as JSON>}."""
+    from pulumi.runtime import rpc
+    if isinstance(value, dict) and rpc._special_sig_key in value and "plaintext" in value:
+        return _plain(json.loads(value["plaintext"]))
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def exported(stack: str) -> list[dict]:
+    """The stack's state as `pulumi stack export --show-secrets` has it, secrets opened: each resource's
+    urn, type, id, inputs, outputs, and `delete` when a failed replacement left it to delete."""
+    shown = subprocess.run([cli(), "stack", "export", "--show-secrets", "--stack", stack], cwd=project_dir(stack),
+                           env=environment(), capture_output=True, text=True, check=True)
+    return _plain(json.loads(shown.stdout)["deployment"].get("resources") or [])
+
+
+def last_run() -> dict:
+    return json.loads((root() / "last-run.json").read_text())
+
+
+def _actions_since(offset: int) -> list[dict]:
+    try:
+        with open(root() / "actions.jsonl") as log:
+            log.seek(offset)
+            return [json.loads(line) for line in log if line.strip()]
+    except OSError:
+        return []
+
+
+def run(args: list[str], stack: str, stack_file: Path | None = None, *, bump_software: bool = False,
+        **popen) -> subprocess.CompletedProcess:
     """`pulumi <args> --stack <stack>` in the rehearsal; popen: subprocess.run's (capture_output, say)."""
+    from localswarm import placement, pulumi_host
     pulumi, env, work = cli(), environment(), project_dir(stack, stack_file)
-    if args and args[0] in MAKES:
-        prepare_host(work / f"Pulumi.{stack}.yaml")
+    makes = bool(args) and args[0] in MAKES
+    settings = prepare_host(work / f"Pulumi.{stack}.yaml") if makes else {}
     subprocess.run([pulumi, "stack", "select", "--create", stack, "--non-interactive"], cwd=work, env=env,
                    check=True, stdout=subprocess.DEVNULL)
-    extra, server = [], None
+    for key, value in settings.items():  # the rehearsal's stand-ins, in its copy only (prepare_host)
+        subprocess.run([pulumi, "config", "set", "--stack", stack, "--non-interactive", key, value], cwd=work,
+                       env=env, check=True, stdout=subprocess.DEVNULL)
+    extra, server, source = [], None, None
     if args and args[0] in RUNS_PROGRAM:
+        n = bumps(more=bump_software)
+        source = pulumi_host.bumped_software(n) if n else None
         server, address = language_server()
         extra = ["--client", address]
+    log = root() / "actions.jsonl"
+    offset = log.stat().st_size if log.exists() else 0
+    watcher = placement.DrainWatcher(nodes) if makes else None
+    if watcher:
+        watcher.start()
+    started = time.monotonic()
     try:
-        return subprocess.run([pulumi, *args, "--stack", stack, "--non-interactive", *extra], cwd=work,
+        done = subprocess.run([pulumi, *args, "--stack", stack, "--non-interactive", *extra], cwd=work,
                               env=env, **popen)
     finally:
         if server is not None:
             server.stop(grace=None)
+        if source:
+            pulumi_host.restore_software(source)
+        if watcher:
+            watcher.stop()
+    if makes:
+        (root() / "last-run.json").write_text(json.dumps({
+            "stack": stack, "args": args, "returncode": done.returncode, "seconds": round(time.monotonic() - started, 1),
+            "commands": _actions_since(offset), "peak_drained_per_pool": watcher.peak}, indent=1) + "\n")
+    return done

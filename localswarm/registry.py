@@ -167,7 +167,7 @@ def standin_blobs(name: str = "") -> tuple[bytes, bytes, bytes]:
 @functools.cache
 def _standin_layer() -> tuple[bytes, bytes]:
     tar = _standin_rootfs()
-    # Level 1: every `program up` pushes this layer before its machines boot. On 2 cores level 9
+    # Level 1: every `localswarm pulumi up` pushes this layer before its machines boot. On 2 cores level 9
     # took 0.27 s for 2 MB and level 1 0.04 s, for a layer 6% larger that nothing but this host pulls.
     return tar, gzip.compress(tar, compresslevel=1, mtime=0)
 

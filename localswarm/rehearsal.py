@@ -192,9 +192,9 @@ def stack_name(path: Path) -> str:
 
 
 def status(*, progress: Progress = print) -> dict:
-    from localswarm import program
-    if not load_state() and program.load_state():
-        return program.status(progress=progress)
+    from localswarm import pulumi_cli
+    if not load_state() and pulumi_cli.holds_machines():  # the machines of Pulumi's CLI in the rehearsal
+        return pulumi_cli.status(pulumi_cli.held_stack() or "dev")
     state = require_state()
     return with_checks(placement.collect(nodes_of(state), find_engine(), state["kind"], state.get("shared_kind", "")),
                        state)
@@ -228,8 +228,8 @@ def down(*, progress: Progress = print) -> dict:
     nodes = nodes_of(state) if state.get("nodes") else []
     known = {n.name for n in nodes}
     nodes += [Node(p.name, 0, "worker") for p in sorted(RUN_ROOT.glob("node-*")) if p.name not in known]
-    from localswarm import program  # its machines, S3 stand-in and state (`program up`)
-    machines_removed = program.down(progress=lambda _: None)["removed_machines"]
+    from localswarm import pulumi_cli, pulumi_host  # the machines of Pulumi's CLI in the rehearsal, its S3 stand-in
+    machines_removed = pulumi_host.down(pulumi_cli.world().get("machines", {}))
     for node in nodes:
         health.stop(node)
         metrics.stop(node)

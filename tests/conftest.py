@@ -28,13 +28,23 @@ REPO = Path(__file__).resolve().parent.parent
 # The node programs import their siblings (gpu_agent imports gpu_detect), as they do on a node.
 sys.path.insert(0, str(REPO / "node"))
 from components import collector
-from localswarm import engine as engine_model, fake_aws, fake_groups, fake_iam
+from localswarm import fake_aws, fake_groups, fake_iam
 from settings import image_registry
 from localswarm.fake_aws import (  # noqa: F401  (the tests import these from here)
     ACCOUNT, AMIS, ARM_AMI, BLOCK_RESERVATION, CUSTOM_AMI, CUSTOM_AMI_NEXT, DEEP_LEARNING_AMI, INSTANCE_TYPES,
     OFFERED_IN, OTHER_VPC, REGION, RESERVATION, SUBNETS, UBUNTU_AMI, VPC, VPC_CIDRS, ZONES, answer, bucket_state,
 )
 from localswarm.stack_config import config_text as _config_text, project_defaults, stack_config  # noqa: F401
+
+
+def urn(stack: str, project: str, parent: str, typ: str, name: str) -> str:
+    """The engine's URN: the parent's whole type chain ($-joined), but not the stack's own type. A resource
+    whose parent or type changes is another resource to the engine (pulumi/sdk/go/common/resource/urn.go)."""
+    if parent:
+        parent_type = parent.split("::")[2]
+        if parent_type != "pulumi:pulumi:Stack":
+            typ = f"{parent_type}${typ}"
+    return f"urn:pulumi:{stack}::{project}::{typ}::{name}"
 
 
 def fake_node_id(name: str) -> str:
@@ -208,7 +218,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
 
     def make_urn(self, parent: str, type_: str, name: str) -> str:
         # The engine's URN holds every parent's type; the SDK's mock keeps only the nearest one.
-        return engine_model.urn(pulumi.get_stack(), pulumi.get_project(), parent, type_, name)
+        return urn(pulumi.get_stack(), pulumi.get_project(), parent, type_, name)
 
     def RegisterResource(self, request):
         if request.name in self.requests:

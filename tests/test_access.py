@@ -4,7 +4,7 @@ Under mocks: each node boots with its own host key (cloud-init ssh_keys) and eve
 the proxy's included, pins that very key; a stopped first manager moves the workers' jump host
 to the next running one on the next `pulumi up`, which re-runs only scripts that check and
 change nothing. That real OpenSSH refuses another key is shown by the rehearsal
-(`localswarm program up`, see the report), and by tests/test_localswarm_ssh.py.
+(`localswarm pulumi up`, see the report), and by tests/test_localswarm_ssh.py.
 """
 import pytest
 import yaml

@@ -211,6 +211,7 @@ def test_rehearsal_cpu_bench(engine):
 def test_program_up_bench(engine):
     out = python("program_up.py", timeout=600).stdout
     assert "1 runs each" in out and "again, new node software" in out and "boot steps" in out
+    assert "pulumi up --stack dev (first up, Pulumi's CLI)" in out
     assert "each run's first up / its fast up:" in out
 
 

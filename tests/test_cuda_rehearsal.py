@@ -1,4 +1,5 @@
-"""Preview's CUDA check in the rehearsal: `program up` reads the stack's image from the rehearsal's registry.
+"""Preview's CUDA check in the rehearsal: Pulumi's CLI runs the program, which reads the stack's image
+from the rehearsal's registry.
 
 That registry is the machines' Docker Hub mirror; it holds the stand-in under nvidia/cuda names with
 the requirement the real image's config states (localswarm/registry.py cuda_requirement). A stack whose
@@ -6,29 +7,35 @@ image needs CUDA 13.1 is refused on the dev cluster (driver 580: CUDA up to 13.0
 """
 from __future__ import annotations
 
-import json
+import subprocess
+import sys
 
 import pytest
 
-from localswarm import program
-from tests.rehearsal_tools import cli, require_engine
+from localswarm import machines, pulumi_cli
+from tests.rehearsal_tools import REPO, cli, require_engine
 
 pytestmark = pytest.mark.integration
 
-TRAIN = json.dumps([{"name": "train", "file": "tests/data/stacks/train-cuda-13-1.yml"}])
+
+def pulumi(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "localswarm", "pulumi", "--stack", "dev", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
 
 
-def test_program_up_refuses_an_image_newer_than_the_driver_before_any_machine_starts():
+def test_pulumi_up_refuses_an_image_newer_than_the_driver_before_any_machine_starts():
     require_engine()
     cli("down")
     try:
-        proc = cli("program", "up", "--stack", "dev", "--set", f"stacks={TRAIN}", check=False)
+        for key, value in (("stacks[0].name", "train"), ("stacks[0].file", "tests/data/stacks/train-cuda-13-1.yml")):
+            assert pulumi("config", "set", "--path", f"gpu-swarm:{key}", value).returncode == 0
+        proc = pulumi("up", "--yes")
         said = proc.stdout + proc.stderr
         assert proc.returncode != 0, said
         for part in ("gpu-swarm:stacks[0].file: tests/data/stacks/train-cuda-13-1.yml: services.train:",
                      "nvidia/cuda:13.1.0-base-ubuntu24.04 needs CUDA 13.1 (NVIDIA_REQUIRE_CUDA='cuda>=13.1')",
                      "no pool it can land on runs it: t4 (driver 580, CUDA up to 13.0)"):
             assert part in said, said
-        assert not program.load_state().get("machines")
+        assert not pulumi_cli.holds_machines() and machines.machines() == []
     finally:
         cli("down")

@@ -1,9 +1,11 @@
 """The markdown a clone carries links only to files the clone has: no relative link leaves the
 repository or names a missing file, and the README does not point at the ../shared folder
 that only this project's workspace has. The documentation site builds with MkDocs in strict
-mode, where a broken link or anchor is an error, and its references say what the program has."""
+mode, where a broken link or anchor is an error, and its references say what the program has.
+A test a document names as its proof (`tests/test_x.py::test_y`) is there to run."""
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import re
@@ -40,6 +42,24 @@ def relative_links(text: str) -> list[str]:
     text = CODE_SPAN.sub("", FENCE.sub("", text))
     targets = INLINE_LINK.findall(text) + REFERENCE_LINK.findall(text)
     return [t for t in targets if not re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*:|#|//)", t)]
+
+
+NAMED_TEST = re.compile(r"tests/(test_\w+\.py)::(test_\w+)")
+
+
+def _test_names(path: Path) -> set[str]:
+    if not path.exists():
+        return set()
+    return {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)}
+
+
+def test_every_test_a_document_names_is_there():
+    """A proof that moved or was renamed leaves its rows pointing at nothing: each one is found."""
+    named = {(doc.relative_to(REPO), m[1], m[2]) for doc in markdown_files() for m in NAMED_TEST.finditer(doc.read_text())}
+    assert len(named) > 50  # the docs name their proofs (a pattern that found none would pass)
+    found = {f: _test_names(REPO / "tests" / f) for f in {f for _, f, _ in named}}
+    missing = sorted(f"{doc}: tests/{f}::{t}" for doc, f, t in named if t not in found[f])
+    assert not missing, "\n".join(missing)
 
 
 def test_the_docs_are_found():

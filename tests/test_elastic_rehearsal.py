@@ -1,4 +1,4 @@
-"""An elastic pool through the program's own path: `program up` makes the group, the scaler on the manager sizes it.
+"""An elastic pool through the program's real path: Pulumi's CLI makes the group, the scaler on the manager sizes it.
 
 The dev stack with its pool elastic (min 0, max 2, idleMinutes 1) and its stack of two one-GPU replicas: the
 first `up` makes no GPU node, and the replicas wait. The scaler (node/swarm_scaler.py, on the manager machine)
@@ -6,21 +6,29 @@ asks the rehearsal's Auto Scaling endpoint for two nodes, signed with the manage
 boots two machines from its launch template's user data through real cloud-init; each joins the swarm by
 itself from its SSM parameter; the scaler admits each through the pool's admit script; both replicas run.
 Then one replica goes: its node idles and goes, the other, running a GPU task, is never touched. Then the
-stack goes (a second `up` without it): the pool goes back to zero nodes.
+stack goes (`pulumi config rm`, and a second `up` without it): the pool goes back to zero nodes.
 """
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
 
-from localswarm import api, elastic_cloud, machines, program
-from tests.rehearsal_tools import cli, require_engine
+from localswarm import api, elastic_cloud, machines, pulumi_cli, pulumi_host
+from tests.rehearsal_tools import REPO, cli, require_engine
 
 pytestmark = pytest.mark.integration
 POOLS = [{"name": "t4", "instanceType": "g4dn.xlarge", "autoscale": {"max": 2, "idleMinutes": 1}}]
 GROUP = "gpu-swarm-dev-t4"
+
+
+def _pulumi(*args: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "localswarm", "pulumi", "--stack", "dev", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
 
 
 def _manager() -> machines.Machine:
@@ -28,7 +36,7 @@ def _manager() -> machines.Machine:
 
 
 def _swarm() -> tuple[list[dict], list[dict]]:
-    sock = program.docker_socket(_manager())
+    sock = pulumi_host.docker_socket(_manager())
     return api.get(sock, "/nodes"), api.get(sock, "/tasks", filters={"desired-state": ["running"]})
 
 
@@ -68,8 +76,10 @@ def life():
     cli("down")
     facts: dict = {}
     try:
-        first = program.up(stack="dev", overrides={"gpuPools": POOLS}, progress=lambda m: None)
-        facts["first_up_nodes"] = [n["name"] for n in first["nodes"]]
+        _pulumi("config", "set-all", "--json", json.dumps(
+            {"gpu-swarm:gpuPools": {"value": json.dumps(POOLS), "objectValue": POOLS, "secret": False}}))
+        _pulumi("up", "--yes")
+        facts["first_up_nodes"] = [n["name"] for n in pulumi_cli.status("dev")["nodes"]]
         nodes, tasks = _until("two running replicas", lambda n, t: len(_gpu_tasks(t)) == 2, 420)
         facts["grown"] = {"nodes": nodes, "tasks": _gpu_tasks(tasks),
                           "group": elastic_cloud.STORE.read()["groups"][GROUP]}
@@ -79,7 +89,8 @@ def life():
         _until("one elastic node left", lambda n, t: len(_workers(n)) == 1 and len(_gpu_tasks(t)) == 1, 420,
                busy_seen)
         facts["one_left"] = busy_seen
-        program.up(stack="dev", overrides={"gpuPools": POOLS, "stacks": []}, progress=lambda m: None)
+        _pulumi("config", "rm", "gpu-swarm:stacks")
+        _pulumi("up", "--yes")
         # The scaler removes the node, then publishes its status on the manager: wait for both.
         nodes, _ = _until("the pool back at zero, said on the manager",
                           lambda n, t: not _workers(n) and " forget " in _status(n).get("t4", {}).get("last", ""), 420)

@@ -416,7 +416,7 @@ def test_the_real_gpu_proof_reads_the_exporters_own_output(node):
 
 
 def test_the_node_images_wheelhouse_gets_prometheus_client_at_the_pin_from_pypi(tmp_path, monkeypatch):
-    """`localswarm program up`'s machines install the node software offline: install-agent-venv.sh finds
+    """`localswarm pulumi up`'s machines install the node software offline: install-agent-venv.sh finds
     prometheus_client under the pinned wheel's name in the image's wheelhouse; it is PyPI's wheel, with the
     pin's sha256, and a cached file without it is refused."""
     from localswarm import node_image, standins

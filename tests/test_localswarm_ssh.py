@@ -1,4 +1,4 @@
-"""program up dials and retries as pulumi-command 1.2.1 does (localswarm/ssh.py).
+"""The command plugin dials and retries as pulumi-command 1.2.1 does (localswarm/ssh.py).
 
 The ssh here is a stand-in on PATH that answers each dial, in turn, with what OpenSSH prints
 and exits with in that situation (a refused port, a closed handshake, a dropped session), and

@@ -82,21 +82,3 @@ def test_node_health_commands_refuse_bad_arguments(argv, error, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli_main.main(argv)
     assert exit_.value.code == 2 and error in capsys.readouterr().err
-
-
-def test_program_up_fails_when_a_configured_stack_has_no_services_on_the_swarm():
-    """Issue 28: a new swarm under deploy commands that did not run again showed zero services as converged."""
-    import json
-
-    from localswarm.host import RehearsalError
-    from localswarm.program import _require_stacks
-
-    config = {"gpu-swarm:stacks": json.dumps([{"name": "gpu-smoke", "file": "stacks/gpu-smoke.yml"},
-                                              {"name": "llm", "file": "stacks/llm.yml"}])}
-    task = {"slot": 1, "node": "node-1", "state": "running", "gpus": [GPU[0]], "slots": [], "reason": ""}
-    smoke = {"name": "gpu-smoke_gpu", "mode": "replicated", "replicas": 1, "tasks": [task]}
-    view = {"nodes": [_node("node-1", gpus=[GPU[0]])], "services": [smoke]}
-    with pytest.raises(RehearsalError, match=r"no services of stack\(s\) llm: their deploy commands did not run"):
-        _require_stacks(view, config)
-    _require_stacks(view, {"gpu-swarm:stacks": json.dumps([{"name": "gpu-smoke", "file": "stacks/gpu-smoke.yml"}])})
-    _require_stacks({**view, "services": []}, {})  # no stacks configured: none expected

@@ -1,4 +1,4 @@
-"""The README's Day-2 rows that tests/test_program.py does not reach, through `localswarm program up`.
+"""The README's Day-2 rows that tests/test_pulumi_up.py does not reach, through Pulumi's real CLI.
 
 One cluster through seven `pulumi up`s and a `pulumi destroy`, each checked on the real swarm:
 1. the first up: two zones, one GPU pool on a custom AMI (`image: custom`, from the start: a
@@ -19,19 +19,22 @@ One cluster through seven `pulumi up`s and a `pulumi destroy`, each checked on t
    the rehearsal has no EFA devices, so the new node fails its boot, the up fails, and the old
    node is still serving;
 7. `pulumi destroy` with the first manager already gone.
+Each up's inputs are set as a user sets them, with `pulumi config set-all --json` (the shape
+`pulumi config --json` prints), and the state is read with `pulumi stack export`.
 """
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import pytest
 
-from localswarm import api, engine, machines, network, nspawn, object_store, program, ssh
+from localswarm import api, machines, network, nspawn, object_store, pulumi_cli, pulumi_host, ssh
 from localswarm.fake_aws import CUSTOM_AMI, CUSTOM_AMI_NEXT
-from localswarm.local_cloud import EC2_SUBNET
+from localswarm.local_cloud import EC2_SUBNET, INSTANCE
 from swarm.node_contract import MONITORING_STACK, MPS_DIR
-from tests.rehearsal_tools import cli, cli_json, require_engine, tasks_of
+from tests.rehearsal_tools import REPO, cli, require_engine, tasks_of
 
 pytestmark = pytest.mark.integration
 
@@ -50,16 +53,46 @@ THREE_MANAGERS = {**MPS_ON, "managerCount": 3}  # from the fifth up on
 MANAGERS = ["gpu-swarm-dev-manager-0", "gpu-swarm-dev-manager-1", "gpu-swarm-dev-manager-2"]
 
 
+def pulumi(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "localswarm", "pulumi", "--stack", "dev", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
 def up(settings: dict, *extra: str, secrets: dict | None = None, check: bool = True):
-    args = [a for k, v in settings.items()
-            for a in ("--set", f"{k}={v if isinstance(v, str) else json.dumps(v)}")]
-    args += [a for k, v in (secrets or {}).items() for a in ("--secret", f"{k}={v}")]
-    proc = cli("program", "up", "--stack", "dev", "--json", *args, *extra, check=check, timeout=1500)
-    return json.loads(proc.stdout) if check else proc
+    """The inputs set (`pulumi config set-all --json`), then `pulumi up --yes`; the swarm's view after it,
+    with the run's commands and drains (pulumi_cli.last_run()) and each node's GPU check (the inventory)."""
+    values = {f"gpu-swarm:{k}": ({"value": v, "secret": False} if isinstance(v, str) else
+                                 {"value": json.dumps(v), "objectValue": v, "secret": False})
+              for k, v in settings.items()}
+    values.update({f"gpu-swarm:{k}": {"value": v, "secret": True} for k, v in (secrets or {}).items()})
+    set_all = pulumi("config", "set-all", "--json", json.dumps(values))
+    assert set_all.returncode == 0, set_all.stderr
+    proc = pulumi("up", "--yes", *extra)
+    if not check:
+        return proc
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    view = pulumi_cli.status("dev")
+    checked = {n["name"]: n.get("gpusVerified") for n in outputs()["inventory"]}
+    for node in view["nodes"]:
+        node["gpus_verified"] = checked.get(node["name"])
+    return {**view, **pulumi_cli.last_run(), "out": proc.stdout}
+
+
+def outputs() -> dict:
+    return json.loads(pulumi("stack", "output", "--json", "--show-secrets").stdout)
+
+
+def exported() -> list[dict]:
+    return pulumi_cli.exported("dev")
+
+
+def urn_of(name: str) -> str:
+    (urn,) = [r["urn"] for r in exported() if r["urn"].endswith(f"::{name}") and not r.get("delete")]
+    return urn
 
 
 def records() -> dict[str, dict]:
-    return {r["hostname"]: r for r in program.load_state()["machines"].values()}
+    return {r["hostname"]: r for r in pulumi_cli.world()["machines"].values()}
 
 
 def machine(record: dict) -> machines.Machine:
@@ -67,7 +100,7 @@ def machine(record: dict) -> machines.Machine:
 
 
 def manager_sock() -> str:
-    return program.docker_socket(machine(records()["gpu-swarm-dev-manager-0"]))
+    return pulumi_host.docker_socket(machine(records()["gpu-swarm-dev-manager-0"]))
 
 
 def ami_of(hostname: str) -> str:
@@ -78,7 +111,8 @@ def ami_of(hostname: str) -> str:
 
 
 def resources(typ: str) -> dict[str, dict]:
-    return {engine.name_of(k): r for k, r in program.load_state()["resources"].items() if r["type"] == typ}
+    """The state's live resources of a type, by name (those a failed replacement left to delete aside)."""
+    return {r["urn"].rsplit("::", 1)[1]: r for r in exported() if r["type"] == typ and not r.get("delete")}
 
 
 def logs_in(address: str, private_key: str) -> bool:
@@ -145,7 +179,7 @@ def test_zones_a_pool_in_fewer_zones_the_keys_second_step_and_a_new_gpu_kind_wit
     # the new pool takes the one cluster zone that offers its type, with no subnet of its own.
     now = {r["inputs"]["availabilityZone"]: r["id"] for r in resources(EC2_SUBNET).values()}
     assert set(now) == {"us-east-1a", "us-east-1b", "us-east-1c"} and all(now[z] == subnets[z] for z in subnets)
-    instances = resources(engine.INSTANCE)
+    instances = resources(INSTANCE)
     assert instances["gpu-swarm-a100-0"]["inputs"]["subnetId"] == now["us-east-1b"]
     assert instances["gpu-swarm-t4-0"]["inputs"]["subnetId"] == subnets["us-east-1a"]
     # The new kind and the sharing rolled through the running nodes in place, one roll for both and
@@ -175,7 +209,7 @@ def engine_labels(hostname: str) -> dict[str, str]:
 
 def slot_task_output(hostname: str) -> str:
     """What the slot stack's running task printed (tests/data/day2/slot.yml), from its node's engine."""
-    sock = program.docker_socket(machine(records()[hostname]))
+    sock = pulumi_host.docker_socket(machine(records()[hostname]))
     running = {"label": ["com.docker.swarm.service.name=slot_slot"], "status": ["running"]}
     (container,) = api.get(sock, "/containers/json", timeout=10, filters=running)
     return api.request(sock, f"/containers/{container['Id']}/logs", timeout=10, stdout=1).decode(errors="replace")
@@ -210,7 +244,7 @@ def test_mps_turned_on_for_a_running_pool_rolls_its_node_in_place_and_a_slot_tas
 def test_the_only_manager_replaced_makes_a_new_swarm_that_gets_every_stack_and_monitoring_again(first, keys):
     swarm_before = api.get(manager_sock(), "/swarm", timeout=10)["ID"]
     old = records()["gpu-swarm-dev-manager-0"]
-    report = up(MPS_ON, "--replace", "gpu-swarm-managers-0",
+    report = up(MPS_ON, "--replace", urn_of("gpu-swarm-managers-0"),
                 secrets={"sshPublicKey": keys["public"], "sshPrivateKey": keys["private"]})
     new = records()["gpu-swarm-dev-manager-0"]
     assert new["machine"] != old["machine"] and not machine(old).dir.exists()  # new first, the old one deleted
@@ -241,7 +275,7 @@ def test_three_managers_with_the_first_replaced_keep_the_swarm_its_quorum_and_it
               for t in api.get(manager_sock(), "/tasks", timeout=10)
               if t.get("NodeID") == old_id and t["DesiredState"] == "running"} - {None}
 
-    report = up(THREE_MANAGERS, "--replace", "gpu-swarm-managers-0", secrets=secrets)
+    report = up(THREE_MANAGERS, "--replace", urn_of("gpu-swarm-managers-0"), secrets=secrets)
     reconciled = resources("command:remote:Command")["gpu-swarm-reconcile-run"]["outputs"]
     assert f"removing node {old_id}" in reconciled["stdout"], reconciled
     for stack in on_old:
@@ -274,20 +308,23 @@ def test_efa_turned_on_replaces_the_node_new_first_and_a_new_node_that_fails_its
     old = records()["gpu-swarm-dev-a100-0"]
     efa = {**THREE_MANAGERS, "gpuPools": [MPS_ON["gpuPools"][0], {**A100, "efa": True}]}
     failed = up(efa, secrets={"sshPublicKey": keys["public"], "sshPrivateKey": keys["private"]}, check=False)
-    print(failed.stderr[-3000:])
+    said = failed.stdout + failed.stderr
+    print(said[-3000:])
     assert failed.returncode != 0
     # The new node booted the program's current user data (with the EFA step), not the old node's.
-    assert "gpu-swarm-boot-a100-0-wait" in failed.stderr and "install-efa" in failed.stderr, failed.stderr[-3000:]
+    assert "gpu-swarm-boot-a100-0-wait" in said and "install-efa" in said, said[-3000:]
     # The N+1 moment: both instances exist, the new one (EFA interfaces from its launch template) beside the old.
-    both = [r for r in program.load_state()["machines"].values() if r["hostname"] == "gpu-swarm-dev-a100-0"]
+    held = pulumi_cli.world()["machines"]
+    both = [r for r in held.values() if r["hostname"] == "gpu-swarm-dev-a100-0"]
     assert len(both) == 2 and old in both and all(machines.running(machine(r)) for r in both)
-    state = program.load_state()
-    assert [d["id"] for d in state["doomed"]] == [next(i for i, r in state["machines"].items() if r == old)]
-    new = resources(engine.INSTANCE)["gpu-swarm-a100-0"]
+    # The engine keeps the replaced instance in its state, marked for deletion by a later up.
+    doomed = [r["id"] for r in exported() if r["type"] == INSTANCE and r.get("delete")]
+    assert doomed == [next(i for i, r in held.items() if r == old)]
+    new = resources(INSTANCE)["gpu-swarm-a100-0"]
     assert new["inputs"].get("launchTemplate") and not new["inputs"].get("subnetId")
     assert new["inputs"]["ami"] == CUSTOM_AMI  # the current amiId; the old node's is CUSTOM_AMI_NEXT
     # Nothing lost: the old node is still the swarm's, active, with its GPUs and both replicas.
-    view = cli_json("program", "status")
+    view = pulumi_cli.status("dev")
     node = next(n for n in view["nodes"] if n["name"] == "gpu-swarm-dev-a100-0")
     assert node["state"] == "ready" and node["availability"] == "active" and len(node["gpus"]) == 8
     assert [n["name"] for n in view["nodes"]].count("gpu-swarm-dev-a100-0") == 1
@@ -295,13 +332,14 @@ def test_efa_turned_on_replaces_the_node_new_first_and_a_new_node_that_fails_its
 
 
 def test_pulumi_destroy_with_the_manager_gone_deletes_everything_and_connects_to_no_node(first):
-    state = program.load_state()
+    held = list(pulumi_cli.world()["machines"].values())
     bundles = [object_store.object_path(r["outputs"]["bucket"], r["inputs"]["key"])
                for r in resources("aws:s3/bucketObjectv2:BucketObjectv2").values()]
     assert bundles and all(p.exists() for p in bundles)
     machines.terminate(machine(records()["gpu-swarm-dev-manager-0"]))  # the manager is already gone
-    result = cli_json("program", "destroy")
-    assert result["commands_run"] == [] and result["machines_left"] == []
-    assert not any(machine(r).dir.exists() for r in state["machines"].values())
+    gone = pulumi("destroy", "--yes")
+    assert gone.returncode == 0, gone.stdout[-3000:] + gone.stderr[-3000:]
+    assert pulumi_cli.last_run()["commands"] == []  # no command has a delete script: no node was dialled
+    assert not any(machine(r).dir.exists() for r in held) and machines.machines() == []
     assert not any(p.exists() for p in bundles)
-    assert program.load_state()["resources"] == {}
+    assert not pulumi_cli.holds_machines() and not exported()

@@ -1,4 +1,4 @@
-"""`pulumi up` tells the truth about stacks, on the program's real path (`localswarm program up`).
+"""`pulumi up` tells the truth about stacks: Pulumi's real CLI runs the program on the rehearsal's machines.
 
 Each stack's deploy command waits on the manager (node/stack_settle.py) until the stack has
 settled, and fails the run with swarm's own reason when it will not. The dev stack (Pulumi.dev.yaml:
@@ -11,56 +11,89 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import time
 
 import pytest
 
-from localswarm import fake_prices, monitoring_stack, program
-from tests.rehearsal_tools import cli, cli_json, require_engine, tasks_of
+from localswarm import fake_prices, monitoring_stack, pulumi_cli
+from tests.rehearsal_tools import REPO, cli, require_engine, tasks_of
 
 pytestmark = pytest.mark.integration
 
-BAD = json.dumps([{"name": "models", "file": "tests/data/stacks/bind-source-missing.yml", "waitSeconds": 300}])
+BAD = {"name": "models", "file": "tests/data/stacks/bind-source-missing.yml", "waitSeconds": "300"}
 REASON = "bind source path does not exist: /srv/gpu-swarm-rehearsal/no-such-models"
 
 
-def program_up(*extra: str, check: bool = True):
-    return cli("program", "up", "--stack", "dev", "--json", *extra, check=check, timeout=1500)
+def pulumi(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "localswarm", "pulumi", "--stack", "dev", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def config_set(key: str, value: str) -> None:
+    done = pulumi("config", "set", "--path", f"gpu-swarm:{key}", value)
+    assert done.returncode == 0, done.stderr
+
+
+def outputs() -> dict:
+    return json.loads(pulumi("stack", "output", "--json", "--show-secrets").stdout)
+
+
+def swap_in_the_rejected_stack() -> None:
+    for key, value in BAD.items():
+        config_set(f"stacks[0].{key}", value)
+
+
+def failed_as_swarm_said(proc: subprocess.CompletedProcess) -> str:
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0, said
+    # The CLI names the resource whose step failed and prints the node's output that the command failed with.
+    assert re.search(r"command:remote:Command \(gpu-swarm-stack-models-deploy\):\s*\n\s*error: ", said), said
+    assert "Process exited with status 1" in said, said
+    assert "stack models: models_server task 1 failed 3 times and never completed (rejected: " in said, said
+    assert REASON in said
+    return said
 
 
 @pytest.fixture(scope="module")
 def dev():
     require_engine()
     cli("down")
-    yield json.loads(program_up().stdout)
+    done = pulumi("up", "--yes")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    yield outputs()
     cli("down")
 
 
 def test_the_dev_stack_settles_with_its_extra_replica_waiting_for_the_gpu(dev):
-    (running,) = [t for t in tasks_of(dev, "gpu-smoke_gpu") if t["state"] == "running"]
+    (running,) = [t for t in tasks_of(pulumi_cli.status("dev"), "gpu-smoke_gpu") if t["state"] == "running"]
     assert len(running["gpus"]) == 1
-    reported = dev["outputs"]["stackTasks"]["gpu-smoke"]
+    reported = dev["stackTasks"]["gpu-smoke"]
     assert reported["services"] == {"gpu-smoke_gpu": "1 running, 1 waiting for resources"}
     (waiting,) = reported["waitingForGpus"]
     assert waiting["service"] == "gpu-smoke_gpu" and "insufficient resources" in waiting["reason"]
 
 
 def test_with_monitoring_on_up_says_where_to_look_and_prometheus_answers_there(dev):
-    """A second up that turns monitoring on prints the stack output's tunnel and addresses, and where
-    each answers in the rehearsal; Prometheus, where it says, returns the GPU node's series."""
-    out = cli("program", "up", "--stack", "dev", "--set", "monitoring=true", timeout=1500).stdout
-    manager_ip = dev["outputs"]["managerPublicIps"][0]
+    """A second up that turns monitoring on: the report prints the stack output's tunnel and addresses, and
+    where each answers in the rehearsal; Prometheus, where it says, returns the GPU node's series."""
+    config_set("monitoring", "true")
+    done = pulumi("--report", "up", "--yes")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    out = done.stdout
+    manager_ip = dev["managerPublicIps"][0]
     assert re.search(rf"^  ssh -N -L 3000:localhost:3000 -L 9090:localhost:9090 \S+@{re.escape(manager_ip)}$", out,
                      re.M), out
     assert "  Grafana:    http://localhost:3000" in out and "  Prometheus: http://localhost:9090" in out
-    (manager,) = [n for n in program.view_nodes(program.load_state()) if n.role == "manager"]
+    nodes = pulumi_cli.nodes()
+    (manager,) = [n for n in nodes if n.role == "manager"]
     where = monitoring_stack.prometheus_task(manager)
     assert where and f"  Prometheus: runs on {where['node']} and answers /-/ready in its task; its published port " \
         f"http://{manager.address}:9090 " in out, out
     assert re.search(rf"^  Grafana:    http://{re.escape(manager.address)}:3000 (does not )?answer.*a stand-in", out,
                      re.M), out
-    (gpu_node,) = [n["name"] for n in dev["nodes"] if n["role"] == "worker"]
-    nodes = program.view_nodes(program.load_state())
+    (gpu_node,) = [n.name for n in nodes if n.role == "worker"]
     deadline = time.monotonic() + 90
     while True:
         series = monitoring_stack.query(where, "gpu_swarm_gpu_up", nodes=nodes)
@@ -70,31 +103,26 @@ def test_with_monitoring_on_up_says_where_to_look_and_prometheus_answers_there(d
         time.sleep(3)
     # The node's price, as the first up's preview read it: its health command wrote cost.env on the machine, and
     # the exporter its unit runs publishes it. The report prints the preview's table, as `cost` has it.
-    (t4,) = [p for p in dev["outputs"]["cost"]["pools"] if p["pool"] == "t4"]
+    (t4,) = [p for p in dev["cost"]["pools"] if p["pool"] == "t4"]
     (price,) = monitoring_stack.query(where, f'gpu_swarm_node_cost_dollars_per_hour{{node="{gpu_node}"}}', nodes=nodes)
     assert float(price["value"][1]) == t4["prices"][0]["perNodeHour"] == float(fake_prices.ON_DEMAND["g4dn.xlarge"])
     assert price["metric"]["instance_type"] == "g4dn.xlarge" and price["metric"]["market"] == "on-demand"
-    assert "\n".join(dev["outputs"]["cost"]["table"]) in out
+    assert "\n".join(dev["cost"]["table"]) in out
 
 
 def test_a_second_up_that_swaps_in_a_stack_swarm_rejects_fails_with_swarms_reason(dev):
+    swap_in_the_rejected_stack()
     started = time.monotonic()
-    proc = program_up("--set", f"stacks={BAD}", check=False)
+    proc = pulumi("up", "--yes")
     took = time.monotonic() - started
     print(f"second up, swapping in a rejected stack, failed after {took:.1f} s")
-    assert proc.returncode == 1, proc.stdout
-    assert "pulumi up failed: gpu-swarm-stack-models-deploy: Process exited with status 1" in proc.stderr
-    assert "stack models: models_server task 1 failed 3 times and never completed (rejected: " in proc.stderr, \
-        proc.stderr
-    assert REASON in proc.stderr
+    failed_as_swarm_said(proc)
     assert took < 240, "a rejection should be seen long before the stack's 300 s wait"
-    view = cli_json("program", "status")  # the old stack is gone: the reconcile ran before the deploy
+    view = pulumi_cli.status("dev")  # the old stack is gone: the reconcile ran before the deploy
     assert not tasks_of(view, "gpu-smoke_gpu") and tasks_of(view, "models_server")
 
 
 def test_a_first_up_with_a_stack_swarm_rejects_fails_with_swarms_reason(dev):
     cli("down")
-    proc = program_up("--set", f"stacks={BAD}", check=False)
-    assert proc.returncode == 1, proc.stdout
-    assert "pulumi up failed: gpu-swarm-stack-models-deploy: Process exited with status 1" in proc.stderr
-    assert REASON in proc.stderr and "stack models: models_server task 1" in proc.stderr
+    swap_in_the_rejected_stack()
+    failed_as_swarm_said(pulumi("up", "--yes"))
