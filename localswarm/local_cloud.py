@@ -81,11 +81,17 @@ class LocalCloud(pulumi_mocks.Mocks):
             self._subnets_made()
         return fake_aws.answer(args.token, args.args)
 
+    def _existing(self) -> list[dict]:
+        """What exists in AWS: what earlier runs made and what this one has made so far."""
+        with self.lock:
+            return list({**self.previous, **self.current}.values())
+
     def _subnets_made(self) -> None:
         """AWS answers subnet lookups from what exists: the subnets the last run made are there (a zone
         dropped from availabilityZones keeps its subnet, which running nodes still use)."""
+        existing = self._existing()
         with self.lock:
-            for r in self.previous.values():
+            for r in existing:
                 if r["type"] == EC2_SUBNET:
                     made = r["inputs"]
                     fake_aws.ACCOUNT.subnets[r["id"]] = {"vpcId": made.get("vpcId"), "tags": made.get("tags") or {},
@@ -95,7 +101,7 @@ class LocalCloud(pulumi_mocks.Mocks):
         """aws.ec2.get_instances as AWS answers it here: the instances of the last run whose machine runs now."""
         wanted = {k: v for k, v in (args.get("instanceTags") or {}).items()}
         found = []
-        for name, r in self.previous.items():
+        for r in self._existing():
             record = self.machines_by_instance.get(r["id"]) if r["type"] == INSTANCE else None
             tags = r["inputs"].get("tags") or {}
             if record and all(tags.get(k) == v for k, v in wanted.items()) and \
@@ -382,6 +388,18 @@ class LocalCloud(pulumi_mocks.Mocks):
                        f"{address}/{SUBNET.prefixlen}", "dev", "eth0"])
         self._record(name, "aws:ec2/eipAssociation:EipAssociation", "same" if before else "create", host=address)
         return (before["id"] if before else f"eipassoc-{uuid.uuid4().hex[:17]}"), {**inputs, "publicIp": address}
+
+    def disassociate(self, outputs: dict) -> None:
+        """DisassociateAddress: the association's address leaves its machine's interface. The engine deletes a
+        replaced association (delete_before_replace) before it makes the new one: without this the old
+        machine would keep answering at the address, and the new node's commands would reach it."""
+        with self.lock:
+            record = next((r for r in self.machines_by_instance.values()
+                           if r.get("eni") == outputs.get("networkInterfaceId")), None) \
+                or self.machines_by_instance.get(outputs.get("instanceId"))
+        if record and outputs.get("publicIp"):
+            subprocess.run(["ip", "-n", machines.Machine(record["machine"], record["index"]).netns, "addr", "del",
+                            f"{outputs['publicIp']}/{SUBNET.prefixlen}", "dev", "eth0"], capture_output=True)
 
     def _other(self, name: str, inputs: dict, before: dict | None):
         return (before["id"] if before else f"{name}-{uuid.uuid4().hex[:8]}"), dict(inputs)

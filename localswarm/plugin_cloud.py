@@ -80,6 +80,11 @@ class PluginCloud:
         with self._saved():
             return c.new_resource(pulumi_mocks.MockResourceArgs(typ, urn.rsplit("::", 1)[1], inputs, custom=True))
 
+    def invoke(self, token: str, args: dict) -> dict:
+        """A lookup, answered from what exists: the world's resources (the subnets made, the instances whose
+        machines run), as LocalCloud answers the ones AWS answers from its account."""
+        return self.cloud.call(pulumi_mocks.MockCallArgs(token, args, ""))
+
     def create(self, urn: str, typ: str, inputs: dict) -> tuple[str, dict]:
         return self._step(urn, typ, inputs, None)
 
@@ -95,6 +100,8 @@ class PluginCloud:
             elif typ == GROUP:
                 from localswarm import elastic_cloud
                 elastic_cloud.delete_group(rid)
+            elif typ == "aws:ec2/eipAssociation:EipAssociation":
+                c.disassociate(outputs)
             elif typ == "aws:s3/bucketObjectv2:BucketObjectv2":
                 object_store.object_path(outputs["bucket"], outputs["key"]).unlink(missing_ok=True)
             elif typ == COMMAND and outputs.get("delete"):
@@ -102,7 +109,9 @@ class PluginCloud:
                 done = ssh.run(outputs["connection"], outputs["delete"])
                 c._record(urn.rsplit("::", 1)[1], COMMAND, "delete", done.seconds, outputs["connection"]["host"])
             with c.lock:
-                c.current.pop(urn, None)
+                # A replacement is made before its original goes, under the same URN: only the original goes.
+                if (c.current.get(urn) or {}).get("id") in (rid, None):
+                    c.current.pop(urn, None)
 
     def instance_state(self, rid: str) -> str | None:
         """running or stopped as the machine is now; None when it is gone (terminated, or never this rehearsal's).

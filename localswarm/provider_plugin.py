@@ -118,9 +118,8 @@ class Provider(provider_pb2_grpc.ResourceProviderServicer):
         return provider_pb2.ReadResponse(id=request.id, properties=request.properties, inputs=request.inputs)
 
     def Invoke(self, request, context):
-        from localswarm import fake_aws
         try:
-            answer = fake_aws.answer(request.tok, plain(_dict(request.args)))
+            answer = self.cloud().invoke(request.tok, plain(_dict(request.args)))
         except Exception as exc:  # noqa: BLE001 -- the provider's error, as the program would see it
             return provider_pb2.InvokeResponse(failures=[provider_pb2.CheckFailure(reason=str(exc))])
         return provider_pb2.InvokeResponse(**{"return": _struct(answer)})

@@ -70,12 +70,20 @@ def up(settings: dict, *extra: str, secrets: dict | None = None, check: bool = T
     proc = pulumi("up", "--yes", *extra)
     if not check:
         return proc
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, diagnostics(proc)
     view = pulumi_cli.status("dev")
     checked = {n["name"]: n.get("gpusVerified") for n in outputs()["inventory"]}
     for node in view["nodes"]:
         node["gpus_verified"] = checked.get(node["name"])
     return {**view, **pulumi_cli.last_run(), "out": proc.stdout}
+
+
+def diagnostics(proc: subprocess.CompletedProcess) -> str:
+    """What a failed CLI run said of its failed steps: each `error:` line of its display and what follows it."""
+    lines = proc.stdout.splitlines()
+    at = [i for i, line in enumerate(lines) if "error:" in line]
+    shown = [line for i in at for line in lines[max(0, i - 2):i + 25]]
+    return "\n".join(shown or lines[-60:])[-10000:] + proc.stderr[-3000:]
 
 
 def outputs() -> dict:
@@ -248,7 +256,11 @@ def test_the_only_manager_replaced_makes_a_new_swarm_that_gets_every_stack_and_m
                 secrets={"sshPublicKey": keys["public"], "sshPrivateKey": keys["private"]})
     new = records()["gpu-swarm-dev-manager-0"]
     assert new["machine"] != old["machine"] and not machine(old).dir.exists()  # new first, the old one deleted
-    assert api.get(manager_sock(), "/swarm", timeout=10)["ID"] != swarm_before  # a new swarm
+    # A new swarm, made on the new manager: its boot wait and the swarm init reached the new machine, which
+    # holds the Elastic IP once the old association is gone (DisassociateAddress, before the new one is made).
+    assert api.get(manager_sock(), "/swarm", timeout=10)["ID"] != swarm_before
+    boot = next(c for c in report["commands"] if c["name"] == "gpu-swarm-boot-managers-0-wait")
+    assert boot["seconds"] > 1, boot  # a first boot, waited for; 0.2 s was the old manager answering
     # Every node moved to it, and nothing of the old swarm is listed.
     assert sorted(n["name"] for n in report["nodes"]) == [
         "gpu-swarm-dev-a100-0", "gpu-swarm-dev-manager-0", "gpu-swarm-dev-t4-0"]
