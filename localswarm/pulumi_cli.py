@@ -122,10 +122,7 @@ def language_server():
 
 def holds_machines() -> bool:
     """Whether machines that the CLI's rehearsal made are still there (its aws plugin's world)."""
-    try:
-        return bool(json.loads((root() / "world-aws.json").read_text()).get("machines"))
-    except (OSError, ValueError):
-        return False
+    return bool(world().get("machines"))
 
 
 def prepare_host(stack_file: Path) -> dict:
