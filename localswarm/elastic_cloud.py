@@ -137,7 +137,7 @@ def launch_instance(state: dict, grp: dict, instance_id: str) -> None:
     fake_imds.register(fake_imds.RECORDS, address, record)
     gpus = [{"uuid": f"GPU-{uuid.uuid4()}", "name": f"NVIDIA {model}", "memory_mib": memory}
             for model, memory in fake_aws.gpus_of(template["instanceType"])]
-    m = machines.launch(f"lsw-{index}", index, user_data=user_data, gpus=gpus, hosts=hosts,
+    m = machines.launch(f"{network.NETNS_PREFIX}{index}", index, user_data=user_data, gpus=gpus, hosts=hosts,
                         meta_data={"instance-id": instance_id, "ami-id": template["imageId"],
                                    "local-hostname": hostname, "public-keys": [template["publicKey"]]})
     state["machines"][instance_id] = {"machine": m.name, "index": index, "hostname": hostname, "role": "worker",

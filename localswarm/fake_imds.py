@@ -29,6 +29,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from localswarm import lane
 from localswarm.network import IMDS_PORT
 
 PATHS = {"/latest/meta-data/spot/instance-action": "spot-instance-action.json",
@@ -76,7 +77,7 @@ def make_handler(root: Path, token: str):
 
 
 # Beside the machines (machines.STATE): the records of the program's rehearsal, one per machine address.
-RECORDS = Path(os.environ.get("GPU_SWARM_REHEARSAL_STATE", "/var/lib/gpu-swarm-rehearsal")) / "imds"
+RECORDS = lane.MACHINES_STATE / "imds"
 INSTANCE_PATHS = {"/latest/meta-data/instance-id": "instance-id", "/latest/meta-data/ami-id": "ami-id",
                   "/latest/user-data": "user-data", "/latest/meta-data/local-ipv4": "local-ipv4"}
 # An instance with an instance profile: its role's name, and its temporary credentials as JSON (EC2 User Guide,

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from localswarm import lane
 from to_node.software import min_versions
 
 REPO = Path(__file__).resolve().parent.parent
@@ -111,8 +112,10 @@ def check_host() -> None:
     if "overlay" not in Path("/proc/filesystems").read_text():
         raise RehearsalError("the kernel has no overlay filesystem (modprobe overlay), which dockerd needs")
     # Overlay networks are VXLAN; without it every `docker stack deploy` fails later, obscurely.
-    probe = "lswprobe0"
-    made = run(["ip", "link", "add", probe, "type", "vxlan", "id", "4242", "dstport", "4789"], check=False)
+    # Its name and VNI are the lane's: two lanes probing at once must not collide.
+    probe = lane.name("lswprobe") + "0"
+    made = run(["ip", "link", "add", probe, "type", "vxlan", "id", str(4242 + lane.LANE), "dstport", "4789"],
+               check=False)
     if made.returncode != 0:
         raise RehearsalError(f"the kernel cannot create VXLAN links (modprobe vxlan): {made.stderr.strip()}")
     run(["ip", "link", "del", probe], check=False)

@@ -234,7 +234,7 @@ class LocalCloud(pulumi_mocks.Mocks):
             "local-ipv4": network.node_addr(index), "metadataOptions": launched["metadataOptions"],
             **({"iam": iam} if iam else {})})
         machine = machines.launch(
-            f"lsw-{index}", index, user_data=inputs["userData"],
+            f"{network.NETNS_PREFIX}{index}", index, user_data=inputs["userData"],
             # ami-id as IMDS has it: the image the instance was launched from, which it keeps.
             meta_data={"instance-id": instance_id, "ami-id": inputs["ami"], "local-hostname": hostname,
                        "public-keys": [public_key]},

@@ -33,13 +33,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from localswarm import network, node_image, nspawn, standins
+from localswarm import lane, network, node_image, nspawn, standins
 from localswarm.host import SETUP_HINT, RehearsalError, parallel, run as host_run
 from localswarm.standins import hardware
 
 # Apart from the namespaced rehearsal's /var/lib/localswarm, whose `down` removes that folder
 # whole: a machine's disk must go only with the machine (terminate, teardown_all).
-STATE = Path(os.environ.get("GPU_SWARM_REHEARSAL_STATE", "/var/lib/gpu-swarm-rehearsal"))
+STATE = lane.MACHINES_STATE
 MACHINES = STATE / "machines"
 _bridge_lock = threading.Lock()
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
@@ -148,6 +148,8 @@ def launch(name: str, index: int, *, user_data: str, meta_data: dict, gpus: list
         _write(seed / "meta-data", json.dumps(meta_data, indent=1) + "\n", 0o600)
         _write(seed / "user-data", user_data, 0o600)
         _write(m.disk / "etc/hosts", etc_hosts(m, hostname, hosts or {}))
+        for path, text in node_image.lane_files().items():
+            _write(m.disk / path, text)
         _write(m.disk / standins.HARDWARE_FILE.lstrip("/"), _hardware_json(gpus))
         # That file gave the disk a /usr of its own, dated now. Dated as the image's, /usr is unchanged
         # since the image was baked, as on an instance's first boot: systemd runs no ConditionNeedsUpdate

@@ -18,6 +18,7 @@ monitoringImages value to --set.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import gzip
 import io
 import json
@@ -47,12 +48,14 @@ _ACCEPT = {"Accept": registry.MANIFEST_V2}
 def prometheus_deb(progress=print) -> Path:
     """Debian's prometheus package, downloaded once (about 19 MB) into CACHE."""
     CACHE.mkdir(parents=True, exist_ok=True)
-    found = sorted(CACHE.glob("prometheus_*.deb"))
-    if found:
-        return found[-1]
-    progress("monitoring: downloading Debian's prometheus package (about 19 MB, once) ...")
-    done = subprocess.run(["apt-get", "download", "prometheus"], cwd=CACHE, capture_output=True, text=True)
-    found = sorted(CACHE.glob("prometheus_*.deb"))
+    with open(CACHE / ".lock", "w") as lock:  # two lanes (localswarm/lane.py) may ask at once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = sorted(CACHE.glob("prometheus_*.deb"))
+        if found:
+            return found[-1]
+        progress("monitoring: downloading Debian's prometheus package (about 19 MB, once) ...")
+        done = subprocess.run(["apt-get", "download", "prometheus"], cwd=CACHE, capture_output=True, text=True)
+        found = sorted(CACHE.glob("prometheus_*.deb"))
     if done.returncode != 0 or not found:
         raise RehearsalError(f"`apt-get download prometheus` failed ({done.stderr.strip()[-300:]}); the rehearsal's "
                              "Prometheus comes from Debian's package: run `apt-get update` and try again")

@@ -9,12 +9,18 @@ import ipaddress
 import shutil
 import time
 
+from localswarm import lane
 from localswarm.host import run
 
-BRIDGE = "lswbr0"
-SUBNET = ipaddress.ip_network("192.168.213.0/24")
+# Each lane (localswarm/lane.py) is its own segment: lane 0 is lswbr0 on 192.168.213.0/24, lane 1 lswbr1
+# on 192.168.214.0/24, and so on.
+BRIDGE = f"lswbr{lane.LANE}"
+SUBNET = ipaddress.ip_network(f"192.168.{213 + lane.LANE}.0/24")
 BRIDGE_ADDR = str(SUBNET.network_address + 1)
-NETNS_PREFIX = "lsw-"
+NETNS_PREFIX = lane.name("lsw") + "-"
+VETH_PREFIX = lane.name("lsw") + "v"
+# What marks the rehearsal's iptables rules as this lane's (`our_rules` and teardown match it whole).
+COMMENT = lane.name("localswarm")
 
 
 def node_addr(index: int) -> str:
@@ -26,7 +32,7 @@ def netns_name(node: str) -> str:
 
 
 def _veth(index: int) -> str:
-    return f"lswv{index}"  # interface names are limited to 15 characters
+    return f"{VETH_PREFIX}{index}"  # interface names are limited to 15 characters
 
 
 # Lets nodes talk across the bridge even when FORWARD drops by default; a host dockerd
@@ -35,7 +41,7 @@ _CHAINS = ("FORWARD", "DOCKER-USER")
 
 
 def _rule(chain: str) -> list[str]:
-    return [chain, "-i", BRIDGE, "-o", BRIDGE, "-j", "ACCEPT", "-m", "comment", "--comment", "localswarm"]
+    return [chain, "-i", BRIDGE, "-o", BRIDGE, "-j", "ACCEPT", "-m", "comment", "--comment", COMMENT]
 
 
 # The machines' instance metadata: what they send to 169.254.169.254:80 reaches the bridge's server
@@ -43,7 +49,7 @@ def _rule(chain: str) -> list[str]:
 # packets that come from the bridge: the host's own metadata service, if it has one, is left alone.
 IMDS_ADDR, IMDS_PORT = "169.254.169.254", 80
 _IMDS_RULE = ["PREROUTING", "-i", BRIDGE, "-d", f"{IMDS_ADDR}/32", "-p", "tcp", "--dport", str(IMDS_PORT),
-              "-j", "DNAT", "--to-destination", f"{BRIDGE_ADDR}:{IMDS_PORT}", "-m", "comment", "--comment", "localswarm"]
+              "-j", "DNAT", "--to-destination", f"{BRIDGE_ADDR}:{IMDS_PORT}", "-m", "comment", "--comment", COMMENT]
 
 
 def create_bridge() -> None:
@@ -51,15 +57,15 @@ def create_bridge() -> None:
     run(["ip", "addr", "add", f"{BRIDGE_ADDR}/{SUBNET.prefixlen}", "dev", BRIDGE])
     run(["ip", "link", "set", BRIDGE, "up"])
     for chain in _CHAINS:
-        if run(["iptables", "-nL", chain], check=False).returncode == 0:
-            run(["iptables", "-I", *_rule(chain)])
+        if run(["iptables", "-w", "-nL", chain], check=False).returncode == 0:
+            run(["iptables", "-w", "-I", *_rule(chain)])
     route_imds()
 
 
 def route_imds() -> None:
     """The DNAT of the machines' metadata requests, once (a bridge made by an older release lacks it)."""
-    if run(["iptables", "-t", "nat", "-C", *_IMDS_RULE], check=False).returncode != 0:
-        run(["iptables", "-t", "nat", "-I", *_IMDS_RULE])
+    if run(["iptables", "-w", "-t", "nat", "-C", *_IMDS_RULE], check=False).returncode != 0:
+        run(["iptables", "-w", "-t", "nat", "-I", *_IMDS_RULE])
 
 
 def create_node_netns(node: str, index: int) -> None:
@@ -86,14 +92,14 @@ def netns_pids(ns: str) -> list[int]:
 def _our_links() -> list[str]:
     out = run(["ip", "-o", "link", "show"], check=False).stdout
     return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines()
-            if line.split(":")[1].strip().startswith(("lswv", BRIDGE))]
+            if line.split(":")[1].strip().startswith((VETH_PREFIX, BRIDGE))]
 
 
 def our_rules() -> list[str]:
     """The iptables rules the rehearsal added, as `iptables -S` prints them."""
-    out = "".join(run(["iptables", *table, "-S"], check=False).stdout for table in ([], ["-t", "nat"])) \
+    out = "".join(run(["iptables", "-w", *table, "-S"], check=False).stdout for table in ([], ["-t", "nat"])) \
         if shutil.which("iptables") else ""
-    return [line for line in out.splitlines() if "localswarm" in line]
+    return [line for line in out.splitlines() if f"--comment {COMMENT} " in line + " "]
 
 
 def teardown_network() -> None:
@@ -107,10 +113,10 @@ def teardown_network() -> None:
     while _our_links() and time.monotonic() < deadline:
         time.sleep(0.1)
     for chain in _CHAINS:
-        while shutil.which("iptables") and run(["iptables", "-C", *_rule(chain)], check=False).returncode == 0:
-            run(["iptables", "-D", *_rule(chain)], check=False)
-    while shutil.which("iptables") and run(["iptables", "-t", "nat", "-C", *_IMDS_RULE], check=False).returncode == 0:
-        run(["iptables", "-t", "nat", "-D", *_IMDS_RULE], check=False)
+        while shutil.which("iptables") and run(["iptables", "-w", "-C", *_rule(chain)], check=False).returncode == 0:
+            run(["iptables", "-w", "-D", *_rule(chain)], check=False)
+    while shutil.which("iptables") and run(["iptables", "-w", "-t", "nat", "-C", *_IMDS_RULE], check=False).returncode == 0:
+        run(["iptables", "-w", "-t", "nat", "-D", *_IMDS_RULE], check=False)
 
 
 def remove_node_netns(node: str) -> None:

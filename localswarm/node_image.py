@@ -81,13 +81,21 @@ RESOLV_CONF = f"""\
 # once, as nothing is reachable. Names a machine needs are in its /etc/hosts.
 nameserver {BRIDGE_ADDR}
 """
+
+
+def lane_files() -> dict[str, str]:
+    """What names the bridge, which is the lane's (localswarm/lane.py): each machine's disk gets these at
+    launch, so that one image serves every lane."""
+    return {"etc/docker/daemon.json": json.dumps(DAEMON_JSON, indent=2) + "\n", "etc/resolv.conf": RESOLV_CONF}
+
+
 MASKED = {
     "apt-daily.timer": "no package index is reachable, and an AMI for a swarm should not upgrade by itself",
     "apt-daily-upgrade.timer": "same",
     "systemd-modules-load.service": "a container cannot load kernel modules (the host kernel's are not in the image)",
 }
 REMOVED = ("/etc/hostname", "/etc/ssh/ssh_host_*")  # mmdebstrap copied the host's; each machine makes its own
-LAYER_STEPS_VERSION = 2  # bump when the layer's build steps change in a way the file list does not show
+LAYER_STEPS_VERSION = 3  # bump when the layer's build steps change in a way the file list does not show
 
 
 @dataclass(frozen=True)
@@ -138,8 +146,6 @@ def layer_files(ca_cert: Path, wheels: dict[str, tuple[bytes, int]] | None = Non
     """Every file the layer writes: path in the image -> (content, mode); wheels: pypi_wheels()."""
     files = {**standins.image_files(), **(wheels or {})}
     files["/etc/cloud/cloud.cfg.d/90-gpu-swarm-rehearsal.cfg"] = (CLOUD_CFG.encode(), 0o644)
-    files["/etc/docker/daemon.json"] = ((json.dumps(DAEMON_JSON, indent=2) + "\n").encode(), 0o644)
-    files["/etc/resolv.conf"] = (RESOLV_CONF.encode(), 0o644)
     files["/etc/machine-id"] = (b"", 0o444)  # empty: systemd makes one per machine at its first boot
     # The locale as Ubuntu's cloud images set it (Debian's leaves it unset): cloud-init's locale module
     # then finds it set, where it ran update-locale at every first boot (0.07-0.17 s). In trixie

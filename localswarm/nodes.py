@@ -13,12 +13,11 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from localswarm import api
+from localswarm import api, lane
 from localswarm.host import REPO, Engine, RehearsalError, run
 from localswarm.network import BRIDGE_ADDR, netns_name, netns_pids, node_addr, remove_node_netns
 
-STATE_ROOT = Path("/var/lib/localswarm")
-RUN_ROOT = Path("/run/localswarm")
+STATE_ROOT, RUN_ROOT = lane.NAMESPACED_STATE, lane.NAMESPACED_RUN
 REGISTRY = f"{BRIDGE_ADDR}:5000"
 AGENT = REPO / "node" / "gpu_agent.py"
 GUARD = REPO / "node" / "gpu-swarm-runtime"

@@ -13,7 +13,9 @@ import subprocess
 import time
 from pathlib import Path
 
-CGROUP = "gpu-swarm-machines"
+from localswarm import lane
+
+CGROUP = lane.name("gpu-swarm-machines")
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # nspawn must give the machine cgroup2 (runc cannot use the read-only v1 controllers inside)
 # and a writable /proc/sys/net (dockerd sets ip_forward).

@@ -28,7 +28,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from localswarm import dns, fake_aws_api, fake_imds
+from localswarm import dns, fake_aws_api, fake_imds, lane
 from localswarm.host import SETUP_HINT, RehearsalError, run
 from localswarm.network import BRIDGE_ADDR, SUBNET
 
@@ -36,7 +36,7 @@ from localswarm.network import BRIDGE_ADDR, SUBNET
 CA_DIR = Path(os.environ.get("GPU_SWARM_CA_DIR", "/var/cache/gpu-swarm/rehearsal-ca"))
 CA_CERT = CA_DIR / "ca.crt"
 # Beside the machines (machines.STATE), apart from /var/lib/localswarm, which `down` removes whole.
-STORE = Path(os.environ.get("GPU_SWARM_REHEARSAL_STATE", "/var/lib/gpu-swarm-rehearsal")) / "object-store"
+STORE = lane.MACHINES_STATE / "object-store"
 PORT = 443
 # The server certificate names every commercial region, so any stack's region works.
 REGIONS = ("us-east-1", "us-east-2", "us-west-1", "us-west-2", "ca-central-1", "ca-west-1", "sa-east-1",

@@ -31,6 +31,8 @@ import time
 from concurrent import futures
 from pathlib import Path
 
+from localswarm import lane
+
 REPO = Path(__file__).resolve().parent.parent
 TOOLS = REPO / ".tools" / "bin"
 PLUGINS = REPO / "localswarm" / "plugins"
@@ -59,7 +61,7 @@ def cli() -> str:
 
 def root() -> Path:
     """Where the CLI's home, state and project folder live (GPU_SWARM_PULUMI_ROOT: a test's own)."""
-    return Path(os.environ.get("GPU_SWARM_PULUMI_ROOT", "/var/lib/localswarm/pulumi"))
+    return Path(os.environ.get("GPU_SWARM_PULUMI_ROOT") or lane.NAMESPACED_STATE / "pulumi")
 
 
 def environment() -> dict:

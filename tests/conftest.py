@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import re
 import runpy
 import sys
@@ -23,6 +24,12 @@ from google.protobuf import json_format
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc
 
+
+# One rehearsal per pytest-xdist worker (localswarm/lane.py, scripts/test.sh): worker gw0 is lane 1, gw1
+# lane 2, and so on, set before anything of localswarm is imported. A run without workers is lane 0,
+# the user's own rehearsal; workers never touch it.
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
+    os.environ["GPU_SWARM_LANE"] = str(int(os.environ["PYTEST_XDIST_WORKER"][2:]) + 1)
 
 REPO = Path(__file__).resolve().parent.parent
 # The node programs import their siblings (gpu_agent imports gpu_detect), as they do on a node.
@@ -332,3 +339,29 @@ def engine():
     """The rehearsal's engine; the integration tests fail without it in CI (see require_engine)."""
     from tests.rehearsal_tools import require_engine
     return require_engine()
+
+
+# The rehearsal modules whose tests take longest in CI (`pytest --durations`), slowest first: they start
+# first, so that no worker is left with a long one at the end while the others idle. The unit tests,
+# each its own unit of work, fill in after them.
+SLOWEST_FIRST = ("test_pulumi_up", "test_program_day2", "test_day2", "test_elastic_rehearsal", "test_benches",
+                 "test_gpu_mps_bench", "test_health_rehearsal", "test_spot_rehearsal", "test_localswarm",
+                 "test_program_stacks", "test_isolation", "test_swarm_leader_change")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (--dist loadgroup), what must run in one worker: a rehearsal module's tests,
+    which share its cluster (module fixtures, one lane), unless a test names its own group; and every
+    test that starts an engine in the host's own namespace (group "host-engine": two such engines
+    would both take the host's swarm ports)."""
+    for item in items:
+        if item.get_closest_marker("integration") and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__.rpartition(".")[2]))
+
+    def rank(item) -> int:
+        module = item.module.__name__.rpartition(".")[2]
+        if not item.get_closest_marker("integration"):
+            return len(SLOWEST_FIRST) + 1
+        return SLOWEST_FIRST.index(module) if module in SLOWEST_FIRST else len(SLOWEST_FIRST)
+    items.sort(key=rank)  # stable: each module keeps its own order

@@ -32,6 +32,13 @@ NOT_BENCHES = {
     "cuda_probe.c": "built and run by build_gpu_kit.sh --smoke (and by the kit on a GPU machine)",
 }
 REHEARSAL = pytest.mark.integration  # root and an engine, under the rehearsal's lock
+# Under pytest-xdist (tests/conftest.py): the GPU benches' engines are in the host's own namespace, so one
+# at a time; each rehearsal bench makes and removes its own rehearsal, so each may have a lane of its own.
+HOST_ENGINE = pytest.mark.xdist_group("host-engine")
+
+
+def own_lane(test):
+    return pytest.mark.xdist_group(test.__name__)(test)
 
 
 def smoke(command: list[str], timeout: float) -> subprocess.CompletedProcess:
@@ -172,12 +179,14 @@ def test_agent_proof_on_stand_in_gpus():
 # --- root, and engines or the rehearsal's machines
 
 @REHEARSAL
+@HOST_ENGINE
 def test_health_soak_on_stand_in_gpus(engine):
     out = python("health_soak.py", timeout=60).stdout
     assert "| conditions reported | healthy |" in out and "on 2 GPU(s)" in out and "no false condition" in out
 
 
 @REHEARSAL
+@HOST_ENGINE
 @pytest.mark.parametrize("bench, gpus, limit", [
     # Every check passes on 1, 2 and 4 GPUs (run by hand, bench/results/gpu-smoke-standins.md); CI
     # runs 2, the smallest count where a task could get another's GPU (gpu_mps: test_gpu_mps_bench.py).
@@ -190,24 +199,28 @@ def test_gpu_bench_on_stand_in_gpus(engine, bench, gpus, limit):
 
 
 @REHEARSAL
+@HOST_ENGINE
 def test_gpu_session_runs_a_bench_and_packs_it(engine):
     out = bash("gpu_session.sh", timeout=300).stdout
     assert "program metrics" in out and "passed" in out and "result: ALL PASSED" in out, out[-3000:]
 
 
 @REHEARSAL
+@own_lane
 def test_rehearsal_bench(engine):
     out = python("rehearsal.py", timeout=300).stdout
     assert "1 runs per size" in out and "== 1 x 1 (nodes x GPUs): 1 runs" in out, out
 
 
 @REHEARSAL
+@own_lane
 def test_rehearsal_cpu_bench(engine):
     out = python("rehearsal_cpu.py", timeout=300).stdout
     assert "`up` of 1 x 1 took" in out and "own CPU-seconds by command" in out
 
 
 @REHEARSAL
+@own_lane
 def test_program_up_bench(engine):
     out = python("program_up.py", timeout=600).stdout
     assert "1 runs each" in out and "again, new node software" in out and "boot steps" in out
@@ -216,6 +229,7 @@ def test_program_up_bench(engine):
 
 
 @REHEARSAL
+@own_lane
 def test_health_bench(engine):
     out = python("health.py", timeout=600).stdout
     assert "1 rounds on a rehearsal of 3 nodes x 1 GPUs, 2 one-GPU replicas" in out
@@ -223,12 +237,14 @@ def test_health_bench(engine):
 
 
 @REHEARSAL
+@own_lane
 def test_metrics_sample_bench(engine):
     out = python("metrics_sample.py", timeout=600).stdout
     assert "## localswarm top" in out and "MiB" in out
 
 
 @REHEARSAL
+@own_lane
 def test_access_rehearsal_bench(engine):
     done = python("access_rehearsal.py", "--json", timeout=600)
     assert "every expectation held" in done.stderr
@@ -237,6 +253,7 @@ def test_access_rehearsal_bench(engine):
 
 
 @REHEARSAL
+@own_lane
 def test_autoscale_bench(engine):
     out = python("autoscale.py", timeout=900).stdout
     assert "1 runs, idle time 5 s" in out

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from localswarm.nodes import STATE_ROOT, Node, docker, run_script
+from localswarm.nodes import REGISTRY, STATE_ROOT, Node, docker, run_script
 from swarm import formation
 from tests.rehearsal_tools import (advertised, cli, cli_json, manager, node_of, node_update, rehearsal_up,
                                    running_pairs, status, tasks_of, wait_for)
@@ -103,7 +103,7 @@ def test_removing_a_stack_removes_it_from_the_swarm(three_managers, engine):
     assert docker(lead, engine, "stack", "ls", "--format", "{{.Name}}").stdout.strip() == ""
     assert docker(lead, engine, "config", "ls", "-q", "--filter", "name=gpu-swarm.stack.").stdout.strip() == ""
     # A stack someone deployed by hand is not the program's to remove.
-    hand = "services:\n  web:\n    image: 192.168.213.1:5000/gpu-swarm/standin:1\n"
+    hand = "services:\n  web:\n    image: " + REGISTRY + "/gpu-swarm/standin:1\n"
     run_script(lead, engine, "docker stack deploy --detach=true -c - handmade >/dev/null", stdin=hand)
     cli_json("converge")
     assert "handmade" in docker(lead, engine, "stack", "ls", "--format", "{{.Name}}").stdout

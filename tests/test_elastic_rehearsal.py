@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from localswarm import api, elastic_cloud, machines, pulumi_cli, pulumi_host
+from localswarm import api, elastic_cloud, machines, network, pulumi_cli, pulumi_host
 from tests.rehearsal_tools import REPO, cli, require_engine
 
 pytestmark = pytest.mark.integration
@@ -136,7 +136,7 @@ def test_removing_the_stack_brings_the_pool_back_to_zero(life):
     zero = life["zero"]
     assert zero["group"]["desired"] == 0 and zero["group"]["instances"] == {} and zero["machines"] == {}
     assert not _workers(zero["nodes"])
-    assert zero["running"] == ["lsw-1"]  # the manager's machine alone
+    assert zero["running"] == [f"{network.NETNS_PREFIX}1"]  # the manager's machine alone
     status = _status(zero["nodes"])
     assert (status["t4"]["desired"], status["t4"]["ready"], status["t4"]["booting"]) == (0, 0, 0)
     assert " forget " in status["t4"]["last"] and "its instance left the group" in status["t4"]["last"]

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.integration
+# Its engine is in the host's own namespace, as the other GPU benches' are: one at a time (tests/conftest.py).
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("host-engine")]
 
 
 def test_the_mps_bench_passes_every_check_on_two_stand_in_gpus_and_puts_the_machine_back(engine, tmp_path):

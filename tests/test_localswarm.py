@@ -15,7 +15,7 @@ import pytest
 
 from localswarm import network, rehearsal as rehearsal_mod
 from localswarm.host import RehearsalError
-from localswarm.nodes import RUN_ROOT, STATE_ROOT, Node, docker, run_script
+from localswarm.nodes import REGISTRY, RUN_ROOT, STATE_ROOT, Node, docker, run_script
 from swarm import stacks
 from tests.rehearsal_tools import (KIND, advertised, cli, cli_json, node_of, rehearsal_up, status, tasks_of,
                                    wait_for)
@@ -59,7 +59,7 @@ def test_up_on_top_of_a_running_rehearsal_is_refused(rehearsal):
 
 def _service(engine, name: str, gpus: int, replicas: int, *extra: str) -> None:
     docker(MANAGER, engine, "service", "create", "--detach", "--name", name, "--replicas", str(replicas),
-           "--generic-resource", f"{KIND}={gpus}", *extra, "192.168.213.1:5000/gpu-swarm/standin:1")
+           "--generic-resource", f"{KIND}={gpus}", *extra, f"{REGISTRY}/gpu-swarm/standin:1")
 
 
 def test_two_gpu_replica_lands_only_where_two_gpus_are_free(rehearsal, engine):
@@ -178,7 +178,7 @@ def test_down_removes_everything(engine):
     assert pids_before, "up started no processes?"
     cli("down")
     assert network.our_netns() == []
-    assert "lswbr0" not in subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
+    assert network.BRIDGE not in subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
     assert network.our_rules() == []
     assert _our_processes() == []
     mounts = Path("/proc/self/mountinfo").read_text()

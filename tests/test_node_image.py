@@ -25,11 +25,15 @@ def test_the_ami_configuration(ca):
     assert cloud["datasource_list"] == ["NoCloud"] and cloud["network"] == {"config": "disabled"}
     user = cloud["system_info"]["default_user"]
     assert (user["name"], user["sudo"], user["lock_passwd"]) == ("ubuntu", ["ALL=(ALL) NOPASSWD:ALL"], True)
-    daemon = json.loads(files["/etc/docker/daemon.json"][0])
+    # What names the lane's bridge is each machine's own (machines.launch writes it), not the image's:
+    # one image serves every lane.
+    assert "/etc/docker/daemon.json" not in files and "/etc/resolv.conf" not in files
+    lane = node_image.lane_files()
+    daemon = json.loads(lane["etc/docker/daemon.json"])
     assert daemon["registry-mirrors"] == [f"http://{BRIDGE_ADDR}:5000"]
     assert daemon["insecure-registries"] == [f"{BRIDGE_ADDR}:5000"]
     assert daemon["log-opts"] == {"max-size": "1m"} and daemon["shutdown-timeout"] == 3
-    assert f"nameserver {BRIDGE_ADDR}" in files["/etc/resolv.conf"][0].decode()
+    assert f"nameserver {BRIDGE_ADDR}" in lane["etc/resolv.conf"]
     assert files["/etc/machine-id"][0] == b""
     assert files["/etc/locale.conf"][0] == b"LANG=C.UTF-8\n"  # as Ubuntu's cloud images set it
     assert files["/usr/local/share/ca-certificates/gpu-swarm-rehearsal-ca.crt"][0] == ca.read_bytes()

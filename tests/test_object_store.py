@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from localswarm import object_store
+from localswarm import network, object_store
 from tests.tools import require_tool
 
 
@@ -79,8 +79,8 @@ def test_objects_are_served_virtual_hosted_and_path_style(store, monkeypatch):
     assert get(port, "bundles.s3.us-west-2.amazonaws.com", "/../../ca/ca.key")[0] in (400, 404)
 
 
-@pytest.mark.parametrize("client, ok", [("192.168.213.11", True), ("192.168.213.254", True),
-                                        ("192.168.213.1", False), ("127.0.0.1", False), ("10.0.0.5", False)])
+@pytest.mark.parametrize("client, ok", [(network.node_addr(1), True), (str(network.SUBNET[-2]), True),
+                                        (network.BRIDGE_ADDR, False), ("127.0.0.1", False), ("10.0.0.5", False)])
 def test_only_machines_may_read(client, ok):
     assert object_store.allowed(client) is ok
 

@@ -423,7 +423,7 @@ def test_a_failed_first_boot_fails_its_wait_with_the_nodes_log_and_the_next_wait
     fake_imds.register(fake_imds.RECORDS, network.node_addr(index), {
         "instance-id": "i-boottest", "user-data": "", "metadataOptions": {
             "httpTokens": "required", "httpPutResponseHopLimit": 1, "httpEndpoint": "enabled"}})
-    m = machines.launch("lsw-boot-test", index, user_data=render_cloud_config(release),
+    m = machines.launch(f"{network.NETNS_PREFIX}boot-test", index, user_data=render_cloud_config(release),
                         meta_data={"instance-id": "i-boottest", "local-hostname": "boot-test",
                                    "public-keys": [(tmp_path / "id.pub").read_text().strip()]},
                         gpus=[{"uuid": "GPU-00000000-0000-0000-0000-0000000000aa", "name": "NVIDIA T4",
