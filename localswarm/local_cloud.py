@@ -10,9 +10,9 @@ Given the resource as the state held it, a handler does what the provider does w
 unchanged command runs nothing, a changed one runs its update (or its create when it has no update);
 an in-place change that AWS makes with a stop (a new type, user data) stops the machine, changes it
 (a new type has its own GPUs) and starts it. What it cannot tell from one step (a replacement, a
-delete) the engine sends as a create and a delete of their own. The class still holds the bookkeeping
-of the engine the CLI replaced (replace targets, pending steps, what a run deletes at its end): unused
-by the plugins, and next to go.
+delete) the engine sends as a create and a delete of their own (localswarm/plugin_cloud.py): an
+update that the provider's replace rules make a replacement is refused, as the provider's Diff would
+have made it a replacement.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from typing import Callable
 
 from pulumi.runtime import mocks as pulumi_mocks, rpc
 
-from components.provider_facts import as_diffed, replaced_by
+from components.provider_facts import replaced_by
 from localswarm import elastic_cloud, fake_account, fake_aws, fake_imds, machines, network, object_store, ssh
 from localswarm.network import BRIDGE_ADDR, SUBNET
 
@@ -65,10 +65,6 @@ class LocalCloud(pulumi_mocks.Mocks):
     actions: list[Action] = field(default_factory=list)
     machines_by_instance: dict = field(default_factory=dict)  # instance id -> machine record
     next_index: int = 1
-    replace_targets: frozenset = frozenset()  # `--replace`: URNs or names
-    failed: str = ""  # set by the first failed step: the engine starts no new step after it
-    pending: dict = field(default_factory=dict)  # URN -> the step in flight (the state's pending operations)
-    doomed: list = field(default_factory=list)  # replaced resources, deleted at the end of the run
     lock: threading.Lock = field(default_factory=threading.Lock)
     options: threading.local = field(default_factory=threading.local)  # the registering request's options
 
@@ -112,16 +108,11 @@ class LocalCloud(pulumi_mocks.Mocks):
 
     def new_resource(self, args: pulumi_mocks.MockResourceArgs):
         urn = getattr(self.options, "urn", "") or args.name
-        if self.failed:
-            raise Exception(f"{args.name}: not started: {self.failed}")
-        self.options.given = _plain(args.inputs)  # a replacement's inputs: ignore_changes is for diffs
         inputs = _plain(args.inputs)
         before = self.previous.get(urn)
         if before and before["type"] != args.typ:
             before = None
-        if before:
-            # ignore_changes: the engine keeps the old value of those inputs, as if unchanged.
-            inputs = as_diffed(before["inputs"], inputs, getattr(self.options, "ignore_changes", ()))
+        # ignore_changes is the engine's: the inputs an update brings have the old values of those already.
         handler = {INSTANCE: self._instance, COMMAND: self._command,
                    "aws:s3/bucketObjectv2:BucketObjectv2": self._object, "aws:s3/bucket:Bucket": self._bucket,
                    "aws:ec2/keyPair:KeyPair": self._key_pair, "aws:ec2/eip:Eip": self._eip,
@@ -132,38 +123,26 @@ class LocalCloud(pulumi_mocks.Mocks):
                    "aws:iam/rolePolicy:RolePolicy": self._elastic,
                    "aws:ssm/parameter:Parameter": self._elastic}.get(args.typ, self._other)
         self.options.typ = args.typ
-        with self.lock:
-            self.pending[urn] = {"type": args.typ, "operation": "updating" if before else "creating"}
-        try:
-            rid, outputs = handler(args.name, inputs, before)
-        except BaseException as e:
-            # Pulumi prints every failed step's own error; whichever error reaches the program first,
-            # the first failure's reason must not be lost behind a "not started".
-            with self.lock:
-                self.failed = self.failed or f"an earlier step failed ({args.name}): {str(e) or type(e).__name__}"
-            raise
-        finally:
-            with self.lock:
-                self.pending.pop(urn, None)
+        rid, outputs = handler(args.name, inputs, before)
         with self.lock:
             self.current[urn] = {"type": args.typ, "id": rid, "inputs": inputs, "outputs": outputs}
         return rid, outputs
 
     def _change(self, typ: str, before: dict | None, inputs: dict) -> str:
-        """create, same, update or replace: what the engine would do, from the inputs and the options."""
+        """create, same or update, as the engine sent the step. A replacement comes as a create of its own
+        and a delete; an update that the replace rules (components/provider_facts.py) make a replacement
+        means the plugin's Diff and these handlers disagree, and is refused rather than done in place."""
         if before is None:
             return "create"
-        if {getattr(self.options, "urn", ""), getattr(self.options, "name", "")} & self.replace_targets:
-            return "replace"  # pulumi up --replace
         if before["inputs"] == inputs:
             return "same"
-        old, new = before["inputs"], inputs
-        forcing = set(getattr(self.options, "replace_on_changes", ()))
         try:
-            if replaced_by(typ, old, new) or any(old.get(k) != new.get(k) for k in forcing):
-                return "replace"
+            forced = replaced_by(typ, before["inputs"], inputs)
         except ValueError:
-            return "replace"  # a type with no recorded facts: assume the worst
+            forced = ["(a type with no recorded replace facts)"]
+        if forced:
+            raise Exception(f"{typ}: an update of {', '.join(forced)}, which the provider replaces: its Diff "
+                            "should have asked the engine for a replacement")
         return "update"
 
     def _record(self, name: str, typ: str, action: str, seconds: float = 0.0, host: str = "") -> None:
@@ -210,14 +189,6 @@ class LocalCloud(pulumi_mocks.Mocks):
                 self._associate_profile(before, inputs)  # AssociateIamInstanceProfile: in place, no stop
             self._record(name, typ, change)
             return before["id"], {**before["outputs"], **inputs}
-        if change == "replace":
-            inputs.clear()
-            inputs.update(self.options.given)  # the new resource: the program's current inputs
-            if getattr(self.options, "delete_before_replace", False):
-                self._terminate(before)
-            else:  # create before delete: the old one goes at the end of the run
-                with self.lock:
-                    self.doomed.append(before)
         launched = fake_account.as_launched(name, inputs)  # what EC2 refuses, or keeps of the launch's options
         with self.lock:
             index, self.next_index = self.next_index, self.next_index + 1
@@ -403,26 +374,6 @@ class LocalCloud(pulumi_mocks.Mocks):
 
     def _other(self, name: str, inputs: dict, before: dict | None):
         return (before["id"] if before else f"{name}-{uuid.uuid4().hex[:8]}"), dict(inputs)
-
-    # ------------------------------------------------------------------ after the program
-
-    def delete_the_rest(self) -> list[str]:
-        """What the program no longer has goes, after everything else, as the engine deletes last."""
-        gone = [name for name in self.previous if name not in self.current]
-        for resource in self.doomed:  # what replacements replaced, created before these were deleted
-            self._terminate(resource)
-            self._record(resource["outputs"].get("tags", {}).get("Name", resource["id"]), resource["type"], "delete")
-        self.doomed = []
-        for name in gone:
-            resource = self.previous[name]
-            if resource["type"] in (INSTANCE, SPOT_REQUEST):
-                self._terminate(resource)
-            elif resource["type"] == GROUP:
-                elastic_cloud.delete_group(resource["id"])
-            elif resource["type"] == "aws:s3/bucketObjectv2:BucketObjectv2":
-                object_store.object_path(resource["outputs"]["bucket"], resource["inputs"]["key"]).unlink(missing_ok=True)
-            self._record(name.split("::")[-1], resource["type"], "delete")  # by name, in the report
-        return gone
 
 
 def run_quiet(command: list[str]) -> None:

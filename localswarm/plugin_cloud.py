@@ -71,7 +71,6 @@ class PluginCloud:
     def _step(self, urn: str, typ: str, inputs: dict, before: dict | None) -> tuple[str, dict]:
         c = self.cloud
         c.options.urn, c.options.name = urn, urn.rsplit("::", 1)[1]
-        c.options.ignore_changes, c.options.replace_on_changes = (), ()
         with c.lock:
             if before:
                 c.previous[urn] = before

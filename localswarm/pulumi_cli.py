@@ -25,10 +25,13 @@ import json
 import os
 import runpy
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent import futures
+from contextlib import contextmanager
 from pathlib import Path
 
 from localswarm import lane
@@ -237,6 +240,23 @@ def _actions_since(offset: int) -> list[dict]:
         return []
 
 
+@contextmanager
+def _ctrl_c_for_the_cli():
+    """A Ctrl-C at the terminal reaches the whole foreground group: the CLI, which cancels as Pulumi does
+    (its steps in flight end and are saved; a second Ctrl-C stops it at once), and this process, which
+    serves the CLI's language host and so must keep waiting. Without this, subprocess.run would kill the
+    CLI 0.25 s after the first Ctrl-C, and leave its steps in flight as pending operations in the state.
+    A handler, not SIG_IGN, which the CLI would inherit."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def run(args: list[str], stack: str, stack_file: Path | None = None, *, bump_software: bool = False,
         **popen) -> subprocess.CompletedProcess:
     """`pulumi <args> --stack <stack>` in the rehearsal; popen: subprocess.run's (capture_output, say)."""
@@ -262,8 +282,9 @@ def run(args: list[str], stack: str, stack_file: Path | None = None, *, bump_sof
         watcher.start()
     started = time.monotonic()
     try:
-        done = subprocess.run([pulumi, *args, "--stack", stack, "--non-interactive", *extra], cwd=work,
-                              env=env, **popen)
+        with _ctrl_c_for_the_cli():
+            done = subprocess.run([pulumi, *args, "--stack", stack, "--non-interactive", *extra], cwd=work,
+                                  env=env, **popen)
     finally:
         if server is not None:
             server.stop(grace=None)

@@ -49,6 +49,11 @@ def cli(*args: str, check: bool = True, timeout: float = 600) -> subprocess.Comp
     return proc
 
 
+def pulumi(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+    """Pulumi's CLI on the rehearsal's dev stack (`localswarm pulumi --stack dev ARGS`), as it ended."""
+    return cli("pulumi", "--stack", "dev", *args, check=False, timeout=timeout)
+
+
 def cli_json(*args: str) -> dict:
     return json.loads(cli(*args, "--json").stdout)
 

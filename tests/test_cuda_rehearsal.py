@@ -7,20 +7,13 @@ image needs CUDA 13.1 is refused on the dev cluster (driver 580: CUDA up to 13.0
 """
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
 
 from localswarm import machines, pulumi_cli
-from tests.rehearsal_tools import REPO, cli, require_engine
+from tests.rehearsal_tools import cli, pulumi, require_engine
 
 pytestmark = pytest.mark.integration
-
-
-def pulumi(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "localswarm", "pulumi", "--stack", "dev", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
 
 
 def test_pulumi_up_refuses_an_image_newer_than_the_driver_before_any_machine_starts():

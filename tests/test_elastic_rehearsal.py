@@ -11,14 +11,12 @@ stack goes (`pulumi config rm`, and a second `up` without it): the pool goes bac
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
 
 from localswarm import api, elastic_cloud, machines, network, pulumi_cli, pulumi_host
-from tests.rehearsal_tools import REPO, cli, require_engine
+from tests.rehearsal_tools import cli, pulumi, require_engine
 
 pytestmark = pytest.mark.integration
 POOLS = [{"name": "t4", "instanceType": "g4dn.xlarge", "autoscale": {"max": 2, "idleMinutes": 1}}]
@@ -26,8 +24,7 @@ GROUP = "gpu-swarm-dev-t4"
 
 
 def _pulumi(*args: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "localswarm", "pulumi", "--stack", "dev", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=1500)
+    done = pulumi(*args)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
@@ -34,7 +33,7 @@ from localswarm import api, machines, network, nspawn, object_store, pulumi_cli,
 from localswarm.fake_aws import CUSTOM_AMI, CUSTOM_AMI_NEXT
 from localswarm.local_cloud import EC2_SUBNET, INSTANCE
 from swarm.node_contract import MONITORING_STACK, MPS_DIR
-from tests.rehearsal_tools import REPO, cli, require_engine, tasks_of
+from tests.rehearsal_tools import cli, pulumi, require_engine, tasks_of
 
 pytestmark = pytest.mark.integration
 
@@ -51,11 +50,6 @@ MPS_ON = {**CHANGED, "stacks": [*STACKS, SLOT], "amiId": CUSTOM_AMI,  # back to 
           "gpuPools": [{**T4, "sharing": {"slotsPerGpu": 2, "mode": "mps"}}, A100]}  # from the third up on
 THREE_MANAGERS = {**MPS_ON, "managerCount": 3}  # from the fifth up on
 MANAGERS = ["gpu-swarm-dev-manager-0", "gpu-swarm-dev-manager-1", "gpu-swarm-dev-manager-2"]
-
-
-def pulumi(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "localswarm", "pulumi", "--stack", "dev", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def up(settings: dict, *extra: str, secrets: dict | None = None, check: bool = True):

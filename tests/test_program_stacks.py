@@ -12,23 +12,17 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 
 import pytest
 
 from localswarm import fake_prices, monitoring_stack, pulumi_cli
-from tests.rehearsal_tools import REPO, cli, require_engine, tasks_of
+from tests.rehearsal_tools import cli, pulumi, require_engine, tasks_of
 
 pytestmark = pytest.mark.integration
 
 BAD = {"name": "models", "file": "tests/data/stacks/bind-source-missing.yml", "waitSeconds": "300"}
 REASON = "bind source path does not exist: /srv/gpu-swarm-rehearsal/no-such-models"
-
-
-def pulumi(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "localswarm", "pulumi", "--stack", "dev", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def config_set(key: str, value: str) -> None:

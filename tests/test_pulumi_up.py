@@ -19,10 +19,13 @@ rehearsal records beside the CLI (pulumi_cli.last_run()): the CLI's display does
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -34,16 +37,11 @@ from to_node.software import NodeRelease
 from components.cloud_config import render_cloud_config
 from components.remote import as_root
 from localswarm import fake_imds, machines, network, nspawn, object_store, pulumi_cli, ssh
-from tests.rehearsal_tools import REPO, cli, require_engine, tasks_of, until
+from tests.rehearsal_tools import REPO, cli, pulumi, require_engine, tasks_of, until
 
 pytestmark = pytest.mark.integration
 
 NODES = {"gpu-swarm-dev-manager-0", "gpu-swarm-dev-t4-0", "gpu-swarm-dev-t4-1"}
-
-
-def pulumi(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "localswarm", "pulumi", "--stack", "dev", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def up(*args: str, rehearsal: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
@@ -51,6 +49,25 @@ def up(*args: str, rehearsal: tuple[str, ...] = ()) -> subprocess.CompletedProce
     done = pulumi(*rehearsal, "up", "--yes", *args)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
     return done
+
+
+def interrupted_up(ready) -> subprocess.CompletedProcess:
+    """`pulumi up --yes`, and a Ctrl-C once ready() holds: SIGINT to the command's process group, as a
+    terminal sends it to its foreground job. Its output goes to files: a pipe nobody reads would stall it."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "localswarm", "pulumi", "--stack", "dev", "up", "--yes"],
+                                cwd=REPO, stdout=out, stderr=err, text=True, start_new_session=True)
+        try:
+            until(lambda: proc.poll() is not None or ready(), 600, "the moment to press Ctrl-C", interval=0.2)
+            assert proc.poll() is None, "the up ended before its Ctrl-C"
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
 
 
 def config_set(key: str, value: str) -> None:
@@ -282,10 +299,19 @@ def test_a_rebooted_node_comes_back_with_its_gpu_and_the_next_up_has_nothing_to_
 # ---------------------------------------------------------------- 3. one input at a time
 
 
-def test_a_pool_grown_by_one_input_adds_one_node_and_its_commands(first):
+def test_a_pool_grown_by_one_input_adds_one_node_and_its_commands_even_after_a_ctrl_c_mid_up(first):
     config_set("gpuPools[0].count", "3")
-    grown = up()
-    made = stepped(grown.stdout, "created")
+    # Ctrl-C once the new node's machine is launched, while its commands are still to come: Pulumi cancels,
+    # the steps in flight end and are saved, and no step is left pending in the state.
+    cut = interrupted_up(lambda: "gpu-swarm-dev-t4-2" in records())
+    assert cut.returncode != 0 and re.search(r"cancel", cut.stdout + cut.stderr, re.I), cut.stdout[-3000:]
+    deployment = json.loads(pulumi("stack", "export").stdout)["deployment"]
+    assert not deployment.get("pending_operations"), deployment["pending_operations"]
+    saved = {r["urn"].rsplit("::", 1)[1]: r for r in deployment["resources"]}
+    assert saved["gpu-swarm-t4-2"]["id"] in pulumi_cli.world()["machines"]  # its machine, and the state's
+    grown = up()  # the next up makes the rest, and not the instance again
+    assert "gpu-swarm-t4-2" not in stepped(grown.stdout, "created")
+    made = stepped(cut.stdout, "created") | stepped(grown.stdout, "created")
     assert {"gpu-swarm-t4-2", "gpu-swarm-t4-2-host-key", "gpu-swarm-boot-t4-2-wait", "gpu-swarm-member-t4-2-join",
             "gpu-swarm-rollout-t4-2-admit"} <= made
     assert not {m for m in made if re.search(r"t4-[01]|managers-0", m)}  # the others are left as they are
