@@ -24,6 +24,7 @@ from swarm.node_contract import (GUARD_LEDGER_PATH, GUARD_PATH, MPS_DIR, MPS_UNI
 from tests.conftest import stack_config, use_mocks
 from tests.test_gpu_agent import Node as AgentNode, agent, inventory_gpu, uuid
 from tests.test_gpu_health import Node as WatcherNode
+from tests.rehearsal_tools import until
 from tests.test_shell_scripts import Node as ShellNode
 from tests.tools import require_tool
 
@@ -304,6 +305,27 @@ def test_stop_kills_a_daemon_that_never_quits_and_still_gives_the_gpus_back(mps_
     assert f"{A}: killed what was left of its MPS daemon's namespace" in done.stdout
     assert all(not Path(f"/proc/{pid}").exists() or " Z " in Path(f"/proc/{pid}/stat").read_text() for pid in daemons)
     assert mps_node.called()[-2:] == [f"nvidia-smi -i {A} -c DEFAULT", f"nvidia-smi -i {B} -c DEFAULT"]
+
+
+def test_stop_kills_nothing_of_a_namespace_whose_number_the_kernel_gave_again(mps_node):
+    """A freed mount namespace's number is given to the next new one at once. GPU A's daemon gone, its noted
+    mnt:[N] can be another process's namespace (another GPU's new daemon, on a node): stop kills none of it."""
+    assert mps(mps_node, "start").returncode == 0
+    assert mps(mps_node, "stop").returncode == 0
+    other = subprocess.Popen(["unshare", "--mount", "--propagation", "slave", "sleep", "600"])
+    try:
+        until(lambda: os.readlink(f"/proc/{other.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt"), 10,
+              "the other process's own namespace", interval=0.05)
+        folder = Path(mps_node.env["GPU_SWARM_MPS_DIR"]) / A
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "namespace").write_text(os.readlink(f"/proc/{other.pid}/ns/mnt") + "\n")  # as if reused
+        done = mps(mps_node, "stop", GPU_SWARM_MPS_QUIT_S="1")
+        assert done.returncode == 0, done.stderr
+        assert other.poll() is None, "stop killed a process of another namespace that had the same number"
+        assert "killed what was left" not in done.stdout
+    finally:
+        other.kill()
+        other.wait()
 
 
 @pytest.mark.parametrize("slots", ["", "0", "1"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -204,7 +205,10 @@ def test_a_failed_up_leaves_nothing_behind_and_says_so(engine, tmp_path):
 
 
 def _our_processes() -> list[str]:
-    """Live (non-zombie) processes whose command line points into the rehearsal's directories."""
+    """Live (non-zombie) processes whose command line or environment points into this lane's rehearsal
+    folders (another lane's rehearsal, or a machine's own processes, may run beside it: localswarm/lane.py).
+    The reconciler finds its node by DOCKER_HOST alone."""
+    ours = re.compile("|".join(rf"{re.escape(str(root))}(?=[/\s=:]|$)" for root in (STATE_ROOT, RUN_ROOT)))
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -213,10 +217,9 @@ def _our_processes() -> list[str]:
             if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
                 continue
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environ = (proc / "environ").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        # The health watcher, the reconciler and the fake IMDS run from the repository.
-        ours = ("/localswarm", "gpu_health.py", "swarm_reconciler.py", "localswarm.fake_imds")
-        if any(mark in cmdline for mark in ours) and "pytest" not in cmdline:
+        if (ours.search(cmdline) or ours.search(environ)) and "pytest" not in cmdline:
             found.append(f"{proc.name}: {cmdline}")
     return found

@@ -53,8 +53,8 @@ class Checkout:
         self.fake("python", "true", self.root / ".venv" / "bin")
         self.fake("pip", pip_body, self.root / ".venv" / "bin")
 
-    def run(self, script: str, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", str(self.root / script), *args], env=self.env, cwd=self.root,
+    def run(self, script: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(self.root / script), *args], env={**self.env, **(env or {})}, cwd=self.root,
                               capture_output=True, text=True, timeout=60)
 
 
@@ -294,7 +294,10 @@ def test_test_sh_shows_skip_reasons_and_passes_arguments_on(checkout):
     checkout.fake("python", 'echo "$@"', checkout.root / ".venv" / "bin")
     result = checkout.run("scripts/test.sh", "-ra", "-k", "not slow")  # as .ci/run calls it, plus more
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "-m pytest -ra -ra -k not slow\n"
+    # Three workers, one rehearsal lane each (localswarm/lane.py), unless GPU_SWARM_TEST_WORKERS says otherwise.
+    assert result.stdout == "-m pytest -n 3 --dist loadgroup -ra -ra -k not slow\n"
+    alone = checkout.run("scripts/test.sh", env={"GPU_SWARM_TEST_WORKERS": "0"})
+    assert alone.stdout == "-m pytest -n 0 --dist loadgroup -ra\n", alone.stderr
 
 
 def test_pytest_accepts_ra_twice(tmp_path):
