@@ -8,7 +8,8 @@ bash scripts/setup.sh
 # The agent's tests validate every daemon.json they generate with this engine's `dockerd --validate`.
 export GPU_SWARM_DOCKERD=${GPU_SWARM_DOCKERD:-/opt/gpu-swarm/docker/usr/sbin/dockerd}
 # -n: pytest-xdist workers, each with a rehearsal of its own (a lane, localswarm/lane.py): the rehearsals
-# mostly wait on their machines, so four share this machine's two cores well (3 took 33 m 23 s in CI, 2026-12-02) (GPU_SWARM_TEST_WORKERS;
+# mostly wait on their machines, so four share this machine's two cores well (docs/reference/development.md
+# has the figures; GPU_SWARM_TEST_WORKERS;
 # 0 runs everything in this process, in lane 0). --dist loadgroup keeps a rehearsal module's tests in one
 # worker (tests/conftest.py).
 # -ra: the summary names every skipped test and why (a missing tool, not root).
