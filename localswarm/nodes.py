@@ -182,12 +182,26 @@ def wait_ready(node: Node, engine: Engine, timeout: float = 60) -> None:
 
 
 def _pid_of(pidfile: Path, comm: str) -> int | None:
-    """The pid in `pidfile`, while that process is still `comm`."""
+    """The pid in `pidfile`, while that process is still `comm` and alive.
+
+    A killed engine leaves its pidfile, and when this process started it, it stays a
+    zombie named `comm` until reaped: that is an engine gone, not one running.
+    """
     try:
         pid = int(pidfile.read_text().strip())
-        return pid if Path(f"/proc/{pid}/comm").read_text().strip() == comm else None
-    except (OSError, ValueError):
+        if Path(f"/proc/{pid}/comm").read_text().strip() != comm:
+            return None
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return None if state in ("Z", "X") else pid
+    except (OSError, ValueError, IndexError):
         return None
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # not ours: init reaps it
+        pass
 
 
 def read_pid(node: Node) -> int | None:
@@ -210,7 +224,13 @@ def _terminate(pidfile: Path, comm: str, timeout: float) -> None:
     while _pid_of(pidfile, comm) and time.monotonic() < deadline:
         time.sleep(0.05)
     if _pid_of(pidfile, comm):
+        # An engine busy leaving its networks under load can take longer than `timeout`;
+        # the next start must not find this one still dying and take it for running.
         os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _pid_of(pidfile, comm) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    _reap(pid)
 
 
 def stop_dockerd(node: Node, timeout: float = 30, *, keep_containerd: bool = False) -> None:
