@@ -10,6 +10,14 @@ import pytest
 from localswarm import nodes
 
 
+def _execed(proc, comm: str) -> None:
+    """Until the child runs `comm`: just after the fork it is still this Python."""
+    deadline = time.monotonic() + 10
+    while open(f"/proc/{proc.pid}/comm").read().strip() != comm:
+        assert time.monotonic() < deadline, f"{comm} did not start"
+        time.sleep(0.01)
+
+
 def _zombie(tmp_path):
     proc = subprocess.Popen(["sleep", "0"])
     pidfile = tmp_path / "sleep.pid"
@@ -34,6 +42,7 @@ def test_a_live_process_of_the_pidfile_is_found_and_another_name_is_not(tmp_path
     proc = subprocess.Popen(["sleep", "30"])
     pidfile = tmp_path / "sleep.pid"
     pidfile.write_text(str(proc.pid))
+    _execed(proc, "sleep")
     try:
         assert nodes._pid_of(pidfile, "sleep") == proc.pid
         assert nodes._pid_of(pidfile, "dockerd") is None
@@ -47,6 +56,7 @@ def test_an_engine_that_outlives_its_stop_timeout_is_killed_reaped_and_gone_befo
     proc = subprocess.Popen(["bash", "-c", "trap '' TERM; while :; do sleep 0.05; done"])
     pidfile = tmp_path / "bash.pid"
     pidfile.write_text(str(proc.pid))
+    _execed(proc, "bash")
     time.sleep(0.2)  # the trap is set
     nodes._terminate(pidfile, "bash", timeout=0.3)
     assert nodes._pid_of(pidfile, "bash") is None

@@ -12,7 +12,8 @@ change is made as a user makes it: `pulumi config set --path`, `pulumi up --repl
 3. the pool grown and shrunk by one input; a node replaced by `--replace`;
 4. a new GPU type on spot (every node replaced, new first), one of them reclaimed behind the
    program's back; routine changes of several inputs in two ups, the manager resized in place;
-5. a pool of 4 rolled in 2 waves at `--parallel 1`; destroy.
+5. destroy. (A pool of 4 rolled in 2 waves is tests/test_pulumi_roll.py: a stack of its own, so it runs
+   beside this module, in a lane of its own.)
 A command's host and seconds, and the most nodes of a pool drained at once, are what the
 rehearsal records beside the CLI (pulumi_cli.last_run()): the CLI's display does not say them.
 """
@@ -476,31 +477,6 @@ def test_a_failed_first_boot_fails_its_wait_with_the_nodes_log_and_the_next_wait
 
 
 # ---------------------------------------------------------------- 5. a pool rolled in waves, then destroy
-
-
-def test_a_pool_of_4_with_max_unavailable_2_rolls_in_2_waves_even_one_command_at_a_time(first):
-    """One up grows the pool to 4 nodes with rollout.maxUnavailable 2; new node software then rolls at
-    `--parallel 1`: wave 1's cordons run only once both of wave 0's nodes are admitted, and the swarm
-    never sees more than 2 of the pool drained."""
-    config_set("gpuPools[0].count", "4")
-    config_set("gpuPools[0].rollout.maxUnavailable", "2")
-    up()
-    assert sorted(n for n in inventory() if "-t4-" in n) == [f"gpu-swarm-dev-t4-{i}" for i in range(4)]
-    started = time.monotonic()
-    up("--parallel", "1", rehearsal=("--bump-node-software",))
-    seconds = round(time.monotonic() - started, 1)
-    order = ran()  # in the order they finished
-    for node in range(4):
-        assert {f"gpu-swarm-rollout-t4-{node}-{step}" for step in ("cordon", "upgrade", "admit")} <= set(order), node
-    first_wave_in = max(order.index(f"gpu-swarm-rollout-t4-{n}-admit") for n in (0, 1))
-    assert all(order.index(f"gpu-swarm-rollout-t4-{n}-cordon") > first_wave_in for n in (2, 3)), order
-    peak = pulumi_cli.last_run()["peak_drained_per_pool"]
-    assert 1 <= peak.get("t4", 0) <= 2, peak
-    assert all(n["availability"] == "active" for n in status()["nodes"])
-    took = {c["name"]: c["seconds"] for c in pulumi_cli.last_run()["commands"]}
-    per_node = [sum(took[f"gpu-swarm-rollout-t4-{n}-{s}"] for s in ("cordon", "upgrade", "admit")) for n in range(4)]
-    print(f"roll of 4 GPU nodes in 2 waves at --parallel 1: {seconds} s; per node (cordon + upgrade + admit): "
-          f"{', '.join(f'{s:.1f}' for s in per_node)} s; peak drained {peak}")  # the README's roll times (pytest -s)
 
 
 def test_destroy_deletes_everything_and_the_machines_go(first):
