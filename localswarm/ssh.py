@@ -62,12 +62,14 @@ _GO_CLIENT_KEX = "curve25519-sha256,curve25519-sha256@libssh.org,ecdh-sha2-nistp
     "ecdh-sha2-nistp521,diffie-hellman-group14-sha256"
 
 
-def _options(key: Path, timeout: float, known_hosts: Path | None) -> list[str]:
+def _options(key: Path, timeout: float | None, known_hosts: Path | None) -> list[str]:
+    """timeout: OpenSSH's ConnectTimeout, which bounds the TCP connect and also the wait for the
+    server's banner; None sets none (the host behind a jump host, see argv)."""
     checking = ["-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}"] if known_hosts else \
         ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+    bound = ["-o", f"ConnectTimeout={int(timeout)}"] if timeout is not None else []
     return ["-i", str(key), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
-            "-o", f"ConnectTimeout={int(timeout)}", "-o", "ServerAliveInterval=15", "-o", f"KexAlgorithms={_GO_CLIENT_KEX}",
-            *checking]
+            *bound, "-o", "ServerAliveInterval=15", "-o", f"KexAlgorithms={_GO_CLIENT_KEX}", *checking]
 
 
 def _known_hosts(folder: Path, name: str, host: str, key: str | None) -> Path | None:
@@ -87,8 +89,12 @@ def argv(connection: dict, script: str, folder: Path) -> list[str]:
     timeout = float(connection.get("perDialTimeout") or 15)
     target = f"{connection.get('user') or 'root'}@{connection['host']}"
     known = _known_hosts(folder, connection["host"], connection["host"], connection.get("hostKey"))
-    cmd = ["ssh", *_options(key, timeout, known), "-p", str(int(connection.get("port") or 22))]
     proxy = connection.get("proxy")
+    # Behind a jump host the provider runs the handshake on the channel the jump host opened
+    # (ssh.NewClientConn), and the dial timeout (ClientConfig.Timeout) bounds only ssh.Dial's TCP
+    # connect: nothing bounds the wait for the host's banner, which a freshly booted node under load
+    # can be slow to send. OpenSSH's ConnectTimeout would bound it, and fail where the provider waits.
+    cmd = ["ssh", *_options(key, None if proxy else timeout, known), "-p", str(int(connection.get("port") or 22))]
     if proxy:
         proxy_key = folder / "proxy_id"
         if not proxy_key.exists():

@@ -72,6 +72,16 @@ def test_through_a_jump_host_a_failed_handshake_fails_the_command(answers):
     assert dials() == 1  # the retries are on the closed connection: none of them can succeed
 
 
+def test_behind_a_jump_host_only_the_jump_hosts_dial_is_bounded_as_the_providers_dial_timeout_is(tmp_path):
+    # The provider's handshake with the host runs on the jump host's channel with no deadline: a
+    # freshly booted node slow to send its banner is waited for, not failed (CI met the difference).
+    argv = ssh.argv({**JUMPED, "perDialTimeout": 7}, "true", tmp_path)
+    (proxy_command,) = [a for a in argv if a.startswith("ProxyCommand=")]
+    assert "ConnectTimeout=7" in proxy_command
+    assert not any(a.startswith("ConnectTimeout") for a in argv if not a.startswith("ProxyCommand="))
+    assert "ConnectTimeout=7" in ssh.argv({**DIRECT, "perDialTimeout": 7}, "true", tmp_path)
+
+
 def test_a_script_whose_session_dropped_is_not_run_again(answers):
     dials = answers(DROPPED, OK)
     with pytest.raises(ssh.CommandFailed, match="session dropped.*not run again.*without exit status"):
