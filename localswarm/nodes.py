@@ -220,17 +220,19 @@ def _terminate(pidfile: Path, comm: str, timeout: float) -> None:
     if pid is None:
         return
     os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while _pid_of(pidfile, comm) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if _pid_of(pidfile, comm):
+    if not _gone(pidfile, comm, timeout):
         # An engine busy leaving its networks under load can take longer than `timeout`;
         # the next start must not find this one still dying and take it for running.
         os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while _pid_of(pidfile, comm) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _gone(pidfile, comm, 10)
     _reap(pid)
+
+
+def _gone(pidfile: Path, comm: str, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while _pid_of(pidfile, comm) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _pid_of(pidfile, comm) is None
 
 
 def stop_dockerd(node: Node, timeout: float = 30, *, keep_containerd: bool = False) -> None:
