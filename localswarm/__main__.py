@@ -76,7 +76,8 @@ def _parser() -> argparse.ArgumentParser:
                            "gpu-fault: a GPU reports an XID (--gpu, --xid); gpu-heal: clear faults and notices; "
                            "spot-notice: its IMDS announces a spot reclaim; maintenance-notice: its IMDS "
                            "lists a system-reboot that AWS scheduled a minute from now")
-    node.add_argument("name")
+    node.add_argument("name", help="a node of `up` (node-2), or for gpu-fault, gpu-heal, spot-notice and "
+                                   "maintenance-notice the hostname of a machine of Pulumi's CLI (gpu-swarm-dev-t4-0)")
     node.add_argument("--gpus", type=int, help="redetect: simulated GPU count for the new inventory")
     node.add_argument("--gpu", metavar="UUID", help="gpu-fault: which GPU (default: the node's first)")
     node.add_argument("--xid", type=int, default=DEFAULT_XID,
@@ -187,7 +188,7 @@ def _run(args, say):
         if args.action == "remove":
             return changes.remove_node(args.name, progress=say)
         if args.action in HEALTH_ACTIONS:
-            return changes.node_health(args.name, args.action, gpu=args.gpu, xid=args.xid)
+            return _node_health(args)
         return changes.node_engine(args.name, args.action, gpus=args.gpus)
     if args.command == "add":
         return changes.add_node(role=args.role, progress=say)
@@ -198,6 +199,21 @@ def _run(args, say):
     if args.command == "stacks":
         return changes.set_stacks(args.files, progress=say)
     raise AssertionError(args.command)
+
+
+def _node_health(args) -> dict:
+    """On the fast rehearsal's node NAME, or on the machine of Pulumi's CLI whose hostname is NAME."""
+    from localswarm import pulumi_cli, state
+    if state.load_state() or not pulumi_cli.holds_machines():
+        return changes.node_health(args.name, args.action, gpu=args.gpu, xid=args.xid)
+    from localswarm import machine_health
+    if args.action == "gpu-fault":
+        return machine_health.gpu_fault(args.name, args.gpu, args.xid)
+    if args.action == "gpu-heal":
+        return machine_health.gpu_heal(args.name)
+    if args.action == "spot-notice":
+        return machine_health.spot_notice(args.name)
+    return machine_health.maintenance_notice(args.name)
 
 
 def _overrides(pairs: list[str]) -> dict:

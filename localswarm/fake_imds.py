@@ -17,6 +17,9 @@ answering each machine by its address from the record LocalCloud writes when it 
 required it gets 401. A token's PUT is answered with packets whose IP TTL is the hop limit, so a
 container behind the machine's bridge (one hop more) never gets one at hop limit 1 (EC2 User Guide,
 "Instance metadata options": the hop limit is the PUT response's number of network hops).
+It answers the same notice paths too, from files beside the records (instance_notice_file, which
+`localswarm node spot-notice` and `maintenance-notice` write for a machine): the node's own watcher,
+as its user data installed it, reads them there.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import os
 import secrets
 import socket
 import threading
+from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -51,6 +55,23 @@ class _Answering(BaseHTTPRequestHandler):
 
 def notice_file(root: Path, node: str, kind: str = "spot-instance-action") -> Path:
     return root / node / "imds" / f"{kind}.json"
+
+
+def spot_action(action: str = "terminate") -> dict:
+    """What EC2's IMDS says two minutes before it reclaims a spot instance (EC2 User Guide, "Spot Instance
+    interruption notices": {"action": "terminate" | "stop" | "hibernate", "time": ...})."""
+    when = (datetime.now(timezone.utc) + timedelta(minutes=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"action": action, "time": when}
+
+
+def scheduled_event(instance: str, code: str = "system-reboot", starts_in_s: int = 60) -> dict:
+    """One entry of events/maintenance/scheduled, as EC2 lists an event it scheduled for an instance (EC2
+    User Guide, "View scheduled events": Code, Description, EventId, NotBefore, NotAfter, State)."""
+    fmt = "%d %b %Y %H:%M:%S GMT"
+    start = datetime.now(timezone.utc) + timedelta(seconds=starts_in_s)
+    return {"Code": code, "Description": f"scheduled {code}", "EventId": f"instance-event-{instance}",
+            "NotBefore": start.strftime(fmt), "NotAfter": (start + timedelta(hours=2)).strftime(fmt),
+            "State": "active"}
 
 
 def make_handler(root: Path, token: str):
@@ -98,6 +119,13 @@ def register(records: Path, address: str, record: dict) -> None:
 
 def unregister(records: Path, address: str) -> None:
     (records / f"{address}.json").unlink(missing_ok=True)
+    for kind in PATHS.values():  # a new instance at this address has no notice of the old one
+        (records / "notices" / address / kind).unlink(missing_ok=True)
+
+
+def instance_notice_file(records: Path, address: str, kind: str = "spot-instance-action") -> Path:
+    """Where the notice of `kind` (a file name of PATHS, without .json) for the instance at `address` is."""
+    return records / "notices" / address / f"{kind}.json"
 
 
 def make_instance_handler(records: Path):
@@ -141,6 +169,9 @@ def make_instance_handler(records: Path):
                 return self._answer(200, iam["role"] if not role else json.dumps({
                     "Code": "Success", "Type": "AWS-HMAC", **{k: iam[k] for k in
                                                              ("AccessKeyId", "SecretAccessKey", "Token", "Expiration")}}))
+            if self.path in PATHS:  # nothing announced: 404, as EC2 answers
+                file = records / "notices" / self.client_address[0] / PATHS[self.path]
+                return self._answer(200, file.read_text()) if file.exists() else self._answer(404)
             key = INSTANCE_PATHS.get(self.path)
             if key is None or key not in record:
                 return self._answer(404)

@@ -15,11 +15,10 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from localswarm import registry
-from localswarm.fake_imds import notice_file
+from localswarm.fake_imds import notice_file, scheduled_event, spot_action
 from localswarm.host import REPO, Engine, RehearsalError
 from localswarm.nodes import RUN_ROOT, STATE_ROOT, Node
 
@@ -164,20 +163,16 @@ def gpu_heal(node: Node) -> dict:
 
 def spot_notice(node: Node, action: str = "terminate") -> dict:
     """What EC2's IMDS says two minutes before it reclaims a spot instance."""
-    when = (datetime.now(timezone.utc) + timedelta(minutes=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    notice = spot_action(action)
     file = notice_file(STATE_ROOT, node.name)
     file.parent.mkdir(parents=True, exist_ok=True)
-    file.write_text(json.dumps({"action": action, "time": when}) + "\n")
-    return {"node": node.name, "action": action, "time": when}
+    file.write_text(json.dumps(notice) + "\n")
+    return {"node": node.name, **notice}
 
 
 def maintenance_notice(node: Node, code: str = "system-reboot", starts_in_s: int = 60) -> dict:
     """What EC2's IMDS lists when AWS schedules maintenance for the instance (here: soon enough to drain)."""
-    fmt = "%d %b %Y %H:%M:%S GMT"
-    start = datetime.now(timezone.utc) + timedelta(seconds=starts_in_s)
-    event = {"Code": code, "Description": f"scheduled {code}", "EventId": f"instance-event-{node.name}",
-             "NotBefore": start.strftime(fmt), "NotAfter": (start + timedelta(hours=2)).strftime(fmt),
-             "State": "active"}
+    event = scheduled_event(node.name, code, starts_in_s)
     file = notice_file(STATE_ROOT, node.name, "maintenance-scheduled")
     file.parent.mkdir(parents=True, exist_ok=True)
     file.write_text(json.dumps([event]) + "\n")

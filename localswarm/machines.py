@@ -333,20 +333,20 @@ def teardown_all() -> list[str]:
     return sorted(names)
 
 
-def _hardware(m: Machine) -> Path:
+def hardware_file(m: Machine) -> Path:
     return (m.root if nspawn.mounted(m.root) else m.disk) / standins.HARDWARE_FILE.lstrip("/")
 
 
 def set_gpus(m: Machine, gpus: list[dict]) -> None:
     """Other GPUs in the machine (seen by NVML at once; the agent advertises them at its next run)."""
-    _write(_hardware(m), _hardware_json(gpus))
+    _write(hardware_file(m), _hardware_json(gpus))
 
 
 def set_gpu_fault(m: Machine, uuid: str, fault: dict | None) -> None:
     """Make one GPU fail ({"xid": 79}, {"ecc": "double"}, {"missing": true}, {"pending_retirement": true}),
     or heal it (None). The stand-ins read the file at once: see localswarm/standins/pynvml.py."""
     try:
-        description = hardware.with_fault(hardware.load(str(_hardware(m))), uuid, fault)
+        description = hardware.with_fault(hardware.load(str(hardware_file(m))), uuid, fault)
     except KeyError:
         raise RehearsalError(f"machine {m.name} has no GPU {uuid}")
-    _write(_hardware(m), json.dumps(description, indent=1) + "\n")
+    _write(hardware_file(m), json.dumps(description, indent=1) + "\n")

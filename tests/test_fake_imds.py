@@ -72,3 +72,34 @@ def test_the_watcher_reads_a_reclaim_from_it(imds, tmp_path):
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["condition"] == "reclaim" and report["reason"] == "spot_terminate_at_2026-11-23T02:00:00Z"
+
+
+def test_an_instance_gets_its_own_notices_and_a_new_instance_at_its_address_none(tmp_path):
+    """The machines' IMDS (make_instance_handler) answers the notice paths from the files that `localswarm
+    node spot-notice` and `maintenance-notice` write for an address; 404 when none is, as EC2 answers."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from localswarm import fake_imds
+    records = tmp_path / "records"
+    fake_imds.register(records, "127.0.0.1", {"instance-id": "i-0abc", "metadataOptions": {"httpTokens": "required"}})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), fake_imds.make_instance_handler(records))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        token = ask("PUT", f"{url}/latest/api/token", {"X-aws-ec2-metadata-token-ttl-seconds": "60"})[1]
+        spot, scheduled = f"{url}/latest/meta-data/spot/instance-action", f"{url}/latest/meta-data/events/maintenance/scheduled"
+        assert ask("GET", spot, {})[0] == 401  # httpTokens required: no token, no answer
+        assert ask("GET", spot, {"X-aws-ec2-metadata-token": token})[0] == 404  # nothing announced
+        notice = fake_imds.spot_action("stop")
+        file = fake_imds.instance_notice_file(records, "127.0.0.1")
+        file.parent.mkdir(parents=True)
+        file.write_text(json.dumps(notice))
+        status, body = ask("GET", spot, {"X-aws-ec2-metadata-token": token})
+        assert status == 200 and json.loads(body) == notice and notice["action"] == "stop"
+        assert ask("GET", scheduled, {"X-aws-ec2-metadata-token": token})[0] == 404  # each notice its own file
+        assert fake_imds.instance_notice_file(records, "192.168.216.9").parent != file.parent  # each address its own
+        fake_imds.unregister(records, "127.0.0.1")  # the instance is gone: so are its notices
+        assert not file.exists()
+    finally:
+        server.shutdown()

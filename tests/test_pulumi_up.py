@@ -12,7 +12,7 @@ change is made as a user makes it: `pulumi config set --path`, `pulumi up --repl
 3. the pool grown and shrunk by one input; a node replaced by `--replace`;
 4. a new GPU type on spot (every node replaced, new first), one of them reclaimed behind the
    program's back; routine changes of several inputs in two ups, the manager resized in place;
-5. destroy. (A pool of 4 rolled in 2 waves is tests/test_pulumi_roll.py: a stack of its own, so it runs
+5. destroy. (A pool of 4 rolled in 2 waves, and its nodes' health drills, are tests/test_pulumi_pool.py: a stack of its own, so it runs
    beside this module, in a lane of its own.)
 A command's host and seconds, and the most nodes of a pool drained at once, are what the
 rehearsal records beside the CLI (pulumi_cli.last_run()): the CLI's display does not say them.
