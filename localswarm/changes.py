@@ -100,8 +100,7 @@ def set_stacks(files: list[str], *, progress: Progress = print) -> dict:
         shared = any(n["pool"] == SHARED_POOL for n in state["nodes"])
         whole = any(n["pool"] != SHARED_POOL for n in state["nodes"])
         prepared[name] = prepare_stack(Path(file), name, state["kind"], state["gpus_per_node"] if whole else 0, 0,
-                                       scale=False, say=progress, shared_kind=state["shared_kind"] if shared else None,
-                                       spot=state.get("spot", False))
+                                       scale=False, say=progress, shared_kind=state["shared_kind"] if shared else None)
     state["stacks"] = prepared
     save_state(state)
     return converge_again(progress=progress)

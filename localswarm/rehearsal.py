@@ -52,12 +52,10 @@ class NotConverged(RehearsalError):
 
 def up(*, n_nodes: int = 3, gpus: int = 2, managers: int = 1, stacks: list[str] | None = None,
        kind: str = DEFAULT_KIND, progress: Progress = print, converge_timeout: float = 120,
-       keep_on_failure: bool | None = None, slots_per_gpu: int = 0, shared_nodes: int | None = None,
-       spot: bool = False) -> dict:
+       keep_on_failure: bool | None = None, slots_per_gpu: int = 0, shared_nodes: int | None = None) -> dict:
     """keep_on_failure: None keeps the swarm when only its stacks failed to converge (the evidence is
     on the swarm: its tasks, their errors and logs) and removes a rehearsal whose building failed;
-    True keeps it either way, False removes it either way. spot: the nodes stand for a spot pool, so
-    the stacks' services get the spot stop grace period (swarm/compose_spot.py)."""
+    True keeps it either way, False removes it either way."""
     clock = _Clock()
     say = lambda msg: progress(f"[{clock.now():5.1f}s] {msg}")  # noqa: E731
     shared = (n_nodes if shared_nodes is None else shared_nodes) if slots_per_gpu else 0
@@ -78,10 +76,10 @@ def up(*, n_nodes: int = 3, gpus: int = 2, managers: int = 1, stacks: list[str] 
         name = name or stack_name(Path(file))
         prepared[name] = prepare_stack(Path(file), name, kind, gpus if whole_gpus else 0, whole_gpus,
                                        scale=not stacks, say=say, shared_kind=shared_kind or None,
-                                       total_slots=gpus * shared * slots_per_gpu, spot=spot)
+                                       total_slots=gpus * shared * slots_per_gpu)
 
     state = {"kind": kind, "gpus_per_node": gpus, "nodes": [n.to_dict() for n in nodes], "stacks": prepared,
-             "slots_per_gpu": slots_per_gpu, "shared_kind": shared_kind, "spot": spot}
+             "slots_per_gpu": slots_per_gpu, "shared_kind": shared_kind}
     save_state(state)  # first, so that `down` can clean up after a failure below
     clock.lap("checks")  # arguments, host, engine and stack files
     try:

@@ -21,15 +21,15 @@ from swarm.stack_files import StackFileError, validate_stack_file
 
 
 def prepare_stack(path: Path, name: str, kind: str, gpus_per_node: int, total_gpus: int, *, scale: bool,
-                  say: Callable[[str], None], shared_kind: str | None = None, total_slots: int = 0,
-                  spot: bool = False) -> dict:
+                  say: Callable[[str], None], shared_kind: str | None = None, total_slots: int = 0) -> dict:
     """{"file", "text"}: the checked compose file as `pulumi up` would deploy it (its Compose GPU
     requests rewritten into reservations, swarm/compose_gpus.py), with its images replaced where needed.
 
     gpus_per_node: the most whole GPUs a node has (0: every GPU node shares); shared_kind:
     the kind of the slots, when some node shares. With scale, each GPU service gets one
-    replica more than there are GPUs (or slots) for it, so one waits. spot: the rehearsal's nodes
-    stand for a spot pool, so services get the spot pools' stop grace period (swarm/compose_spot.py).
+    replica more than there are GPUs (or slots) for it, so one waits. The rehearsal's nodes are
+    on-demand: the spot pools' stop grace period is rehearsed on a spot pool of Pulumi's CLI
+    (tests/test_pulumi_spot.py).
     """
     try:
         text = path.read_text()
@@ -38,7 +38,7 @@ def prepare_stack(path: Path, name: str, kind: str, gpus_per_node: int, total_gp
     try:
         info = validate_stack_file(text, kind=kind, max_gpus_per_node=gpus_per_node, shared_kind=shared_kind,
                                    source=str(path), pools={"rehearsal": {POOL_LABEL: "rehearsal",
-                                                                          POOL_SPOT_LABEL: str(spot).lower()}})
+                                                                          POOL_SPOT_LABEL: "false"}})
     except StackFileError as e:
         raise RehearsalError(str(e)) from None
     for rewrite in info.rewrites:
