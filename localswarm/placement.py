@@ -237,12 +237,16 @@ def _table(rows: list[tuple[str, ...]]) -> str:
 
 
 class DrainWatcher(threading.Thread):
-    """What the swarm itself says while `pulumi up` runs: the most nodes of each pool drained at once.
+    """What the swarm itself says while `pulumi up` runs: the most nodes of each pool taken out of service at
+    once, i.e. drained after this watcher saw them active. Not a node an operator had drained before (the
+    roll leaves it drained, swarm/rollout.py), nor a new node, which joins drained and is given its tasks
+    only once its admit has checked it: neither served, so neither is a GPU the run took away.
     nodes() gives the machines as they are now (a run adds and removes them); the first manager is asked."""
 
     def __init__(self, nodes: Callable[[], list]):
         super().__init__(daemon=True)
         self.nodes, self.peak, self._done = nodes, {}, threading.Event()
+        self.served: set[str] = set()  # the IDs of the nodes seen active
 
     def run(self) -> None:
         while not self._done.wait(0.5):
@@ -251,9 +255,10 @@ class DrainWatcher(threading.Thread):
                 infos = api.get(managers[0].sock, "/nodes", timeout=5) if managers else []
             except (OSError, api.ApiError, http.client.HTTPException, ValueError):
                 continue  # no swarm yet, or its engine restarts
+            self.served |= {i["ID"] for i in infos if i["Spec"].get("Availability") == "active"}
             counts: dict[str, int] = {}
             for info in infos:
-                if info["Spec"].get("Availability") == "drain":
+                if info["Spec"].get("Availability") == "drain" and info["ID"] in self.served:
                     pool = (info["Spec"].get("Labels") or {}).get(POOL_LABEL, "?")
                     counts[pool] = counts.get(pool, 0) + 1
             for pool, n in counts.items():

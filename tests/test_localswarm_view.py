@@ -82,3 +82,30 @@ def test_node_health_commands_refuse_bad_arguments(argv, error, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli_main.main(argv)
     assert exit_.value.code == 2 and error in capsys.readouterr().err
+
+
+def test_the_drain_watcher_counts_only_nodes_the_run_took_out_of_service(monkeypatch):
+    """A roll's cordon drains a node it saw active: counted. An operator's drain from before the run, and a
+    new node that joins drained until its admit, never served in it: not counted."""
+    from localswarm import placement
+
+    def info(node_id: str, availability: str, pool: str | None = "t4") -> dict:
+        return {"ID": node_id, "Spec": {"Availability": availability,
+                                        "Labels": {placement.POOL_LABEL: pool} if pool else {}}}
+    looks = iter([
+        [info("old-1", "active"), info("old-2", "active"), info("kept-out", "drain")],
+        [info("old-1", "drain"), info("old-2", "active"), info("kept-out", "drain"), info("new-1", "drain", None)],
+        [info("old-1", "drain"), info("old-2", "active"), info("kept-out", "drain"), info("new-1", "drain")],
+        [info("old-2", "drain"), info("kept-out", "drain"), info("new-1", "active")],
+    ])
+    def get(sock, path, timeout):
+        try:
+            return next(looks)
+        except StopIteration:
+            watcher._done.set()
+            return []
+    monkeypatch.setattr(placement.api, "get", get)
+    watcher = placement.DrainWatcher(lambda: [type("Manager", (), {"role": "manager", "sock": "s"})()])
+    monkeypatch.setattr(watcher._done, "wait", lambda s: watcher._done.is_set())
+    watcher.run()
+    assert watcher.peak == {"t4": 1}, watcher.peak

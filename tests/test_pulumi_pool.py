@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from localswarm import pulumi_cli
+from localswarm import machines, pulumi_cli
+from swarm.labels import SOFTWARE_LABEL
 from tests.rehearsal_tools import cli, cli_json, node_of, require_engine, tasks_of, until
 from tests.test_pulumi_up import config_set, inventory, ran, status, up
 
@@ -36,11 +37,19 @@ def pool_of_4():
     cli("down")
 
 
+def _on_manager(*argv: str) -> str:
+    (record,) = [r for r in pulumi_cli.world()["machines"].values() if r["hostname"] == "gpu-swarm-dev-manager-0"]
+    return machines.run(machines.Machine(record["machine"], record["index"]), list(argv), check=True).stdout
+
+
 def test_a_pool_of_4_with_max_unavailable_2_rolls_in_2_waves_even_one_command_at_a_time(pool_of_4):
     """A pool of 4 nodes with rollout.maxUnavailable 2: new node software rolls at
     `--parallel 1`: wave 1's cordons run only once both of wave 0's nodes are admitted, and the swarm
-    never sees more than 2 of the pool drained."""
+    never sees more than 2 of the pool drained by the roll. A node an operator drained before stays drained:
+    the roll upgrades it and gives back only what it took."""
     assert sorted(n for n in inventory() if "-t4-" in n) == [f"gpu-swarm-dev-t4-{i}" for i in range(4)]
+    kept_out = "gpu-swarm-dev-t4-3"
+    _on_manager("docker", "node", "update", "--availability", "drain", kept_out)
     started = time.monotonic()
     up("--parallel", "1", rehearsal=("--bump-node-software",))
     seconds = round(time.monotonic() - started, 1)
@@ -49,9 +58,16 @@ def test_a_pool_of_4_with_max_unavailable_2_rolls_in_2_waves_even_one_command_at
         assert {f"gpu-swarm-rollout-t4-{node}-{step}" for step in ("cordon", "upgrade", "admit")} <= set(order), node
     first_wave_in = max(order.index(f"gpu-swarm-rollout-t4-{n}-admit") for n in (0, 1))
     assert all(order.index(f"gpu-swarm-rollout-t4-{n}-cordon") > first_wave_in for n in (2, 3)), order
-    peak = pulumi_cli.last_run()["peak_drained_per_pool"]
+    peak = pulumi_cli.last_run()["peak_drained_per_pool"]  # the operator's drain not counted
     assert 1 <= peak.get("t4", 0) <= 2, peak
-    assert all(n["availability"] == "active" for n in status()["nodes"])
+    view = status()
+    assert node_of(view, kept_out)["availability"] == "drain" and node_of(view, kept_out)["drained_by"] == ""
+    assert all(n["availability"] == "active" for n in view["nodes"] if n["name"] != kept_out)
+    software = {n: _on_manager("docker", "node", "inspect", "--format",
+                               f'{{{{index .Spec.Labels "{SOFTWARE_LABEL}"}}}}', n).strip()
+                for n in (kept_out, "gpu-swarm-dev-t4-0")}
+    assert software[kept_out] and len(set(software.values())) == 1, software  # upgraded all the same
+    _on_manager("docker", "node", "update", "--availability", "active", kept_out)
     took = {c["name"]: c["seconds"] for c in pulumi_cli.last_run()["commands"]}
     per_node = [sum(took[f"gpu-swarm-rollout-t4-{n}-{s}"] for s in ("cordon", "upgrade", "admit")) for n in range(4)]
     print(f"roll of 4 GPU nodes in 2 waves at --parallel 1: {seconds} s; per node (cordon + upgrade + admit): "

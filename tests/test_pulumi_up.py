@@ -411,6 +411,11 @@ def test_routine_changes_reach_only_what_they_must(first):
     boot_pid = nspawn.init_pid(machine("gpu-swarm-dev-manager-0"))
     manager = records()["gpu-swarm-dev-manager-0"]["machine"]
 
+    # A stack someone deployed by hand is not the program's to remove.
+    hand = ("services:\n  web:\n    image: nvidia/cuda:12.6.3-base-ubuntu24.04\n    command: [sleep, infinity]\n"
+            "    deploy:\n      placement:\n        constraints: [node.role == manager]\n")
+    machines.run(machine("gpu-swarm-dev-manager-0"), "docker stack deploy --detach=true -c - handmade >/dev/null",
+                 input=hand, check=True)
     config_set("gpuPools[0].count", "1")
     done = pulumi("config", "rm", "gpu-swarm:stacks")
     assert done.returncode == 0, done.stderr
@@ -420,7 +425,8 @@ def test_routine_changes_reach_only_what_they_must(first):
     view = status()
     assert sorted(n["name"] for n in view["nodes"]) == ["gpu-swarm-dev-manager-0", "gpu-swarm-dev-t4-0"]
     assert len(t4_machines()) == 1 and {"gpu-swarm-t4-1", "gpu-swarm-t4-2"} <= stepped(shrunk.stdout, "deleted")
-    assert not view["services"]  # the stack the program no longer has is gone from the swarm
+    # The stack the program no longer has is gone from the swarm; the one deployed by hand is not.
+    assert [s["name"] for s in view["services"]] == ["handmade_web"], view["services"]
     # The manager was resized in place: the same machine, stopped and started (a new init), its
     # Elastic IP kept, so nothing that dials it changed; the swarm came back with it.
     assert "gpu-swarm-managers-0" in stepped(shrunk.stdout, "updated")
@@ -428,6 +434,7 @@ def test_routine_changes_reach_only_what_they_must(first):
     assert nspawn.init_pid(machine("gpu-swarm-dev-manager-0")) != boot_pid
     # Its worker reconnected before `up` ended: the reconcile waits for every kept node to be ready.
     assert all(n["state"] == "ready" for n in view["nodes"]), view["nodes"]
+    machines.run(machine("gpu-swarm-dev-manager-0"), ["docker", "stack", "rm", "handmade"], check=True)
 
 
 # ---------------------------------------------------------------- a boot that fails, loudly
