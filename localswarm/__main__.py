@@ -22,9 +22,8 @@ Try next:
   {CLI} node start node-2
   {CLI} node gpu-fault node-2   # a GPU falls off the bus: the node is drained, its tasks move
   {CLI} node gpu-heal node-2    # healthy again (after 5 s of passing checks): active again
-  {CLI} node replace node-1     # the first manager's instance is lost and replaced
-  {CLI} roll                    # new node software, one node per pool at a time
-  {CLI} down                    # remove everything"""
+  {CLI} down                    # remove everything
+  ./scripts/rehearse.sh         # the program's own `pulumi up`: replace, scale and roll nodes there"""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -69,10 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--watch", action="store_true", help="refresh every --interval seconds until Ctrl-C")
     st.add_argument("--interval", type=float, default=1.0)
     command("down", "remove everything `up` made")
-    node = command("node", "fail, restore, re-detect, replace or remove one node; make its GPU or instance sick")
-    node.add_argument("action", choices=("stop", "start", "redetect", "replace", "remove", *HEALTH_ACTIONS),
+    node = command("node", "fail, restore or re-detect one node; make its GPU or instance sick")
+    node.add_argument("action", choices=("stop", "start", "redetect", *HEALTH_ACTIONS),
                       help="stop/start its engine; redetect: re-run its agent (--gpus) and restart the engine "
-                           "if that changed anything; replace: a new instance takes its place; remove: scale down; "
+                           "if that changed anything; "
                            "gpu-fault: a GPU reports an XID (--gpu, --xid); gpu-heal: clear faults and notices; "
                            "spot-notice: its IMDS announces a spot reclaim; maintenance-notice: its IMDS "
                            "lists a system-reboot that AWS scheduled a minute from now")
@@ -82,12 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     node.add_argument("--gpu", metavar="UUID", help="gpu-fault: which GPU (default: the node's first)")
     node.add_argument("--xid", type=int, default=DEFAULT_XID,
                       help="gpu-fault: the XID it reports (default %(default)s, fallen off the bus)")
-    add = command("add", "scale up: a new node joins")
-    add.add_argument("--role", choices=("worker", "manager"), default="worker")
+    # Nodes replaced, added, removed and rolled, and stacks changed, are the program's: `pulumi up` does them
+    # in the rehearsal (`pulumi --stack dev ...` below), through Pulumi's own engine.
     command("converge", "run every swarm step of `pulumi up` again (nothing changed)")
-    command("roll", "roll new node software through every node, one node per pool at a time")
-    stacks = command("stacks", "deploy exactly these compose files; stacks not listed are removed")
-    stacks.add_argument("files", nargs="*", metavar="[NAME=]FILE")
     real = sub.add_parser("pulumi", help="Pulumi's real CLI on the unchanged program, with the rehearsal's "
                           "local providers (localswarm/pulumi_cli.py): preview, stack, config",
                           description="Pulumi's real CLI on the unchanged program, with the rehearsal's local "
@@ -156,8 +152,6 @@ def main(argv: list[str] | None = None) -> int:
         from localswarm import top
         print(top.render(result))
         return 1 if result["errors"] else 0
-    elif args.command == "roll":
-        print(f"\nmost nodes of a pool drained at once: {result['peak_drained_per_pool']}")
     elif args.command == "node" and args.action in ("stop", "start"):
         print(f"{args.name}: engine {'started' if result['running'] else 'stopped'}")
     elif args.command == "node" and args.action in HEALTH_ACTIONS:
@@ -183,21 +177,11 @@ def _run(args, say):
     if args.command == "down":
         return rehearsal.down(progress=say)
     if args.command == "node":
-        if args.action == "replace":
-            return changes.replace_node(args.name, progress=say)
-        if args.action == "remove":
-            return changes.remove_node(args.name, progress=say)
         if args.action in HEALTH_ACTIONS:
             return _node_health(args)
         return changes.node_engine(args.name, args.action, gpus=args.gpus)
-    if args.command == "add":
-        return changes.add_node(role=args.role, progress=say)
     if args.command == "converge":
         return changes.converge_again(progress=say)
-    if args.command == "roll":
-        return changes.roll(progress=say)
-    if args.command == "stacks":
-        return changes.set_stacks(args.files, progress=say)
     raise AssertionError(args.command)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from localswarm import api, lane
 from localswarm.host import REPO, Engine, RehearsalError, run
-from localswarm.network import BRIDGE_ADDR, netns_name, netns_pids, node_addr, remove_node_netns
+from localswarm.network import BRIDGE_ADDR, netns_name, netns_pids, node_addr
 
 STATE_ROOT, RUN_ROOT = lane.NAMESPACED_STATE, lane.NAMESPACED_RUN
 REGISTRY = f"{BRIDGE_ADDR}:5000"
@@ -277,12 +277,3 @@ def restart_dockerd(node: Node, engine: Engine) -> None:
     stop_dockerd(node, keep_containerd=True)
     start_dockerd(node, engine)
     wait_ready(node, engine)
-
-
-def remove_everything_of(node: Node) -> None:
-    """A terminated instance: engine, namespace, its data and run folders gone."""
-    stop_dockerd(node)
-    remove_node_netns(node.name)
-    for folder in (node.run_dir, node.state_dir):
-        run(["umount", "-R", "-l", str(folder)], check=False)  # overlay mounts of its containers
-        shutil.rmtree(folder, ignore_errors=True)

@@ -13,7 +13,7 @@ from localswarm import registry
 from localswarm.converge import Desired
 from localswarm.host import CLI, RehearsalError
 from localswarm import nodes as nodes_mod
-from localswarm.nodes import RUN_ROOT, STATE_ROOT, Node
+from localswarm.nodes import STATE_ROOT, Node
 from swarm.gpu_check import GpuCheck
 
 STATE_FILE = STATE_ROOT / "state.json"
@@ -81,12 +81,6 @@ def find_node(state: dict, name: str) -> Node:
     if node is None:
         raise RehearsalError(f"no node {name!r}; nodes are {', '.join(n['name'] for n in state['nodes'])}")
     return node
-
-
-def next_index(state: dict) -> int:
-    used = {n["index"] for n in state["nodes"]} | {int(p.name.split("-")[1]) for p in RUN_ROOT.glob("node-*")
-                                                    if p.name.split("-")[1].isdigit()}
-    return max(used, default=0) + 1
 
 
 def first_boot(node: Node, state: dict) -> dict:

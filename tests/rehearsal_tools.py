@@ -97,10 +97,6 @@ def advertised(view: dict) -> dict[str, set[str]]:
     return {n["name"]: set(n["gpus"]) for n in view["nodes"]}
 
 
-def running_pairs(view: dict, service: str) -> set[tuple[str, str]]:
-    return {(t["node"], g) for t in tasks_of(view, service) if t["state"] == "running" for g in t["gpus"]}
-
-
 def manager() -> Node:
     return next(n for n in nodes_of(require_state()) if n.role == "manager")
 
