@@ -346,7 +346,7 @@ def engine():
 # each its own unit of work, fill in after them.
 SLOWEST_FIRST = ("test_pulumi_up", "test_program_day2", "test_elastic_rehearsal", "test_pulumi_pool", "test_benches",
                  "test_gpu_mps_bench", "test_pulumi_spot", "test_localswarm",
-                 "test_program_stacks", "test_isolation", "test_swarm_leader_change")
+                 "test_program_stacks", "test_isolation", "test_pulumi_leader_change")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups

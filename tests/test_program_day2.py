@@ -320,10 +320,9 @@ def test_efa_turned_on_replaces_the_node_new_first_and_a_new_node_that_fails_its
     efa = {**THREE_MANAGERS, "gpuPools": [MPS_ON["gpuPools"][0], {**A100, "efa": True}]}
     failed = up(efa, secrets={"sshPublicKey": keys["public"], "sshPrivateKey": keys["private"]}, check=False)
     said = failed.stdout + failed.stderr
-    print(said[-3000:])
-    assert failed.returncode != 0
+    assert failed.returncode != 0, said[-3000:]
     # The new node booted the program's current user data (with the EFA step), not the old node's.
-    assert "gpu-swarm-boot-a100-0-wait" in said and "install-efa" in said, said[-3000:]
+    assert "gpu-swarm-boot-a100-0-wait" in said and "install-efa" in said, diagnostics(failed)
     # The N+1 moment: both instances exist, the new one (EFA interfaces from its launch template) beside the old.
     held = pulumi_cli.world()["machines"]
     both = [r for r in held.values() if r["hostname"] == "gpu-swarm-dev-a100-0"]
