@@ -119,13 +119,21 @@ def register(records: Path, address: str, record: dict) -> None:
 
 def unregister(records: Path, address: str) -> None:
     (records / f"{address}.json").unlink(missing_ok=True)
-    for kind in PATHS.values():  # a new instance at this address has no notice of the old one
-        (records / "notices" / address / kind).unlink(missing_ok=True)
+    clear_instance_notices(records, address)  # a new instance at this address has no notice of the old one
 
 
 def instance_notice_file(records: Path, address: str, kind: str = "spot-instance-action") -> Path:
     """Where the notice of `kind` (a file name of PATHS, without .json) for the instance at `address` is."""
     return records / "notices" / address / f"{kind}.json"
+
+
+def clear_instance_notices(records: Path, address: str) -> int:
+    """Every notice for the instance at `address` withdrawn; how many there were."""
+    files = [instance_notice_file(records, address, name.removesuffix(".json")) for name in PATHS.values()]
+    there = [f for f in files if f.exists()]
+    for f in there:
+        f.unlink(missing_ok=True)
+    return len(there)
 
 
 def make_instance_handler(records: Path):
@@ -170,7 +178,7 @@ def make_instance_handler(records: Path):
                     "Code": "Success", "Type": "AWS-HMAC", **{k: iam[k] for k in
                                                              ("AccessKeyId", "SecretAccessKey", "Token", "Expiration")}}))
             if self.path in PATHS:  # nothing announced: 404, as EC2 answers
-                file = records / "notices" / self.client_address[0] / PATHS[self.path]
+                file = instance_notice_file(records, self.client_address[0], PATHS[self.path].removesuffix(".json"))
                 return self._answer(200, file.read_text()) if file.exists() else self._answer(404)
             key = INSTANCE_PATHS.get(self.path)
             if key is None or key not in record:

@@ -15,8 +15,6 @@ from localswarm.host import RehearsalError
 from localswarm.standins import hardware
 from swarm.node_contract import NODE_ENV_PATH, SPOT_ENV
 
-NOTICES = ("spot-instance-action", "rebalance", "maintenance-scheduled")  # fake_imds.PATHS' files
-
 
 def find(hostname: str) -> machines.Machine:
     """The CLI's machine whose node has this hostname."""
@@ -54,11 +52,8 @@ def gpu_heal(hostname: str) -> dict:
     healed = sorted(g["uuid"] for g in described if g.get("fault"))
     for uuid in healed:
         machines.set_gpu_fault(m, uuid, None)
-    files = [fake_imds.instance_notice_file(fake_imds.RECORDS, m.address, kind) for kind in NOTICES]
-    cleared = [f for f in files if f.exists()]
-    for f in cleared:
-        f.unlink()
-    return {"node": hostname, "healed": healed, "notices_cleared": len(cleared)}
+    cleared = fake_imds.clear_instance_notices(fake_imds.RECORDS, m.address)
+    return {"node": hostname, "healed": healed, "notices_cleared": cleared}
 
 
 def _notice(m: machines.Machine, kind: str, body) -> None:

@@ -21,10 +21,10 @@ import json
 
 import pytest
 
-from localswarm import machines, pulumi_cli
+from localswarm import machines
 from swarm.node_contract import GPU_HELD
 from tests.rehearsal_tools import KIND, cli, require_engine, until
-from tests.test_pulumi_up import config_set, up
+from tests.test_pulumi_up import config_set, machine, up
 
 pytestmark = pytest.mark.integration
 IMAGE = "nvidia/cuda:12.6.3-base-ubuntu24.04"  # the rehearsal's registry serves it, as the dev stack's
@@ -42,13 +42,8 @@ def four_gpus():
     cli("down")
 
 
-def _machine(hostname: str) -> machines.Machine:
-    (record,) = [r for r in pulumi_cli.world()["machines"].values() if r["hostname"] == hostname]
-    return machines.Machine(record["machine"], record["index"])
-
-
 def docker(hostname: str, *argv: str, check: bool = True):
-    return machines.run(_machine(hostname), ["docker", *argv], check=check)
+    return machines.run(machine(hostname), ["docker", *argv], check=check)
 
 
 def _tasks(service: str) -> list[dict]:
@@ -111,7 +106,7 @@ def test_after_a_leader_change_swarm_gives_a_held_gpu_again_and_the_guard_refuse
     until(lambda: _running_gpus() == held, 30, "three holders left again")
 
     # The only manager: its engine restarted, it becomes leader again and rebuilds its view.
-    machines.run(_machine(MANAGER), ["systemctl", "restart", "docker"], check=True, timeout=120)
+    machines.run(machine(MANAGER), ["systemctl", "restart", "docker"], check=True, timeout=120)
     until(lambda: docker(MANAGER, "node", "ls", check=False).returncode == 0, 90, "the manager back")
 
     create("after")

@@ -18,7 +18,7 @@ import pytest
 from localswarm import machines, pulumi_cli
 from swarm.labels import SOFTWARE_LABEL
 from tests.rehearsal_tools import cli, cli_json, node_of, require_engine, tasks_of, until
-from tests.test_pulumi_up import config_set, inventory, ran, status, up
+from tests.test_pulumi_up import config_set, inventory, machine, ran, status, up
 
 pytestmark = pytest.mark.integration
 REPLICAS = 2  # the dev stack's gpu-smoke, on 4 GPUs: a drained node's task has free GPUs to move to
@@ -38,8 +38,7 @@ def pool_of_4():
 
 
 def _on_manager(*argv: str) -> str:
-    (record,) = [r for r in pulumi_cli.world()["machines"].values() if r["hostname"] == "gpu-swarm-dev-manager-0"]
-    return machines.run(machines.Machine(record["machine"], record["index"]), list(argv), check=True).stdout
+    return machines.run(machine("gpu-swarm-dev-manager-0"), list(argv), check=True).stdout
 
 
 def test_a_pool_of_4_with_max_unavailable_2_rolls_in_2_waves_even_one_command_at_a_time(pool_of_4):

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from localswarm import api, machines, pulumi_cli, pulumi_host
+from localswarm import api, pulumi_host
 from localswarm.standins import LIB
 from tests.rehearsal_tools import cli, cli_json, node_of, require_engine, tasks_of, until
-from tests.test_pulumi_up import config_set, status, up
+from tests.test_pulumi_up import config_set, machine, status, up
 
 pytestmark = pytest.mark.integration
 STACK_FILE = "tests/data/stacks/spot-checkpoint.yml"
@@ -53,8 +53,7 @@ def _wait(predicate, timeout: float, what: str) -> dict:
 
 
 def _socket(hostname: str) -> str:
-    (record,) = [r for r in pulumi_cli.world()["machines"].values() if r["hostname"] == hostname]
-    return pulumi_host.docker_socket(machines.Machine(record["machine"], record["index"]))
+    return pulumi_host.docker_socket(machine(hostname))
 
 
 def _running(view: dict, service: str) -> dict:
