@@ -9,10 +9,12 @@ through the same scheduler, runtime guard and NVIDIA runtime as every task:
 A node that fails is drained (drained-by=gpu-check, which admit undoes once it passes) and
 the check exits 1 with the evidence, so `pulumi up` fails for that node. It drains only on
 evidence: when other tasks hold the node's GPUs and the reserving job cannot start, that half
-is skipped ("gpus_busy"), the node stays in, and the next `pulumi up` checks again. The node's
+is skipped ("gpus_busy") and the node stays in, unverified (gpusVerified: null in the inventory output).
+Nothing checks it again by itself: the node's next roll does (a new release), or, at once,
+`pulumi up --replace` of its admit command (docs/stacks/isolation.md). The node's
 tasks say so within a second ("busy_because": "held"); a job pending for another reason is
 given busy_after_s. A job that completed but whose output never reached the manager is no
-evidence either ("unread"): the node stays in, unverified, and the next `pulumi up` checks again.
+evidence either ("unread"): the node stays in, unverified, in the same way.
 """
 from __future__ import annotations
 
@@ -95,14 +97,24 @@ def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuChe
         "  stuck() {",
         "    local task state",
         "    task=$(docker service ps --no-trunc --format '{{.CurrentState}} {{.Error}}' \"$jobs-none\" 2>&1 | head -n 1)",
-        f"    state=$(docker node inspect --format '{{{{.Status.State}}}} {{{{.Status.Message}}}}' {node} 2>&1)",
+        # Its availability and labels too: a node drained while its check ran (by its health watcher's
+        # reconciler, say) takes no task, and says who drained it and why.
+        f"    state=$(docker node inspect --format '{{{{.Status.State}}}}{{{{with .Status.Message}}}} ({{{{.}}}}){{{{end}}}}, "
+        f"{{{{.Spec.Availability}}}}, labels {{{{json .Spec.Labels}}}}' {node} 2>&1)",
         f'    echo "gpu-swarm: the GPU check jobs on node {node} did not finish in {int(check.timeout_s)} s: the job '
-        'that reserves nothing is ${task:-not a task yet}, and swarm has the node ${state% }; see docker service ps '
+        'that reserves nothing is ${task:-not a task yet}, and swarm has the node ${state}; see docker service ps '
         '$jobs-none" >&2',
         "  }",
         f"  busy=false; busy_at=$((SECONDS + {int(check.busy_after_s)})); end=$((SECONDS + {int(check.timeout_s)}))",
-        f"  probe_at=$SECONDS; why='still pending after {int(check.busy_after_s)} s'",
+        f"  probe_at=$SECONDS; why='still pending after {int(check.busy_after_s)} s'; left=''; out_at=$((SECONDS + 2))",
         '  until poll; ended "$none_state" && { "$busy" || ended "$reserved_state"; }; do',
+        # The job that reserves nothing starts on any active node. Pending, it may be because the node
+        # left scheduling while checked (its health watcher drained it, say): then no job of the check
+        # will start, and waiting out timeout_s only to fail would blame the check.
+        '    if [ "$none_state" = Pending ] && [ "$SECONDS" -ge "$out_at" ]; then',
+        "      out_at=$((SECONDS + 2))",
+        f"      if [ \"$(docker node inspect --format '{{{{.Spec.Availability}}}}' {node})\" != active ]; then left=1; break; fi",
+        "    fi",
         '    if ! "$busy" && [ "$reserved_state" = Pending ] && [ "$SECONDS" -ge "$probe_at" ]; then',
         f'      probe_at=$((SECONDS + 1)); if [ "$(held)" -gt {int(spare)} ]; then busy_at=$SECONDS; why=held; fi',
         "    fi",
@@ -116,6 +128,14 @@ def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuChe
         # sent what a task that just ended printed, so a job that completed ($2) is asked again, for up
         # to logs_wait_s, before an output without probe-end counts. A job that failed is asked once:
         # one that never ran (the guard refused it) prints nothing, and its state and error say why.
+        '  if [ -n "$left" ]; then',
+        "  cleanup",
+        f"  labels=$(docker node inspect --format '{{{{json .Spec.Labels}}}}' {node})",
+        f'  echo "gpu-swarm: node {node} was taken out of scheduling while its GPU check ran, so it was not '
+        'checked, and it stays as whoever drained it left it: its labels are $labels" >&2',
+        '  check=$(printf \'{"verified": null, "note": "not checked: taken out of scheduling while checked", '
+        '"labels": %s}\' "${labels:-null}")',
+        "  else",
         "  output() {",
         f'    local out tries=0 limit=0; [ "$2" != Complete ] || limit={4 * int(check.logs_wait_s)}',
         '    until out=$(docker service logs --raw "$1" 2>&1); [[ $out == *probe-end* ]] || '
@@ -140,11 +160,13 @@ def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuChe
         '  elif printf \'%s\' "$check" | grep -q \'"verified": null\'; then',
         '    if printf \'%s\' "$check" | grep -q \'"unread": \\[\\]\'; then',
         f'      echo "gpu-swarm: node {node}: its GPUs are busy, so only the unreserved half of the GPU check ran; '
-        'it passed. The next pulumi up checks again" >&2',
+        'it passed. It stays in, unverified: its next roll checks it again, or pulumi up --replace of its admit '
+        'command now" >&2',
         "    else",
         f'      echo "gpu-swarm: node {node}: a GPU check job completed, but its output never reached this manager '
         f'(docker service logs, {int(check.logs_wait_s)} s), so the node is not verified. That is no evidence '
-        'against it: it stays in, and the next pulumi up checks again. Evidence:" >&2',
+        'against it: it stays in, unverified: its next roll checks it again, or pulumi up --replace of its admit '
+        'command now. Evidence:" >&2',
         '      printf \'%s\\n\' "$check" >&2',
         "    fi",
         "  else",
@@ -155,6 +177,7 @@ def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuChe
         '    printf \'%s\\n\' "$check" >&2',
         "    printf '{\"resources\": %s, \"check\": %s}\\n' \"${res:-null}\" \"$check\"",
         "    exit 1",
+        "  fi",
         "  fi",
         "fi",
     ]

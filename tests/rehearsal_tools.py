@@ -54,6 +54,15 @@ def pulumi(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
     return cli("pulumi", "--stack", "dev", *args, check=False, timeout=timeout)
 
 
+def diagnostics(proc: subprocess.CompletedProcess) -> str:
+    """What a failed CLI run said of its failed steps: each `error:` line of its display and what follows it
+    (the display ends with the stack's outputs, which say nothing of what failed)."""
+    lines = proc.stdout.splitlines()
+    at = [i for i, line in enumerate(lines) if "error:" in line]
+    shown = [line for i in at for line in lines[max(0, i - 2):i + 25]]
+    return "\n".join(shown or lines[-60:])[-10000:] + proc.stderr[-3000:]
+
+
 def cli_json(*args: str) -> dict:
     return json.loads(cli(*args, "--json").stdout)
 

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from localswarm import api, elastic_cloud, machines, network, pulumi_cli, pulumi_host
-from tests.rehearsal_tools import cli, pulumi, require_engine
+from tests.rehearsal_tools import cli, diagnostics, pulumi, require_engine
 
 pytestmark = pytest.mark.integration
 POOLS = [{"name": "t4", "instanceType": "g4dn.xlarge", "autoscale": {"max": 2, "idleMinutes": 1}}]
@@ -25,7 +25,7 @@ GROUP = "gpu-swarm-dev-t4"
 
 def _pulumi(*args: str) -> None:
     done = pulumi(*args)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    assert done.returncode == 0, diagnostics(done)
 
 
 def _manager() -> machines.Machine:

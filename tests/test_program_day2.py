@@ -34,7 +34,7 @@ from localswarm.fake_aws import CUSTOM_AMI, CUSTOM_AMI_NEXT
 from localswarm.local_cloud import EC2_SUBNET, INSTANCE
 from node.contract import CLOUD_INIT_STATUS
 from swarm.node_contract import MONITORING_STACK, MPS_DIR
-from tests.rehearsal_tools import cli, pulumi, require_engine, tasks_of
+from tests.rehearsal_tools import cli, diagnostics, pulumi, require_engine, tasks_of
 
 pytestmark = pytest.mark.integration
 
@@ -71,14 +71,6 @@ def up(settings: dict, *extra: str, secrets: dict | None = None, check: bool = T
     for node in view["nodes"]:
         node["gpus_verified"] = checked.get(node["name"])
     return {**view, **pulumi_cli.last_run(), "out": proc.stdout}
-
-
-def diagnostics(proc: subprocess.CompletedProcess) -> str:
-    """What a failed CLI run said of its failed steps: each `error:` line of its display and what follows it."""
-    lines = proc.stdout.splitlines()
-    at = [i for i, line in enumerate(lines) if "error:" in line]
-    shown = [line for i in at for line in lines[max(0, i - 2):i + 25]]
-    return "\n".join(shown or lines[-60:])[-10000:] + proc.stderr[-3000:]
 
 
 def outputs() -> dict:

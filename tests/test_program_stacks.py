@@ -17,7 +17,7 @@ import time
 import pytest
 
 from localswarm import fake_prices, monitoring_stack, pulumi_cli
-from tests.rehearsal_tools import cli, pulumi, require_engine, tasks_of
+from tests.rehearsal_tools import cli, diagnostics, pulumi, require_engine, tasks_of
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +55,7 @@ def dev():
     require_engine()
     cli("down")
     done = pulumi("up", "--yes")
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    assert done.returncode == 0, diagnostics(done)
     yield outputs()
     cli("down")
 
@@ -74,7 +74,7 @@ def test_with_monitoring_on_up_says_where_to_look_and_prometheus_answers_there(d
     where each answers in the rehearsal; Prometheus, where it says, returns the GPU node's series."""
     config_set("monitoring", "true")
     done = pulumi("--report", "up", "--yes")
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    assert done.returncode == 0, diagnostics(done)
     out = done.stdout
     manager_ip = dev["managerPublicIps"][0]
     assert re.search(rf"^  ssh -N -L 3000:localhost:3000 -L 9090:localhost:9090 \S+@{re.escape(manager_ip)}$", out,

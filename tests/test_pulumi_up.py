@@ -27,7 +27,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 
 import pytest
@@ -38,7 +37,8 @@ from to_node.software import NodeRelease
 from components.cloud_config import render_cloud_config
 from components.remote import as_root
 from localswarm import fake_imds, machines, network, nspawn, object_store, pulumi_cli, ssh
-from tests.rehearsal_tools import REPO, cli, pulumi, require_engine, tasks_of, until
+from swarm.labels import VERIFIED_LABEL
+from tests.rehearsal_tools import REPO, cli, diagnostics, pulumi, require_engine, tasks_of, until
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +48,7 @@ NODES = {"gpu-swarm-dev-manager-0", "gpu-swarm-dev-t4-0", "gpu-swarm-dev-t4-1"}
 def up(*args: str, rehearsal: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """`pulumi up --yes` (and args); rehearsal: localswarm's own flags, before the CLI's."""
     done = pulumi(*rehearsal, "up", "--yes", *args)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    assert done.returncode == 0, diagnostics(done)
     return done
 
 
@@ -153,7 +153,7 @@ def first():
 
 def test_the_first_up_makes_what_its_preview_planned_from_freshly_booted_machines(first):
     planned, done, run = first
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    assert done.returncode == 0, diagnostics(done)
     assert summary(done.stdout) == {"created": planned["changeSummary"]["create"]}
     assert "pulumi-resource-aws from $PATH" in done.stdout  # the rehearsal's plugin, said by the CLI itself
     assert {m.name for m in machines.machines()} == {r["machine"] for r in records().values()}
@@ -323,6 +323,34 @@ def test_a_pool_grown_by_one_input_adds_one_node_and_its_commands_even_after_a_c
     assert checked_or_busy(check), check
     assert t4_2["gpusVerified"] is check["verified"]
     assert len(machines.machines()) == 4
+
+
+def test_a_node_left_unverified_is_checked_again_by_replacing_its_admit_as_the_docs_say(first):
+    """A GPU check that found the node's GPUs busy leaves it in, unverified, and no up checks it again by
+    itself (an admit runs once per release). docs/stacks/isolation.md says how: `pulumi up --replace` of
+    its admit command, found with `pulumi stack --show-urns`. Here on the node of three whose GPU no
+    gpu-smoke task holds, with its verified label taken away as a busy check leaves it."""
+    running = {t["node"] for t in tasks_of(status(), "gpu-smoke_gpu") if t["state"] == "running"}
+    (free,) = {"gpu-swarm-dev-t4-0", "gpu-swarm-dev-t4-1", "gpu-swarm-dev-t4-2"} - running
+    node_id = inventory()[free]["swarmNodeId"]
+    on_manager = machine("gpu-swarm-dev-manager-0")
+    label = machines.run(on_manager, ["docker", "node", "inspect", "--format",
+                                      f'{{{{index .Spec.Labels "{VERIFIED_LABEL}"}}}}', node_id], check=True)
+    release = label.stdout.strip()
+    assert release  # the check of its first admit passed
+    machines.run(on_manager, ["docker", "node", "update", "--label-rm", VERIFIED_LABEL, node_id], check=True)
+    urns = pulumi("stack", "--show-urns")
+    admit = f"gpu-swarm-rollout-{free.removeprefix('gpu-swarm-dev-')}-admit"
+    (urn,) = re.findall(rf"urn:[^ ]*{admit}\b", urns.stdout)  # the docs' grep
+    again = up("--replace", urn)
+    assert admit in ran() and not [c for c in ran() if re.search(r"-(cordon|upgrade|admit|join|wait)$", c) and c != admit]
+    check = admit_check(admit)
+    assert check["verified"] is True and "note" not in check, check  # its jobs ran, not "verified before"
+    label = machines.run(on_manager, ["docker", "node", "inspect", "--format",
+                                      f'{{{{index .Spec.Labels "{VERIFIED_LABEL}"}}}}', node_id], check=True)
+    assert label.stdout.strip() == release and inventory()[free]["gpusVerified"] is True
+    assert stepped(again.stdout, "deleted") <= {admit}  # its original: a command without a delete script
+    assert all(n["availability"] == "active" and n["state"] == "ready" for n in status()["nodes"])
 
 
 def test_the_pool_shrunk_takes_its_node_out_of_the_swarm_before_its_instance_goes(first):

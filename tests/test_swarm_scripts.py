@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -559,8 +560,11 @@ case "$1 $2" in
   "node inspect")
     case "$*" in
       *GenericResources*) cat "$DIR/advertised" ;;
-      *Availability*) echo active ;;
-      *Status.State*) echo "${NODE_STATUS:-ready }" ;;
+      *Status.State*) echo "${NODE_STATUS:-ready}, ${NODE_AVAILABILITY:-active}, labels ${NODE_LABELS:-{\}}" ;;
+      # active when the check begins; $LATER_AVAILABILITY from the second ask on (drained while checked)
+      *Availability*) n=$(cat "$DIR/avail-asked" 2>/dev/null || echo 0); echo $((n + 1)) >"$DIR/avail-asked"
+                      if [ "$n" -ge 1 ]; then echo "${LATER_AVAILABILITY:-active}"; else echo active; fi ;;
+      *"json .Spec.Labels"*) echo "${NODE_LABELS:-{\}}" ;;
       *) echo "" ;;  # no label: never verified
     esac ;;
   "service ps")
@@ -675,13 +679,39 @@ def test_a_check_that_never_ends_says_where_its_job_stopped_and_what_swarm_makes
     `up` then said only "did not finish in 180 s"."""
     run_check(tmp_path, [], units=1, ok=False, timeout_s=2, busy_after_s=1,
               env={"RESERVED": "Pending", "NONE": "Pending", "NONE_ERROR": "no suitable node (1 node not available)",
-                   "NODE_STATUS": "down heartbeat failure"})
+                   "NODE_STATUS": "down (heartbeat failure)"})
     stderr = (tmp_path / "stderr").read_text()
     assert (f"the GPU check jobs on node {NODE_ID} did not finish in 2 s: the job that reserves nothing is "
-            "Pending 3 minutes ago no suitable node (1 node not available), and swarm has the node down heartbeat "
-            f"failure; see docker service ps gpu-swarm-check-{NODE_ID[:12]}-none") in stderr
+            "Pending 3 minutes ago no suitable node (1 node not available), and swarm has the node down (heartbeat "
+            f"failure), active, labels {{}}; see docker service ps gpu-swarm-check-{NODE_ID[:12]}-none") in stderr
     assert "--availability drain" not in (tmp_path / "calls").read_text()  # no evidence against the node
 
+
+def test_a_check_whose_node_was_drained_meanwhile_says_who_drained_it(tmp_path):
+    """CI saw a ready node's unreserved job pending "1 node not available for new tasks" for 180 s: the
+    message said only "ready". A node drained while its check runs says by whom, from its labels."""
+    labels = '{"gpu-swarm.drained-by":"health","gpu-swarm.health":"unhealthy:gpu_lost"}'
+    run_check(tmp_path, [], units=1, ok=False, timeout_s=2, busy_after_s=1,
+              env={"RESERVED": "Pending", "NONE": "Pending", "NONE_ERROR": "no suitable node (1 node not available)",
+                   "NODE_AVAILABILITY": "drain", "NODE_LABELS": labels})
+    stderr = (tmp_path / "stderr").read_text()
+    assert f"and swarm has the node ready, drain, labels {labels}; see docker service ps" in stderr
+
+def test_a_node_drained_while_checked_ends_its_check_at_once_unverified_and_left_as_drained(tmp_path):
+    """Its jobs can no longer start: the check says who took the node out (its labels), within seconds
+    and not after timeout_s, does not drain or fail it, and reports it unverified."""
+    labels = '{"gpu-swarm.drained-by":"health","gpu-swarm.health":"unhealthy:xid_79"}'
+    started = time.monotonic()
+    result = run_check(tmp_path, [], units=1, timeout_s=60, busy_after_s=30,
+                       env={"RESERVED": "Pending", "NONE": "Pending", "LATER_AVAILABILITY": "drain",
+                            "NODE_LABELS": labels})
+    assert time.monotonic() - started < 20
+    assert result["verified"] is None and result["note"] == "not checked: taken out of scheduling while checked"
+    assert result["labels"]["gpu-swarm.drained-by"] == "health"
+    calls = (tmp_path / "calls").read_text()
+    assert "--availability drain" not in calls and "--label-add" not in calls
+    assert f"service rm gpu-swarm-check-{NODE_ID[:12]}-reserved gpu-swarm-check-{NODE_ID[:12]}-none" in calls
+    assert f"node {NODE_ID} was taken out of scheduling while its GPU check ran" in (tmp_path / "stderr").read_text()
 
 def test_a_reserving_job_pending_with_nothing_held_waits_out_busy_after(tmp_path):
     result = run_check(tmp_path, [], units=2, busy_after_s=2)
