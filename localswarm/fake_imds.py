@@ -111,6 +111,15 @@ def register(records: Path, address: str, record: dict) -> None:
     """What the instance at `address` is to IMDS: {"instance-id", "ami-id", "user-data", "metadataOptions"},
     and "local-ipv4" and "iam" (see CREDENTIALS_PATH) where it has them."""
     records.mkdir(parents=True, exist_ok=True)
+    try:
+        before = json.loads((records / f"{address}.json").read_text()).get("instance-id")
+    except (OSError, ValueError):
+        before = None
+    if before != record.get("instance-id"):
+        # EC2 sends a notice to one instance. Another one at the address (a machine of the lane's last
+        # module, which `down` took away without an unregister) never inherits it: CI saw fresh nodes
+        # drained as reclaimed by a maintenance notice left from the pool's drill.
+        clear_instance_notices(records, address)
     tmp = records / f".{address}.tmp"
     tmp.write_text(json.dumps(record))
     os.chmod(tmp, 0o600)  # the user data holds the node's host key

@@ -19,7 +19,7 @@ from typing import Callable
 
 import yaml
 
-from localswarm import elastic_cloud, machines, network, nspawn, object_store, registry
+from localswarm import elastic_cloud, fake_imds, machines, network, nspawn, object_store, registry
 from localswarm.host import REPO, run
 from localswarm.nodes import REGISTRY
 from to_node import software as node_software
@@ -106,4 +106,5 @@ def down(records: dict) -> list[str]:
     for record in records.values():
         machines.terminate(machines.Machine(record["machine"], record["index"]))
     machines.teardown_all()
+    shutil.rmtree(fake_imds.RECORDS, ignore_errors=True)  # what IMDS answered them, their notices too
     return sorted(r["hostname"] for r in records.values())

@@ -99,7 +99,13 @@ def test_an_instance_gets_its_own_notices_and_a_new_instance_at_its_address_none
         assert status == 200 and json.loads(body) == notice and notice["action"] == "stop"
         assert ask("GET", scheduled, {"X-aws-ec2-metadata-token": token})[0] == 404  # each notice its own file
         assert fake_imds.instance_notice_file(records, "192.168.216.9").parent != file.parent  # each address its own
+        fake_imds.register(records, "127.0.0.1", {"instance-id": "i-0abc", "iam": {}})  # the same one, again
+        assert ask("GET", spot, {"X-aws-ec2-metadata-token": token})[0] == 200
         fake_imds.unregister(records, "127.0.0.1")  # the instance is gone: so are its notices
         assert not file.exists()
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(json.dumps(notice))  # left behind, as a `down` without an unregister left it
+        fake_imds.register(records, "127.0.0.1", {"instance-id": "i-0def", "metadataOptions": {}})
+        assert not file.exists()  # a new instance at the address: no notice of the old one
     finally:
         server.shutdown()
