@@ -124,10 +124,6 @@ def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuChe
         '    [ "$SECONDS" -lt "$end" ] || { stuck; exit 1; }',
         "    sleep 0.25",
         "  done",
-        # A job's whole output ends with probe-end. `docker service logs` can answer before the node has
-        # sent what a task that just ended printed, so a job that completed ($2) is asked again, for up
-        # to logs_wait_s, before an output without probe-end counts. A job that failed is asked once:
-        # one that never ran (the guard refused it) prints nothing, and its state and error say why.
         '  if [ -n "$left" ]; then',
         "  cleanup",
         f"  labels=$(docker node inspect --format '{{{{json .Spec.Labels}}}}' {node})",
@@ -136,6 +132,10 @@ def verify_gpus(node: str, *, kind: str, count: int, release: str, check: GpuChe
         '  check=$(printf \'{"verified": null, "note": "not checked: taken out of scheduling while checked", '
         '"labels": %s}\' "${labels:-null}")',
         "  else",
+        # A job's whole output ends with probe-end. `docker service logs` can answer before the node has
+        # sent what a task that just ended printed, so a job that completed ($2) is asked again, for up
+        # to logs_wait_s, before an output without probe-end counts. A job that failed is asked once:
+        # one that never ran (the guard refused it) prints nothing, and its state and error say why.
         "  output() {",
         f'    local out tries=0 limit=0; [ "$2" != Complete ] || limit={4 * int(check.logs_wait_s)}',
         '    until out=$(docker service logs --raw "$1" 2>&1); [[ $out == *probe-end* ]] || '
