@@ -3,6 +3,11 @@
 
     sudo .venv/bin/python bench/metrics_sample.py [--out FILE]      # under the rehearsal lock; ends with `down`
     sudo .venv/bin/python bench/metrics_sample.py --smoke           # 2 nodes x 1 GPU, one task "busy"
+    sudo .venv/bin/python bench/metrics_sample.py --smoke --running URL  # the rehearsal that is up, left up
+
+--running samples a rehearsal already up with `--monitoring` (URL: its Prometheus, as `up --json`
+says it), and leaves it up: CI's smoke runs so on tests/test_metrics_rehearsal.py's rehearsal, which
+has the smoke stack and monitoring already, rather than bringing up one of its own for it.
 
 Grafana cannot run here (Debian does not package it), so this shows what its panels plot: it
 brings up the rehearsal (3 nodes x 2 GPUs, the smoke stack, `--monitoring`), makes three tasks
@@ -42,13 +47,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="also write the sample here")
     parser.add_argument("--smoke", action="store_true", help="2 nodes x 1 GPU, one task busy: that the bench runs")
+    parser.add_argument("--running", metavar="PROMETHEUS_URL",
+                        help="sample the rehearsal already up (with --monitoring), whose Prometheus this is; leave it up")
     args = parser.parse_args()
     shape = ("2", "1") if args.smoke else ("3", "2")
     lines, answered = [], 0
-    cli("down")
+    if not args.running:
+        cli("down")
     try:
-        up = json.loads(cli("up", "--nodes", shape[0], "--gpus-per-node", shape[1], "--monitoring", "--json"))
-        prometheus = up["monitoring"]["prometheus"]
+        prometheus = args.running or json.loads(cli("up", "--nodes", shape[0], "--gpus-per-node", shape[1],
+                                                    "--monitoring", "--json"))["monitoring"]["prometheus"]
         nodes = {n.name: n for n in nodes_of(require_state())}
         tasks = api.get(nodes["node-1"].sock, "/tasks", filters={"service": ["smoke_gpu"],
                                                                 "desired-state": ["running"]})
@@ -77,7 +85,8 @@ def main() -> int:
                 answered += bool(result)
         lines.append("\n## localswarm top\n" + cli("top"))
     finally:
-        cli("down")
+        if not args.running:
+            cli("down")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

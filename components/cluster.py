@@ -38,7 +38,7 @@ from to_node.commands import authorize_keys
 from to_node.software import NodeRelease
 from settings import GpuPool, Settings
 from settings.model import PROJECT
-from settings.aws_lookups import CLUSTER_TAG, running_names
+from settings.aws_lookups import CLUSTER_TAG, running_names, stopped_instance_ids
 from swarm.gpu_check import GpuCheck
 from swarm.rollout import advertised_gpus
 from swarm.labels import pool_labels
@@ -178,6 +178,9 @@ class Cluster(pulumi.ComponentResource):
         node_ids = [members[n.name].node_id for n, _ in nodes]
         reconcile = SwarmReconcile(f"{name}-reconcile", SwarmReconcileArgs(
             manager=self._first_live, node_ids=node_ids, after=admitted,
+            instance_ids=[n.instance_id for n, _ in nodes],
+            # read when the program starts, as the live manager is chosen (components/access.py)
+            stopped_instances=stopped_instance_ids(s.cluster_name),
             stacks=[st.name for st in s.stacks] + ([MONITORING_STACK] if s.monitoring.enabled else []),
             elastic_pools=[p.name for p in s.elastic_pools],
         ), opts=self._child)
@@ -313,7 +316,9 @@ class Cluster(pulumi.ComponentResource):
             # insecure_value: an AMI id is no secret (value is marked one, and would make every node's inputs secret).
             data_type="aws:ec2:image", insecure_value=s.gpu_ami_id, description=f"the AMI of pool {pool.name}'s nodes",
             tags={**self._tags, "Name": f"{name}-{pool.name}-image"},
-            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["insecureValue"]))
+            # delete_before_replace: its name is fixed, and the provider's create refuses a name that exists
+            # (PutParameter without overwrite: ParameterAlreadyExists), so a replacement made first would fail.
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["insecureValue"], delete_before_replace=True))
         return pinned.insecure_value
 
     def _health_env(self, node: Node) -> dict[str, str]:

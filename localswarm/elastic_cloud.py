@@ -18,7 +18,7 @@ import secrets
 import uuid
 
 from localswarm import fake_aws, fake_groups, fake_imds, machines, network
-from localswarm.fake_account import ACCOUNT_ID, DEFAULT_METADATA
+from localswarm.fake_account import ACCOUNT_ID, DEFAULT_METADATA, AwsError
 from localswarm.fake_aws_api import Store
 
 STORE = Store(machines.STATE / "aws-api" / "state.json")
@@ -55,8 +55,17 @@ def role_policy(name: str, inputs: dict) -> str:
     return f"{inputs['role']}:{name}"
 
 
-def parameter(inputs: dict, region: str) -> dict:
-    """An SSM parameter: a SecureString (a pool's join) is what the endpoint answers GetParameter with."""
+def parameter(inputs: dict, region: str, held: set[str]) -> dict:
+    """An SSM parameter: a SecureString (a pool's join) is what the endpoint answers GetParameter with.
+
+    held: the names the account has. The provider creates with PutParameter, Overwrite false unless
+    `overwrite` is set (terraform-provider-aws internal/service/ssm/parameter.go, shouldUpdateParameter:
+    false for a new resource), and SSM refuses a name that exists (SSM API Reference, PutParameter:
+    ParameterAlreadyExists). So a replacement made before its original goes (Pulumi's default) fails."""
+    if inputs["name"] in held and not inputs.get("overwrite"):
+        raise AwsError(f"creating SSM Parameter ({inputs['name']}): operation error SSM: PutParameter, https response "
+                       "error StatusCode: 400, ParameterAlreadyExists: The parameter already exists. To overwrite "
+                       "this value, set the overwrite option in the request to true.")
     if inputs.get("type") == "SecureString":
         with STORE.changing() as state:
             state["parameters"][inputs["name"]] = {"type": "SecureString", "value": inputs.get("value")}

@@ -94,14 +94,19 @@ class LocalCloud(pulumi_mocks.Mocks):
                                                          "availabilityZone": made.get("availabilityZone")}
 
     def _instances_running(self, args: dict) -> dict:
-        """aws.ec2.get_instances as AWS answers it here: the instances of the last run whose machine runs now."""
+        """aws.ec2.get_instances as AWS answers it here: the instances of the last run in the states asked
+        (running by default), a machine that runs being running and one whose disk is kept stopped."""
         wanted = {k: v for k, v in (args.get("instanceTags") or {}).items()}
+        states = set(args.get("instanceStateNames") or ["running"])
         found = []
         for r in self._existing():
             record = self.machines_by_instance.get(r["id"]) if r["type"] == INSTANCE else None
             tags = r["inputs"].get("tags") or {}
-            if record and all(tags.get(k) == v for k, v in wanted.items()) and \
-                    machines.running(machines.Machine(record["machine"], record["index"])):
+            if not record or not all(tags.get(k) == v for k, v in wanted.items()):
+                continue
+            m = machines.Machine(record["machine"], record["index"])
+            state = "running" if machines.running(m) else "stopped" if m.dir.exists() else "terminated"
+            if state in states:
                 found.append((r["id"], r["outputs"]))
         return {"id": self.region, "ids": [i for i, _ in found], "privateIps": [o.get("privateIp") for _, o in found],
                 "publicIps": [o.get("publicIp") or "" for _, o in found], "ipv6Addresses": []}
@@ -259,8 +264,10 @@ class LocalCloud(pulumi_mocks.Mocks):
         elif typ == "aws:iam/rolePolicy:RolePolicy":
             rid, extra = elastic_cloud.role_policy(name, inputs), {}
         elif typ == "aws:ssm/parameter:Parameter":
+            with self.lock:  # the names its account holds, for a create (a replacement's too)
+                held = set() if before else {r["inputs"].get("name") for r in self.current.values() if r["type"] == typ}
             rid, extra = (before["id"] if before else f"{name}-{uuid.uuid4().hex[:8]}"), \
-                elastic_cloud.parameter(inputs, self.region)
+                elastic_cloud.parameter(inputs, self.region, held)
         elif typ == "aws:ec2/launchTemplate:LaunchTemplate":
             rid, extra = elastic_cloud.launch_template(name, inputs, before, self._public_key(inputs["keyName"])
                                                        if inputs.get("keyName") else "")

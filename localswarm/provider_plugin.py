@@ -105,7 +105,13 @@ class Provider(provider_pb2_grpc.ResourceProviderServicer):
         from localswarm import fake_aws
         typ = resource_type(request.urn)
         if typ == "aws:ec2/capacityReservation:CapacityReservation":  # Resource.get of one AWS has
-            state = fake_aws.capacity_reservation_state(request.id)
+            try:
+                state = fake_aws.capacity_reservation_state(request.id)
+            except Exception:  # noqa: BLE001 -- not found, as the provider reads an ended one
+                # An empty read, as the provider's (terraform-provider-aws resourceCapacityReservationRead:
+                # NotFound "removing from state", d.SetId("")): a refresh drops it, and the engine fails a
+                # `get` of it itself ("resource '<id>' does not exist").
+                return provider_pb2.ReadResponse()
             return provider_pb2.ReadResponse(id=request.id, properties=_struct(state), inputs=_struct(state))
         if typ == "aws:ec2/instance:Instance":
             # The refresh of `refresh: always`: a terminated machine is gone (an empty read), a stopped one stopped.
@@ -163,6 +169,9 @@ def _jsonable(value):
 
 
 def serve(package: str) -> None:
+    if package == "aws":  # what AWS did since the last CLI run (a new image, a block extended or ended)
+        from localswarm import aws_moves
+        aws_moves.apply()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8),
                          options=[("grpc.max_receive_message_length", 400 * 1024 * 1024)])
     provider_pb2_grpc.add_ResourceProviderServicer_to_server(Provider(package), server)

@@ -223,6 +223,17 @@ def running_names(cluster: str, role: str, names: list[str]) -> tuple[str, ...]:
     return tuple(running)
 
 
+def stopped_instance_ids(cluster: str) -> frozenset[str]:
+    """The ids of this cluster's instances that are stopped or stopping now: an operator's stop, or a spot
+    node that AWS stopped on an interruption (interruption: stop), which AWS starts again once it has the
+    capacity (EC2 User Guide, "Behavior of Spot Instance interruptions"). One lookup for the cluster."""
+    try:
+        found = aws.ec2.get_instances(instance_tags={CLUSTER_TAG: cluster}, instance_state_names=["stopping", "stopped"])
+    except Exception as exc:
+        raise _aws_error(exc) from None
+    return frozenset(found.ids or ())
+
+
 def service_quota(service: str, code: str) -> float:
     """The account's value of a Service Quotas quota in this region; LookupError when it cannot be read."""
     try:

@@ -19,11 +19,16 @@ from swarm.stacks import DEFAULT_WAIT_SECONDS, STACK_MARKER_PREFIX, note_moving_
 
 def reconcile(*, nodes: list[str], stacks: list[str], drain_timeout_s: int = 300,
               stack_timeout_s: int = 120, settle_timeout_s: int = 120,
-              moved_timeout_s: int = DEFAULT_WAIT_SECONDS, elastic_pools: list[str] = ()) -> str:
+              moved_timeout_s: int = DEFAULT_WAIT_SECONDS, elastic_pools: list[str] = (),
+              stopped: list[str] = ()) -> str:
     """Drain and remove labelled nodes not in `nodes`; remove marked stacks not in `stacks`; then
     wait until every node in `nodes` is ready, and fail naming those that are not; then wait until
-    every kept stack that had a task on a removed node has settled again (node/stack_settle.py)."""
+    every kept stack that had a task on a removed node has settled again (node/stack_settle.py).
+    `stopped`: kept nodes whose instance AWS reports stopped. They stay in the swarm and are not
+    waited for (they rejoin once started: an operator's stop, a spot node stopped on interruption),
+    and the script says so."""
     keep_nodes = " ".join(node_id(n) for n in sorted(set(nodes)))
+    stopped_nodes = " ".join(node_id(n) for n in sorted(set(stopped) & set(nodes)))
     keep_stacks = " ".join(swarm_name(s, "stack name") for s in sorted(set(stacks)))
     keep_pools = " ".join(swarm_name(p, "pool name") for p in sorted(set(elastic_pools)))
     namespace = f'"label={STACK_NAMESPACE_LABEL}=$name"'
@@ -54,7 +59,7 @@ def reconcile(*, nodes: list[str], stacks: list[str], drain_timeout_s: int = 300
                             stack_timeout_s, "stack $name still has services or networks", interval_s=1)),
         '  docker config rm "$marker" >/dev/null',
         "done",
-        *_kept_nodes_ready(settle_timeout_s),
+        *_kept_nodes_ready(settle_timeout_s, stopped_nodes),
         *settle_moved_stacks(moved_timeout_s),
         "echo reconciled",
     )
@@ -68,15 +73,22 @@ def _elastic_kept(pools: str) -> list[str]:
             f"  case ' {pools} ' in *\" $pool \"*) continue ;; esac"]
 
 
-def _kept_nodes_ready(timeout_s: int) -> list[str]:
+def _kept_nodes_ready(timeout_s: int, stopped: str) -> list[str]:
     """Lines that wait until every kept node the swarm lists is ready. A manager that was just
     stopped and started (a resize) lists its workers as down or unknown until each reconnects, and
     `up` should neither end on that view nor deploy stacks into it. A node that stays down is the
-    truth `up` must tell: it fails, naming it. One `docker node ls` a round keeps a big pool cheap."""
+    truth `up` must tell: it fails, naming it; unless AWS reports its instance stopped, which is
+    said and not waited for. One `docker node ls` a round keeps a big pool cheap."""
+    said = [f"for id in {stopped}; do",
+            '  echo "node $id is kept, not waited for: AWS reports its instance stopped; it rejoins once started" >&2',
+            "done"] if stopped else []
     return [
+        f"not_waited=' {stopped} '",
+        *said,
         "not_ready() {",
         "  docker node ls --format '{{.ID}} {{.Status}} {{.Hostname}}' |",
-        '    awk -v keep="$keep_nodes" \'BEGIN { n = split(keep, k, " "); for (i = 1; i <= n; i++) want[k[i]] = 1 }',
+        '    awk -v keep="$keep_nodes" -v skip="$not_waited" \'BEGIN { n = split(keep, k, " "); for (i = 1; i <= n; i++) want[k[i]] = 1;',
+        '      n = split(skip, s, " "); for (i = 1; i <= n; i++) delete want[s[i]] }',
         '      ($1 in want) && $2 != "Ready" { printf "%s%s (%s, %s)", sep, $3, $1, tolower($2); sep = ", " }\'',
         "}",
         *wait_until('[ -z "$(not_ready)" ]', timeout_s,

@@ -77,7 +77,7 @@ SMOKES = {
     "rehearsal_cpu.py": "test_rehearsal_cpu_bench",
     "program_up.py": "test_program_up_bench",
     "health.py": "test_health_bench",
-    "metrics_sample.py": "test_metrics_sample_bench",
+    "metrics_sample.py": "tests/test_metrics_rehearsal.py",  # on that module's rehearsal (--running)
     "access_rehearsal.py": "test_access_rehearsal_bench",
     "autoscale.py": "test_autoscale_bench",
 }
@@ -234,13 +234,6 @@ def test_health_bench(engine):
     out = python("health.py", timeout=600).stdout
     assert "1 rounds on a rehearsal of 3 nodes x 1 GPUs, 2 one-GPU replicas" in out
     assert "tasks_running_elsewhere_s" in out and "spot_heal_to_active_s" in out
-
-
-@REHEARSAL
-@own_lane
-def test_metrics_sample_bench(engine):
-    out = python("metrics_sample.py", timeout=600).stdout
-    assert "## localswarm top" in out and "MiB" in out
 
 
 @REHEARSAL

@@ -13,10 +13,12 @@ from __future__ import annotations
 import pytest
 
 import json
+import re
 from datetime import timedelta
 
 from components import node_pool, provider_facts
 from localswarm import fake_account, fake_aws
+from settings import aws_lookups
 from tests.conftest import request_inputs, run_program, stack_config, unwrap
 from tests.test_plan import INFERENCE, INSTANCE, PROD, SPOT_REQUEST, TRAINING, plan, with_
 from tests.test_resource_graph import Graph
@@ -283,7 +285,8 @@ def test_a_node_made_after_the_images_latest_moved_boots_its_pools_image(monkeyp
     image parameter moves the pool's new nodes to the newest."""
     first, newer = fake_aws.DEEP_LEARNING_AMI, fake_aws.CUSTOM_AMI_NEXT  # both described by the fake, x86_64
     pools = lambda n: with_(gpuPools=[TRAINING, {**INFERENCE, "count": n}])  # noqa: E731
-    result = plan(pools(2), pools(3), between=lambda: monkeypatch.setattr(fake_aws, "DEEP_LEARNING_AMI", newer))
+    result = plan(pools(2), pools(3), between=lambda: monkeypatch.setitem(
+        fake_aws.LATEST, aws_lookups.DEEP_LEARNING_AMI_PARAMETER, newer))
     assert result.instances_replaced() == {} and "gpu-swarm-inference-2" in result.created
     run = run_program(pools(3), stack="prod", keep_account=True)
     amis = {n: run.monitor.requests[n] for n in ("gpu-swarm-inference-0", "gpu-swarm-inference-2")}
@@ -291,3 +294,18 @@ def test_a_node_made_after_the_images_latest_moved_boots_its_pools_image(monkeyp
     fake_aws.ACCOUNT.replace("gpu-swarm-inference-image")  # pulumi up --replace <its URN>
     run = run_program(pools(3), stack="prod", keep_account=True)
     assert unwrap(request_inputs(run.monitor.requests["gpu-swarm-inference-2"]))["ami"] == newer
+
+
+def test_a_stopped_worker_is_kept_in_the_swarm_and_the_reconcile_does_not_wait_for_it():
+    """An operator's stop, or AWS's of a spot node (interruption: stop): the next up keeps its node, and its
+    reconcile says it does not wait for it (swarm/reconcile.py), instead of failing on it after 120 s."""
+    def lists(graph: Graph) -> tuple[set[str], set[str]]:
+        script = graph.plain("gpu-swarm-reconcile-run")["create"]
+        listed = lambda var: set(re.search(rf"{var}=\W* ([\w ]*?) \W", script)[1].split())  # noqa: E731
+        return listed("keep_nodes"), listed("not_waited")
+
+    kept, not_waited = lists(Graph(run_program(STOPPING, stack="prod")))
+    assert len(kept) == 7 and not_waited == set()
+    fake_aws.ACCOUNT.stop("gpu-swarm-prod-t4-0")
+    kept_after, not_waited = lists(Graph(run_program(STOPPING, stack="prod", keep_account=True)))
+    assert kept_after == kept and len(not_waited) == 1 and not_waited <= kept

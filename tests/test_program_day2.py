@@ -34,7 +34,7 @@ from localswarm.fake_aws import CUSTOM_AMI, CUSTOM_AMI_NEXT
 from localswarm.local_cloud import EC2_SUBNET, INSTANCE
 from node.contract import CLOUD_INIT_STATUS
 from swarm.node_contract import MONITORING_STACK, MPS_DIR
-from tests.rehearsal_tools import cli, diagnostics, pulumi, require_engine, tasks_of
+from tests.rehearsal_tools import cli, diagnostics, pulumi, require_engine, tasks_of, until
 
 pytestmark = pytest.mark.integration
 
@@ -301,6 +301,36 @@ def test_three_managers_with_the_first_replaced_keep_the_swarm_its_quorum_and_it
     assert len(running_on(report, "web_web")) == 1
     monitoring = [s for s in report["services"] if s["name"].startswith(f"{MONITORING_STACK}_")]
     assert monitoring and all(running_on(report, s["name"]) for s in monitoring), monitoring
+
+
+def test_a_manager_stopped_leaves_the_next_up_to_the_next_running_manager_and_nothing_is_drained(first, keys):
+    """docs/operations/day-2.md's row "a manager stopped or lost": the first manager's machine stopped (as
+    an operator or AWS stops one); the refresh reads it stopped, and the next up reaches every node through
+    the second manager. What runs again only checks: no node drained, rolled or replaced, the same swarm.
+    The reconcile keeps the stopped manager's node and does not wait for it: it failed every up after 120 s
+    on it ("kept node(s) not ready") until the program read which instances AWS reports stopped."""
+    stopped = records()["gpu-swarm-dev-manager-0"]
+    swarm = api.get(manager_sock(), "/swarm", timeout=10)["ID"]
+    before = {r["hostname"]: r["machine"] for r in records().values()}
+    machines.stop(machine(stopped))
+    report = up(THREE_MANAGERS, secrets={"sshPublicKey": keys["public"], "sshPrivateKey": keys["private"]})
+    conns = {name: r["inputs"]["connection"] for name, r in resources("command:remote:Command").items()
+             if r["inputs"].get("connection")}
+    second = conns["gpu-swarm-member-managers-1-join"]["host"]
+    assert {c["proxy"]["host"] for c in conns.values() if c.get("proxy")} == {second}
+    swarm_steps = {n: c["host"] for n, c in conns.items() if n.endswith(("-cordon", "-admit"))}
+    assert swarm_steps and set(swarm_steps.values()) == {second}, swarm_steps
+    assert {r["hostname"]: r["machine"] for r in records().values()} == before  # none replaced
+    assert not max(report["peak_drained_per_pool"].values(), default=0)
+    reconciled = resources("command:remote:Command")["gpu-swarm-reconcile-run"]["outputs"]
+    assert "is kept, not waited for: AWS reports its instance stopped" in reconciled["stderr"], reconciled
+    on_second = pulumi_host.docker_socket(machine(records()["gpu-swarm-dev-manager-1"]))
+    assert api.get(on_second, "/swarm", timeout=10)["ID"] == swarm
+    nodes = {n["name"]: n for n in report["nodes"]}
+    assert all(n["state"] == "ready" for name, n in nodes.items() if name != "gpu-swarm-dev-manager-0"), nodes
+    machines.start(machine(stopped))  # back for the next test, which goes through it again
+    until(lambda: next((n for n in pulumi_cli.status("dev")["nodes"] if n["name"] == "gpu-swarm-dev-manager-0"
+                        and n["state"] == "ready"), None), 120, "the first manager ready again")
 
 
 def test_efa_turned_on_replaces_the_node_new_first_and_a_new_node_that_fails_its_boot_leaves_the_old_one_serving(

@@ -36,13 +36,16 @@ from to_node import software as node_software
 from to_node.software import NodeRelease
 from components.cloud_config import render_cloud_config
 from components.remote import as_root
-from localswarm import fake_imds, machines, network, nspawn, object_store, pulumi_cli, ssh
+from localswarm import aws_moves, fake_aws, fake_imds, machines, network, nspawn, object_store, pulumi_cli, ssh
+from settings.aws_lookups import UBUNTU_AMI_PARAMETER
 from swarm.labels import VERIFIED_LABEL
 from tests.rehearsal_tools import REPO, cli, diagnostics, pulumi, require_engine, tasks_of, until
 
 pytestmark = pytest.mark.integration
 
 NODES = {"gpu-swarm-dev-manager-0", "gpu-swarm-dev-t4-0", "gpu-swarm-dev-t4-1"}
+# Ubuntu's next image (the dev stack's `image: ubuntu`), which AWS publishes as "latest" after the first up.
+NEXT_UBUNTU_AMI = "ami-0a1b2c3d4e5f60719"
 
 
 def up(*args: str, rehearsal: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
@@ -115,6 +118,13 @@ def records() -> dict:
 def machine(hostname: str) -> machines.Machine:
     r = records()[hostname]
     return machines.Machine(r["machine"], r["index"])
+
+
+def ami_of(hostname: str) -> str:
+    """The AMI a node's instance was launched from, as the instance itself says (IMDS's ami-id, which
+    cloud-init read at boot)."""
+    out = machines.run(machine(hostname), ["cloud-init", "query", "ds.meta_data"], check=True).stdout
+    return json.loads(out)["ami-id"]
 
 
 def t4_machines() -> dict[str, str]:
@@ -249,6 +259,12 @@ def test_every_node_runs_the_pinned_engine_imdsv2_only_and_takes_the_fan_out(fir
 
 
 def test_a_second_up_with_nothing_changed_reads_health_again_and_changes_nothing_else(first):
+    """Nothing changed in the program or its stack; AWS has published a new "latest" Ubuntu image since
+    the first up, which the program's lookup finds, and which changes nothing either: the GPU pool keeps
+    the image its first up found, and no running node, the manager included, is replaced or stopped for
+    it (docs/operations/day-2.md)."""
+    assert {ami_of(n) for n in NODES} == {fake_aws.UBUNTU_AMI}
+    aws_moves.publish_image(UBUNTU_AMI_PARAMETER, NEXT_UBUNTU_AMI, root_gib=8)
     again = up()
     # The health read's script carries the time it reads at (components/swarm_health.py): it runs each up.
     assert stepped(again.stdout, "updated") == {"gpu-swarm-health-read"} and ran() == ["gpu-swarm-health-read"]
@@ -319,6 +335,7 @@ def test_a_pool_grown_by_one_input_adds_one_node_and_its_commands_even_after_a_c
     assert not stepped(grown.stdout, "deleted")
     t4_2 = inventory()["gpu-swarm-dev-t4-2"]
     assert t4_2["health"]["state"] == "ready" and len(t4_2["gpusAdvertised"]) == 1
+    assert ami_of("gpu-swarm-dev-t4-2") == fake_aws.UBUNTU_AMI  # its pool's image, not AWS's newest
     check = admit_check("gpu-swarm-rollout-t4-2-admit")
     assert checked_or_busy(check), check
     assert t4_2["gpusVerified"] is check["verified"]
@@ -366,13 +383,24 @@ def test_the_pool_shrunk_takes_its_node_out_of_the_swarm_before_its_instance_goe
 
 
 def test_a_node_replaced_boots_a_new_machine_first_and_the_old_one_goes(first):
-    before = inventory()["gpu-swarm-dev-t4-0"]
+    """With its pool's image parameter replaced in the same up, as docs/operations/day-2.md says to move a
+    pool to AWS's newest image: the parameter takes the newest and the replaced node boots it. The
+    parameter's name is fixed, and the provider's create refuses a name that exists, so it goes first
+    (delete_before_replace); the nodes that ignore their AMI are not replaced with it."""
+    before, neighbour = inventory()["gpu-swarm-dev-t4-0"], records()["gpu-swarm-dev-t4-1"]["machine"]
     urns = pulumi("stack", "--show-urns")
     urn = re.search(r"(urn:pulumi:\S+aws:ec2/instance:Instance::gpu-swarm-t4-0)\b", urns.stdout)[1]
-    out = up("--replace", urn).stdout
+    image = re.search(r"(urn:pulumi:\S+aws:ssm/parameter:Parameter::gpu-swarm-t4-image)\b", urns.stdout)[1]
+    out = up("--replace", urn, "--replace", image).stdout
     new = re.search(r"^ \+\+ +aws:ec2:Instance gpu-swarm-t4-0 created replacement \(", out, re.M)
     old = re.search(r"^ -- +aws:ec2:Instance gpu-swarm-t4-0 deleted original \(", out, re.M)
     assert new and old and new.start() < old.start()  # create before delete, the engine's default
+    gone = re.search(r"^ -- +aws:ssm:Parameter gpu-swarm-t4-image deleted original \(", out, re.M)
+    made = re.search(r"^ \+\+ +aws:ssm:Parameter gpu-swarm-t4-image created replacement \(", out, re.M)
+    assert gone and made and gone.start() < made.start(), out[-4000:]
+    assert ami_of("gpu-swarm-dev-t4-0") == NEXT_UBUNTU_AMI
+    assert ami_of("gpu-swarm-dev-t4-1") == fake_aws.UBUNTU_AMI  # not replaced, and not stopped
+    assert records()["gpu-swarm-dev-t4-1"]["machine"] == neighbour and not re.search(r"t4-1\S* (created replacement|deleted)", out)
     after = inventory()["gpu-swarm-dev-t4-0"]
     assert after["swarmNodeId"] != before["swarmNodeId"] and after["health"]["state"] == "ready"
     assert after["gpusAdvertised"] != before["gpusAdvertised"] and len(after["gpusAdvertised"]) == 1

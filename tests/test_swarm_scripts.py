@@ -765,6 +765,22 @@ def test_a_kept_node_that_stays_down_fails_the_reconcile_naming_it(fake):
     assert "gone-0" not in result.stderr and "reconciled" not in result.stdout
 
 
+def test_a_kept_node_whose_instance_aws_reports_stopped_is_said_and_not_waited_for(fake):
+    """An operator's stop, or a spot node stopped on interruption: the node stays in the swarm, down; the
+    reconcile neither removes it nor fails on it. Another kept node down still fails it."""
+    fake.set(nodes=f"{NODE_ID} Ready manager-0\n{WORKER_ID} Down t4-0")
+    result = fake.run(reconcile.reconcile(nodes=[NODE_ID, WORKER_ID], stacks=[], settle_timeout_s=3,
+                                          stopped=[WORKER_ID]))
+    assert result.returncode == 0, result.stderr
+    assert f"node {WORKER_ID} is kept, not waited for: AWS reports its instance stopped" in result.stderr
+    assert result.stdout.strip().endswith("reconciled")
+    assert not [c for c in fake.calls() if "node rm" in c or "availability drain" in c]
+    fake.set(nodes=f"{NODE_ID} Ready manager-0\n{WORKER_ID} Down t4-0\nyyyyyyyyyyyyyyyyyyyyyyyyy Down t4-1")
+    result = fake.run(reconcile.reconcile(nodes=[NODE_ID, WORKER_ID, "yyyyyyyyyyyyyyyyyyyyyyyyy"], stacks=[],
+                                          settle_timeout_s=3, stopped=[WORKER_ID]))
+    assert result.returncode == 1 and "kept node(s) not ready: t4-1 (yyyyyyyyyyyyyyyyyyyyyyyyy, down)" in result.stderr
+
+
 # A stand-in for the node's stack waiter (node/stack_settle.py): it records what it was asked, and
 # exits as the file settle-exit says (the real one: 0 settled, 1 refused or out of time).
 SETTLE_STUB = """import os, sys
