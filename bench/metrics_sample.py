@@ -3,10 +3,10 @@
 
     sudo .venv/bin/python bench/metrics_sample.py [--out FILE]      # under the rehearsal lock; ends with `down`
     sudo .venv/bin/python bench/metrics_sample.py --smoke           # 2 nodes x 1 GPU, one task "busy"
-    sudo .venv/bin/python bench/metrics_sample.py --smoke --running URL  # the rehearsal that is up, left up
+    sudo .venv/bin/python bench/metrics_sample.py --smoke --running WHERE  # the rehearsal that is up, left up
 
---running samples a rehearsal already up with `--monitoring` (URL: its Prometheus, as `up --json`
-says it), and leaves it up: CI's smoke runs so on tests/test_metrics_rehearsal.py's rehearsal, which
+--running samples a rehearsal already up with `--monitoring` (WHERE: its Prometheus, the JSON that
+`up --json` gives as monitoring.prometheus), and leaves it up: CI's smoke runs so on tests/test_metrics_rehearsal.py's rehearsal, which
 has the smoke stack and monitoring already, rather than bringing up one of its own for it.
 
 Grafana cannot run here (Debian does not package it), so this shows what its panels plot: it
@@ -47,8 +47,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="also write the sample here")
     parser.add_argument("--smoke", action="store_true", help="2 nodes x 1 GPU, one task busy: that the bench runs")
-    parser.add_argument("--running", metavar="PROMETHEUS_URL",
-                        help="sample the rehearsal already up (with --monitoring), whose Prometheus this is; leave it up")
+    parser.add_argument("--running", metavar="WHERE", type=json.loads,
+                        help="sample the rehearsal already up (with --monitoring), whose Prometheus this is (the JSON "
+                             "of up's monitoring.prometheus); leave it up")
     args = parser.parse_args()
     shape = ("2", "1") if args.smoke else ("3", "2")
     lines, answered = [], 0

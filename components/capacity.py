@@ -143,7 +143,10 @@ def reservation_problem(pool: GpuPool, reservation_id: str, instance_type: str, 
 def pool_subnets(name: str, pool: GpuPool, subnets_by_zone: dict[str, pulumi.Input[str]], parent: pulumi.Resource):
     """(the pool's subnets, its reservation id or None, the reservation's placement group or None): a pool with
     a reservation id goes to the reservation's zone, checked against the pool."""
-    if not pool.options.reservation_id:
+    # A pool of no nodes reads no reservation (as settings/reservation_checks.py checks none): an ended one is
+    # gone to the provider's read, and a `get` of it fails the preview (the engine: "resource ... does not
+    # exist"), which would make the advice for an ended Capacity Block (count 0) fail the preview it fixes.
+    if not pool.options.reservation_id or not pool.most_nodes:
         return [subnets_by_zone[z] for z in pool.zones or subnets_by_zone], None, None
     reservation, subnet, group = checked_reservation(
         f"{name}-{pool.name}", pool, {z: subnets_by_zone[z] for z in pool.zones}, parent)

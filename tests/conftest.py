@@ -345,7 +345,7 @@ def engine():
 # first, so that no worker is left with a long one at the end while the others idle. The unit tests,
 # each its own unit of work, fill in after them.
 SLOWEST_FIRST = ("test_pulumi_up", "test_program_day2", "test_elastic_rehearsal", "test_pulumi_pool", "test_benches",
-                 "test_gpu_mps_bench", "test_pulumi_spot", "test_localswarm",
+                 "test_gpu_mps_bench", "test_pulumi_capacity_block", "test_pulumi_spot", "test_localswarm",
                  "test_program_stacks", "test_isolation", "test_pulumi_leader_change")
 
 

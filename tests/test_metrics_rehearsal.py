@@ -221,7 +221,8 @@ def test_the_dashboard_sample_bench_samples_this_rehearsal_and_leaves_it_up(rehe
     """bench/metrics_sample.py's smoke in CI (tests/test_benches.py's SMOKES), on this module's rehearsal,
     which has what it samples (the smoke stack, monitoring): every panel's query, then `localswarm top`."""
     done = subprocess.run([sys.executable, "bench/metrics_sample.py", "--smoke", "--running",
-                           rehearsal["monitoring"]["prometheus"]], cwd=REPO, capture_output=True, text=True, timeout=300)
+                           json.dumps(rehearsal["monitoring"]["prometheus"])], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "## localswarm top" in done.stdout and "MiB" in done.stdout
     assert len(nodes_of(require_state())) == 3  # left up for the module's teardown

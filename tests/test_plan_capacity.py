@@ -96,7 +96,8 @@ def test_a_spot_node_reclaimed_with_terminate_is_replaced_by_the_next_up_and_no_
 
 def test_a_spot_node_stopped_by_a_reclaim_changes_nothing_for_the_next_up():
     """interruption: stop keeps the instance, its disk and its private address: AWS starts it again when it
-    has capacity, and it rejoins as the same swarm node; the program has nothing to do for it."""
+    has capacity, and it rejoins as the same swarm node; the program has nothing to do for it but say, in
+    its reconcile, that it keeps the node and does not wait for it (swarm/reconcile.py)."""
     from localswarm import fake_aws
     result = plan(PROD, PROD, between=lambda: fake_aws.ACCOUNT.stop("gpu-swarm-prod-inference-1"))
-    assert result.changed() == set()
+    assert result.changed() == {"gpu-swarm-reconcile-run"} and result.updated["gpu-swarm-reconcile-run"] == {"create"}

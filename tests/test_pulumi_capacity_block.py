@@ -108,6 +108,8 @@ def test_once_ended_the_preview_says_what_to_do_and_done_so_the_up_passes(block)
     assert "Set the pool's count to 0" in said
     config_set("gpuPools[0].count", "0")  # as the preview says
     done = up()
-    assert "gpu-swarm-t4-0" in stepped(done.stdout, "deleted")
+    # The refresh (Pulumi.yaml's refresh: always) read the instance gone; the node's commands go with the pool.
+    assert {"gpu-swarm-member-t4-0-join", "gpu-swarm-rollout-t4-0-admit"} <= stepped(done.stdout, "deleted")
+    assert not [r for r in pulumi_cli.exported("dev") if "t4-0" in r["urn"].rsplit("::", 1)[1]]
     assert [n["name"] for n in status()["nodes"]] == ["gpu-swarm-dev-manager-0"]  # its swarm entry is gone
     assert NODE not in records()

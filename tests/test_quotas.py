@@ -122,8 +122,10 @@ def test_an_expired_block_is_named_with_its_state():
 
 
 def test_the_advice_for_an_ended_block_is_followed_to_a_preview_that_passes():
-    assert load(stack_config("dev", gpuPools=[T4, {**BLOCK, "count": 0,
-                                                   "capacityReservation": fake_aws.EXPIRED_BLOCK}]))
+    ended = stack_config("dev", gpuPools=[T4, {**BLOCK, "count": 0, "capacityReservation": fake_aws.EXPIRED_BLOCK}])
+    assert load(ended)
+    # The whole program too: a pool of no nodes reads no reservation, which the provider finds gone once ended.
+    assert "gpu-swarm-training-reservation" not in run_program(ended).monitor.reads
     assert load(stack_config("dev", gpuPools=[T4, {**BLOCK, "capacityReservation": fake_aws.BLOCK_RESERVATION}]))
 
 
