@@ -72,7 +72,7 @@ class LocalCloud(pulumi_mocks.Mocks):
 
     def call(self, args: pulumi_mocks.MockCallArgs):
         if args.token == "aws:ec2/getInstances:getInstances":
-            return self._instances_running(args.args)
+            return self._instances_in_states(args.args)
         if args.token in ("aws:ec2/getSubnets:getSubnets", "aws:ec2/getSubnet:getSubnet"):
             self._subnets_made()
         return fake_aws.answer(args.token, args.args)
@@ -93,7 +93,7 @@ class LocalCloud(pulumi_mocks.Mocks):
                     fake_aws.ACCOUNT.subnets[r["id"]] = {"vpcId": made.get("vpcId"), "tags": made.get("tags") or {},
                                                          "availabilityZone": made.get("availabilityZone")}
 
-    def _instances_running(self, args: dict) -> dict:
+    def _instances_in_states(self, args: dict) -> dict:
         """aws.ec2.get_instances as AWS answers it here: the instances of the last run in the states asked
         (running by default), a machine that runs being running and one whose disk is kept stopped."""
         wanted = {k: v for k, v in (args.get("instanceTags") or {}).items()}

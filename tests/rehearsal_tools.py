@@ -7,10 +7,13 @@ import shlex
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import pytest
 
-from localswarm.host import REPO, RehearsalError, find_engine
+from localswarm import machines, pulumi_cli, pulumi_host
+from localswarm.host import REPO, RehearsalError, find_engine, run
 from localswarm.nodes import Node, docker, run_script
 from localswarm.registry import STANDIN_IMAGE
 from localswarm.state import find_node, nodes_of, require_state
@@ -18,6 +21,8 @@ from swarm.node_contract import DOCKER_TASK_ID
 from swarm.script import RETRY_TRANSIENT_SWARM_ERRORS, script
 
 KIND = "NVIDIA-GPU"
+CLI_MANAGER = "gpu-swarm-dev-manager-0"  # the first manager of the dev stack that Pulumi's CLI makes
+CUDA_IMAGE = "nvidia/cuda:12.6.3-base-ubuntu24.04"  # the stand-in, as the CLI's machines pull it (their mirror)
 
 
 def require_engine():
@@ -83,10 +88,12 @@ def until(condition, timeout: float, what: str, interval: float = 0.5):
         time.sleep(interval)
 
 
-def wait_for(predicate, timeout: float, what: str) -> dict:
+def wait_for(predicate, timeout: float, what: str, look=None) -> dict:
+    """The first view of the swarm that predicate() accepts; look: how to see it (this rehearsal's status
+    by default, pulumi_cli.status for the CLI's machines)."""
     deadline = time.monotonic() + timeout
     while True:
-        view = status()
+        view = (look or status)()
         if predicate(view):
             return view
         if time.monotonic() > deadline:
@@ -117,40 +124,85 @@ def node_update(engine, node: str, *args: str) -> None:
     run_script(manager(), engine, script(RETRY_TRANSIENT_SWARM_ERRORS, shlex.join(["docker", "node", "update", *args, node])))
 
 
-def task_output(engine, service: str) -> str:
+@dataclass(frozen=True)
+class Engines:
+    """How a test reaches the engines of a rehearsal's nodes: docker(hostname, *args) on one, the hostname
+    of the manager that runs the swarm's commands, and the name its nodes pull the stand-in image by."""
+
+    lead: str
+    docker: Callable[..., subprocess.CompletedProcess]
+    image: str
+
+
+def fast_engines(engine) -> Engines:
+    """The nodes of `localswarm up`'s rehearsal, each through its engine's socket on this host."""
+    def on(host: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return docker(find_node(require_state(), host), engine, *args, check=check)
+    return Engines(manager().name, on, STANDIN_IMAGE)
+
+
+def cli_engines() -> Engines:
+    """The machines Pulumi's CLI made (localswarm/pulumi_cli.py), each through its Docker socket."""
+    engine = find_engine()
+
+    def on(host: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        sock = pulumi_host.docker_socket(machine(host))
+        return run([engine.docker, "-H", f"unix://{sock}", *args], check=check, env=engine.env(), timeout=120)
+    return Engines(CLI_MANAGER, on, CUDA_IMAGE)
+
+
+def task_output(engines: Engines, service: str) -> str:
     """What a service's tasks printed (stdout, then stderr), read from the engine of the node that ran each.
 
     Not `docker service logs`: swarm's log broker reaches a node only while that node's agent is
     subscribed to it, and an agent starts a new session (and so a new subscription) whenever its
     engine's labels change, as a node's condition labels do. Meanwhile it answers "incomplete log
     stream ... node ... is not available", which failed a CI run."""
-    state = require_state()
-    tasks = docker(manager(), engine, "service", "ps", "--no-trunc", "--format", "{{.ID}} {{.Node}}", service).stdout
+    tasks = engines.docker(engines.lead, "service", "ps", "--no-trunc", "--format", "{{.ID}} {{.Node}}",
+                           service).stdout
     out = []
     for task, _, host in (line.partition(" ") for line in tasks.splitlines()):
         if not host:
             continue  # never scheduled: it has no output
-        node = find_node(state, host)
-        for container in docker(node, engine, "ps", "-aq", "--filter", f"label={DOCKER_TASK_ID}={task}").stdout.split():
-            logs = docker(node, engine, "logs", container)
+        for container in engines.docker(host, "ps", "-aq", "--filter",
+                                        f"label={DOCKER_TASK_ID}={task}").stdout.split():
+            logs = engines.docker(host, "logs", container)
             out.append(logs.stdout + logs.stderr)
     return "".join(out)
 
 
-def one_off(engine, name: str, node: str, *extra: str) -> str:
+def one_off(engines: Engines, name: str, node: str, *extra: str) -> str:
     """A one-shot job on `node` that prints what nvidia-smi -L sees; its final state and error, then its output."""
-    lead = manager()
-    docker(lead, engine, "service", "create", "--detach", "--mode", "replicated-job", "--name", name,
-           "--restart-condition", "none", "--constraint", f"node.hostname=={node}", *extra, STANDIN_IMAGE,
-           "sh", "-c", "nvidia-smi -L; echo done")
+    engines.docker(engines.lead, "service", "create", "--detach", "--mode", "replicated-job", "--name", name,
+                   "--restart-condition", "none", "--constraint", f"node.hostname=={node}", *extra, engines.image,
+                   "sh", "-c", "nvidia-smi -L; echo done")
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            states = docker(lead, engine, "service", "ps", "--no-trunc", "--format", "{{.CurrentState}} {{.Error}}",
-                            name).stdout
+            states = engines.docker(engines.lead, "service", "ps", "--no-trunc", "--format",
+                                    "{{.CurrentState}} {{.Error}}", name).stdout
             if states.startswith(("Complete", "Failed", "Rejected")):
-                return states + task_output(engine, name)
+                return states + task_output(engines, name)
             time.sleep(0.5)
         raise AssertionError(f"{name} did not finish: {states}")
     finally:
-        docker(lead, engine, "service", "rm", name, check=False)
+        engines.docker(engines.lead, "service", "rm", name, check=False)
+
+
+# --- the real CLI's rehearsal (localswarm/pulumi_cli.py): its machines, by the hostnames the program gave them
+
+def records() -> dict[str, dict]:
+    """hostname -> the record of its machine in the aws plugin's world."""
+    return {r["hostname"]: r for r in pulumi_cli.world()["machines"].values()}
+
+
+def machine(hostname: str) -> machines.Machine:
+    r = records()[hostname]
+    return machines.Machine(r["machine"], r["index"])
+
+
+def ami_of(hostname: str) -> str:
+    """The AMI a node's instance was launched from, as the instance itself says (IMDS's ami-id, which
+    cloud-init read at boot)."""
+    out = machines.run(machine(hostname), ["cloud-init", "query", "ds.meta_data"], check=True).stdout
+    return json.loads(out)["ami-id"]

@@ -15,7 +15,8 @@ import pytest
 from localswarm import changes
 from localswarm.host import RehearsalError
 from localswarm.nodes import STATE_ROOT, Node, docker, restart_dockerd
-from tests.rehearsal_tools import cli_json, node_of, node_update, one_off, rehearsal_up, status, task_output, tasks_of, wait_for
+from tests.rehearsal_tools import (cli_json, fast_engines, node_of, node_update, one_off, rehearsal_up, status,
+                                   task_output, tasks_of, wait_for)
 
 pytestmark = pytest.mark.integration
 MANAGER = Node("node-1", 1, "manager", "managers")
@@ -68,19 +69,19 @@ def test_whole_gpu_tasks_stay_on_the_pool_without_sharing_and_never_share(shared
 
 
 def test_each_whole_gpu_task_lists_the_gpu_swarm_gave_it(shared, engine):
-    logs = task_output(engine, "smoke_gpu")
+    logs = task_output(fast_engines(engine), "smoke_gpu")
     seen = sorted(line.split("UUID: ")[1].rstrip(")") for line in logs.splitlines() if "UUID: " in line)
     assert seen == sorted(t["gpus"][0] for t in tasks_of(status(), "smoke_gpu") if t["state"] == "running")
 
 
 @pytest.mark.parametrize("node", ["node-1", "node-2"])
 def test_a_task_that_reserved_nothing_sees_no_gpu_whatever_its_image_says(shared, engine, node):
-    log = one_off(engine, f"nores-{node}", node)
+    log = one_off(fast_engines(engine), f"nores-{node}", node)
     assert log.startswith("Complete") and "No devices were found" in log and "UUID" not in log
 
 
 def test_a_service_that_sets_the_swarm_variable_itself_does_not_start(shared, engine):
-    log = one_off(engine, "sneaky", "node-1", "--env", "DOCKER_RESOURCE_NVIDIA-GPU=all")
+    log = one_off(fast_engines(engine), "sneaky", "node-1", "--env", "DOCKER_RESOURCE_NVIDIA-GPU=all")
     assert log.startswith(("Failed", "Rejected"))
     assert "gpu-swarm guard: DOCKER_RESOURCE_NVIDIA-GPU=all is not a GPU swarm assigned" in log
 

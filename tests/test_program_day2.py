@@ -34,7 +34,7 @@ from localswarm.fake_aws import CUSTOM_AMI, CUSTOM_AMI_NEXT
 from localswarm.local_cloud import EC2_SUBNET, INSTANCE
 from node.contract import CLOUD_INIT_STATUS
 from swarm.node_contract import MONITORING_STACK, MPS_DIR
-from tests.rehearsal_tools import cli, diagnostics, pulumi, require_engine, tasks_of, until
+from tests.rehearsal_tools import ami_of, cli, diagnostics, pulumi, require_engine, tasks_of, until
 
 pytestmark = pytest.mark.integration
 
@@ -96,13 +96,6 @@ def machine(record: dict) -> machines.Machine:
 
 def manager_sock() -> str:
     return pulumi_host.docker_socket(machine(records()["gpu-swarm-dev-manager-0"]))
-
-
-def ami_of(hostname: str) -> str:
-    """The AMI the node's instance was launched from, as the instance itself reports it (IMDS's ami-id,
-    read by cloud-init at boot)."""
-    out = machines.run(machine(records()[hostname]), ["cloud-init", "query", "ds.meta_data"], check=True).stdout
-    return json.loads(out)["ami-id"]
 
 
 def resources(typ: str) -> dict[str, dict]:

@@ -23,11 +23,11 @@ import pytest
 
 from localswarm import machines
 from swarm.node_contract import GPU_HELD
-from tests.rehearsal_tools import KIND, cli, require_engine, until
+from tests.rehearsal_tools import CUDA_IMAGE, KIND, cli, require_engine, until
 from tests.test_pulumi_up import config_set, machine, up
 
 pytestmark = pytest.mark.integration
-IMAGE = "nvidia/cuda:12.6.3-base-ubuntu24.04"  # the rehearsal's registry serves it, as the dev stack's
+IMAGE = CUDA_IMAGE  # the rehearsal's registry serves it, as the dev stack's
 # A task's states up to running: the scheduler's rebuild books every task in one of these.
 LIVE = ("new", "pending", "assigned", "accepted", "preparing", "ready", "starting", "running")
 MANAGER, WORKER = "gpu-swarm-dev-manager-0", "gpu-swarm-dev-t4-0"

@@ -39,7 +39,8 @@ from components.remote import as_root
 from localswarm import aws_moves, fake_aws, fake_imds, machines, network, nspawn, object_store, pulumi_cli, ssh
 from settings.aws_lookups import UBUNTU_AMI_PARAMETER
 from swarm.labels import VERIFIED_LABEL
-from tests.rehearsal_tools import REPO, cli, diagnostics, pulumi, require_engine, tasks_of, until
+from tests.rehearsal_tools import (REPO, ami_of, cli, diagnostics, machine, pulumi, records, require_engine, tasks_of,
+                                   until)
 
 pytestmark = pytest.mark.integration
 
@@ -108,23 +109,6 @@ def inventory() -> dict:
 
 def status() -> dict:
     return pulumi_cli.status("dev")
-
-
-def records() -> dict:
-    """hostname -> the record of its machine in the aws plugin's world."""
-    return {r["hostname"]: r for r in pulumi_cli.world()["machines"].values()}
-
-
-def machine(hostname: str) -> machines.Machine:
-    r = records()[hostname]
-    return machines.Machine(r["machine"], r["index"])
-
-
-def ami_of(hostname: str) -> str:
-    """The AMI a node's instance was launched from, as the instance itself says (IMDS's ami-id, which
-    cloud-init read at boot)."""
-    out = machines.run(machine(hostname), ["cloud-init", "query", "ds.meta_data"], check=True).stdout
-    return json.loads(out)["ami-id"]
 
 
 def t4_machines() -> dict[str, str]:
