@@ -1,7 +1,7 @@
 """Sharing GPUs by MPS and spreading slots: the settings, the agent, the node's MPS daemons, the watcher.
 
 The guard's side (mounts, limits, the daemon check) is in test_gpu_guard*.py; the rehearsal's
-in test_isolation.py. Here the MPS daemons' script runs in real bash with a fake
+in test_sharing_rehearsal.py. Here the MPS daemons' script runs in real bash with a fake
 nvidia-cuda-mps-control and nvidia-smi on PATH; the agent and the watcher run as on a node.
 """
 from __future__ import annotations

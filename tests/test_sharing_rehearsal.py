@@ -1,10 +1,13 @@
-"""Shared GPUs spread, and no GPU is ever held twice, on a swarm made by Pulumi's own CLI (the rehearsal).
+"""GPU isolation and shared GPUs on a swarm made by Pulumi's own CLI (the rehearsal): shared GPUs spread,
+a task sees only what it reserved, and no GPU is ever held twice.
 
 The dev stack, set as a user sets it (`pulumi config set-all`): a CPU manager, a pool `whole` of one
 g4dn.12xlarge (4 GPUs, not shared) and a pool `shared` of one g4dn.12xlarge whose GPUs are shared as 4
 slots each, and the stack tests/data/sharing/spread.yml. Every task goes through the node's runtime
 guard, which the node's user data installed (in front of runc here, as it is in front of
-nvidia-container-runtime on a GPU node), with its ledger of who holds which GPU. Its own lane.
+nvidia-container-runtime on a GPU node), with its ledger of who holds which GPU; the stand-in image
+asks for every GPU (NVIDIA_VISIBLE_DEVICES=all) as CUDA images do, and its nvidia-smi lists what the
+runtime gave. Its own lane.
 """
 from __future__ import annotations
 
@@ -14,9 +17,10 @@ import time
 
 import pytest
 
-from localswarm import pulumi_cli
+from localswarm import machines, pulumi_cli
 from tests import rehearsal_tools
-from tests.rehearsal_tools import cli, cli_engines, diagnostics, node_of, one_off, pulumi, require_engine, tasks_of
+from tests.rehearsal_tools import (cli, cli_engines, diagnostics, machine, node_of, one_off, pulumi, require_engine,
+                                   task_output, tasks_of)
 
 pytestmark = pytest.mark.integration
 WHOLE, SHARED = "gpu-swarm-dev-whole-0", "gpu-swarm-dev-shared-0"
@@ -47,6 +51,18 @@ def wait_for(predicate, timeout: float, what: str) -> dict:
     return rehearsal_tools.wait_for(predicate, timeout, what, look=status)
 
 
+def outputs() -> dict:
+    shown = pulumi("stack", "output", "--json", "--show-secrets")
+    assert shown.returncode == 0, shown.stderr
+    return json.loads(shown.stdout)
+
+
+def test_every_gpu_node_proved_its_gpus_when_it_joined(swarm):
+    checked = {n["name"]: n.get("gpusVerified") for n in outputs()["inventory"]}
+    assert {checked[WHOLE], checked[SHARED]} == {True}, checked
+    assert {n["availability"] for n in status()["nodes"]} == {"active"}
+
+
 def running(view: dict, service: str) -> list[dict]:
     return [t for t in tasks_of(view, service) if t["state"] == "running"]
 
@@ -72,6 +88,17 @@ def test_more_replicas_fill_the_gpus_evenly(swarm):
         for replicas, most in ((8, 2), (13, 4), (16, 4)):
             gpus = per_gpu(scale(swarm, replicas), "spread_embed")
             assert len(gpus) == 4 and max(gpus.values()) == most and max(gpus.values()) - min(gpus.values()) <= 1
+        # One more than the 16 slots: it waits, and no slot is held twice.
+        swarm.docker(swarm.lead, "service", "scale", "--detach", "spread_embed=17")
+        view = wait_for(lambda v: len(tasks_of(v, "spread_embed")) == 17 and len(running(v, "spread_embed")) == 16
+                        and any(t["state"] == "pending" for t in tasks_of(v, "spread_embed")), 90, "16 of 17 running")
+        (pending,) = [t for t in tasks_of(view, "spread_embed") if t["state"] == "pending"]
+        assert "insufficient resources" in pending["reason"]
+        assert set(per_gpu(view, "spread_embed").values()) == {4}  # every shared GPU hosts exactly 4 tasks
+        for t in running(view, "spread_embed"):
+            (slot,) = t["slots"]
+            assert t["gpus"] == [slot.rsplit("-s", 1)[0]] and t["node"] == SHARED
+        assert len({s for t in running(view, "spread_embed") for s in t["slots"]}) == 16  # no slot held twice
     finally:
         scale(swarm, 4)
 
@@ -125,3 +152,37 @@ def test_a_free_gpu_named_without_a_reservation_is_given_and_held_while_it_runs(
         swarm.docker(swarm.lead, "service", "rm", "squatter", check=False)
     view = wait_for(lambda v: len(running(v, "spread_hold")) == 4, 90, "all four GPUs held once the squatter left")
     assert sorted(t["gpus"][0] for t in running(view, "spread_hold")) == sorted(node1["gpus"])
+
+
+def test_a_slot_task_sees_exactly_its_gpu_and_knows_its_share(swarm):
+    (container,) = swarm.docker(SHARED, "ps", "-q", "--filter", "label=com.docker.swarm.service.name=spread_embed",
+                                "--latest").stdout.split()
+    log = swarm.docker(SHARED, "logs", container).stdout
+    pid = swarm.docker(SHARED, "inspect", "--format", "{{.State.Pid}}", container).stdout.strip()
+    # What the guard gave the task's process, which the container's config does not show: read in the machine.
+    environ = machines.run(machine(SHARED), ["cat", f"/proc/{pid}/environ"], check=True).stdout
+    env = dict(e.split("=", 1) for e in environ.split("\0") if "=" in e)
+    assert env["GPU_SWARM_SHARE"] == "1/4" and env["GPU_SWARM_SLOT"].startswith(env["GPU_SWARM_GPU"] + "-s")
+    assert log.strip() == f"GPU 0: NVIDIA T4 (UUID: {env['GPU_SWARM_GPU']})"  # the g4dn's stand-in GPU
+
+
+def test_whole_gpu_tasks_stay_on_the_pool_without_sharing_and_each_lists_the_gpu_swarm_gave_it(swarm):
+    view = status()
+    held = running(view, "spread_hold")
+    assert held and {t["node"] for t in held} == {WHOLE} and all(len(t["gpus"]) == 1 for t in held)
+    assert len({t["gpus"][0] for t in held}) == len(held)  # never two tasks on one GPU
+    logs = task_output(swarm, "spread_hold")
+    seen = sorted(line.split("UUID: ")[1].rstrip(")") for line in logs.splitlines() if "UUID: " in line)
+    assert seen == sorted(t["gpus"][0] for t in held)
+
+
+@pytest.mark.parametrize("node", [WHOLE, SHARED])
+def test_a_task_that_reserved_nothing_sees_no_gpu_whatever_its_image_says(swarm, node):
+    log = one_off(swarm, f"nores-{node.rsplit('-', 2)[1]}", node)
+    assert log.startswith("Complete") and "No devices were found" in log and "UUID" not in log
+
+
+def test_a_service_that_sets_the_swarm_variable_itself_does_not_start(swarm):
+    log = one_off(swarm, "sneaky", WHOLE, "--env", "DOCKER_RESOURCE_NVIDIA-GPU=all")
+    assert log.startswith(("Failed", "Rejected"))
+    assert "gpu-swarm guard: DOCKER_RESOURCE_NVIDIA-GPU=all is not a GPU swarm assigned" in log
