@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import time
 
 import pytest
 
 from localswarm import machines, pulumi_cli
+from swarm.labels import VERIFIED_LABEL
 from tests import rehearsal_tools
 from tests.rehearsal_tools import (cli, cli_engines, diagnostics, machine, node_of, one_off, pulumi, require_engine,
                                    task_output, tasks_of)
@@ -27,6 +29,10 @@ WHOLE, SHARED = "gpu-swarm-dev-whole-0", "gpu-swarm-dev-shared-0"
 POOLS = [{"name": "whole", "instanceType": "g4dn.12xlarge", "count": 1},
          {"name": "shared", "instanceType": "g4dn.12xlarge", "count": 1, "sharing": {"slotsPerGpu": 4}}]
 STACKS = [{"name": "spread", "file": "tests/data/sharing/spread.yml"}]
+RUNTIME = "/opt/gpu-swarm/software/gpu-swarm-runtime"  # the guard: Docker's default runtime on a GPU node
+# A runtime that lets GPUs leak: the guard skipped, every container straight to the NVIDIA runtime. Not by
+# editing daemon.json: the node's agent runs before every engine start and puts the guard back.
+BYPASS = '#!/bin/sh\nexec nvidia-container-runtime "$@"\n'
 
 
 @pytest.fixture(scope="module")
@@ -186,3 +192,29 @@ def test_a_service_that_sets_the_swarm_variable_itself_does_not_start(swarm):
     log = one_off(swarm, "sneaky", WHOLE, "--env", "DOCKER_RESOURCE_NVIDIA-GPU=all")
     assert log.startswith(("Failed", "Rejected"))
     assert "gpu-swarm guard: DOCKER_RESOURCE_NVIDIA-GPU=all is not a GPU swarm assigned" in log
+
+
+
+def test_a_node_whose_runtime_lets_gpus_leak_fails_its_check_when_checked_again_and_is_drained(swarm):
+    """The shared node's runtime lets GPUs leak, and its GPU check runs again as docs/stacks/isolation.md
+    says: `pulumi up --replace` of its admit. The check's job that reserved nothing sees every GPU, so
+    the up fails and the node is drained; with the guard back, the same replace gives the node back."""
+    node = machine(SHARED)
+    machines.run(node, ["sh", "-c", f"cp -p {RUNTIME} {RUNTIME}.kept && cat >{RUNTIME}"], input=BYPASS, check=True)
+    swarm.docker(swarm.lead, "node", "update", "--label-rm", VERIFIED_LABEL, SHARED)
+    (urn,) = re.findall(r"urn:[^ ]*gpu-swarm-rollout-shared-0-admit\b", pulumi("stack", "--show-urns").stdout)
+    try:
+        failed = pulumi("up", "--yes", "--replace", urn)
+        said = failed.stdout + failed.stderr
+        assert failed.returncode != 0 and "failed its GPU check, so it was drained" in said, diagnostics(failed)
+        # The evidence: the job that reserved nothing got all 4 GPUs from the NVIDIA runtime.
+        evidence = json.loads(said.split("so it was drained: ", 1)[1].split("Evidence:\n", 1)[1].splitlines()[0])
+        assert evidence["unreserved_devices"] == 4 and evidence["unreserved_saw"] == evidence["expected"], evidence
+        view = wait_for(lambda v: node_of(v, SHARED)["availability"] == "drain", 30, "the shared node drained")
+        assert node_of(view, SHARED)["drained_by"] == "gpu-check"
+    finally:
+        machines.run(node, ["mv", f"{RUNTIME}.kept", RUNTIME], check=True)
+    again = pulumi("up", "--yes", "--replace", urn)  # fixed: the node is given back, and nothing leaks any more
+    assert again.returncode == 0, diagnostics(again)
+    view = wait_for(lambda v: node_of(v, SHARED)["availability"] == "active", 60, "the shared node active again")
+    assert not node_of(view, SHARED)["drained_by"]
