@@ -18,11 +18,12 @@ import time
 
 import pytest
 
-from localswarm import machines, pulumi_cli
+from localswarm import machines
 from swarm.labels import VERIFIED_LABEL
 from tests import rehearsal_tools
 from tests.rehearsal_tools import (cli, cli_engines, diagnostics, machine, node_of, one_off, pulumi, require_engine,
                                    task_output, tasks_of)
+from tests.test_pulumi_up import outputs, status
 
 pytestmark = pytest.mark.integration
 WHOLE, SHARED = "gpu-swarm-dev-whole-0", "gpu-swarm-dev-shared-0"
@@ -49,18 +50,8 @@ def swarm():
     cli("down")
 
 
-def status() -> dict:
-    return pulumi_cli.status("dev")
-
-
 def wait_for(predicate, timeout: float, what: str) -> dict:
     return rehearsal_tools.wait_for(predicate, timeout, what, look=status)
-
-
-def outputs() -> dict:
-    shown = pulumi("stack", "output", "--json", "--show-secrets")
-    assert shown.returncode == 0, shown.stderr
-    return json.loads(shown.stdout)
 
 
 def test_every_gpu_node_proved_its_gpus_when_it_joined(swarm):
