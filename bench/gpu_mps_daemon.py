@@ -29,6 +29,9 @@ from gpu_bench import KIND, REPO, SHARED_KIND, check, wait
 from gpu_mps_node import ENGINE, IMAGE, Exporter, containers, docker, given, gone, gpu_of_slot, job, task_env
 from swarm.node_contract import MPS_DIR
 
+sys.path.insert(0, str(REPO / "node"))
+from health_mps import FIRST_ANSWER  # noqa: E402  (what the watcher logs once a daemon answered it)
+
 MOUNTS = [("parent", "/run/gpu-swarm"), ("var-run", f"/var/run/gpu-swarm/mps"), ("run", "/run"), ("root", "/"),
           ("proc", "/proc")]
 
@@ -80,10 +83,10 @@ def new_client(container: str, mib: int = 64, limit_s: float = 8) -> float | Non
 class Watcher:
     """The node's health watcher, on this bench's engine: its labels reach dockerd, its JSON reports come here."""
 
-    def __init__(self, out: Path, slots: int, hold: float = 5):
+    def __init__(self, out: Path, slots: int, gpus: list[str], hold: float = 5):
         self.reports: list[dict] = []
         path = out / "health-watcher.log"
-        started = path.read_text().count("watching ") if path.exists() else 0
+        start = path.stat().st_size if path.exists() else 0
         self.log = open(path, "a")
         cmd = [sys.executable, str(REPO / "node" / "gpu_health.py"), "--json", "--daemon-json",
                str(ENGINE.root / "daemon.json"), "--state-file", str(out / "health-state.json"),
@@ -95,9 +98,12 @@ class Watcher:
         env = {**os.environ, "GPU_SWARM_SLOTS_PER_GPU": str(slots)}  # node.env, for the restart's ceilings
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
         threading.Thread(target=self._read, daemon=True).start()
-        # It prints a report when the labels change, so a second watcher says nothing new: its first line will do.
-        wait(lambda: path.read_text().count("watching ") > started, 60, "the health watcher to start")
-        time.sleep(1)  # its first check and ask
+        # It prints a report when the labels change, so a second watcher says nothing new: its log will do. Until
+        # its first ask is answered it names no task for a stall (health_mps.culprit), so a drop waits for that.
+        said = lambda: path.read_bytes()[start:].decode(errors="replace")  # noqa: E731  (this watcher's lines)
+        wait(lambda: "watching " in said(), 60, "the health watcher to start")
+        wait(lambda: all(f"{gpu}: {FIRST_ANSWER}" in said() for gpu in gpus), 60,
+             "the health watcher's first ask of every daemon answered")
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -167,7 +173,7 @@ def daemon_escapes(out: Path, share: int, slot: list[str], gpus: list[str], expo
         gone("loner")
         return
     neighbour = neighbours[0]
-    watcher = Watcher(out, slots)
+    watcher = Watcher(out, slots, gpus)
     try:
         bypass(out, gpu)
 
@@ -265,7 +271,7 @@ def stalls(out: Path, attacker: str, neighbour: str, gpu: str, slots: int, expor
     expected = f"mps_server_stuck_after_attacker_on_{gpu}"
     times, named, restarted, labelled, metric = [], 0, 0, False, False
     for round_ in range(rounds):
-        watcher = Watcher(out, slots, hold=30 if round_ == 0 else 1)
+        watcher = Watcher(out, slots, [gpu], hold=30 if round_ == 0 else 1)
         try:
             daemon = Path(MPS_DIR, gpu, "daemon.pid").read_text().strip()
             t0 = time.time()

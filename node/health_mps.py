@@ -37,6 +37,7 @@ STUCK = "mps_server_stuck"
 RESTART = ("systemctl", "reload", MPS_UNIT)  # in the unit's own cgroup, not the watcher's
 BACKSTOP_S = 60.0  # a daemon no descriptor went out of is asked this often all the same
 _REASON_ROOM = 120  # condition_labels keeps this much of a reason
+FIRST_ANSWER = "its MPS daemon and server answered the watchdog's first ask"  # once per GPU; benches wait on it
 
 
 def mps_reason(uuid: str) -> str:
@@ -130,6 +131,8 @@ class MpsWatchdog:
             why = self.probe(uuid) if mps_daemon_alive(self.mps_dir, uuid) else "its daemon is not running"
             if why is None:
                 self.failed.pop(uuid, None)
+                if uuid not in self.last_ok:  # what a stall is measured from: until then no task can be named
+                    self.log(f"{uuid}: {FIRST_ANSWER}")
                 self.last_ok[uuid] = began
                 self.recovered(uuid, tracker, now)
                 continue
@@ -164,7 +167,9 @@ class MpsWatchdog:
 
     def culprit(self, uuid: str) -> str | None:
         """The task that got a server descriptor first after the last answered ask (else the last one before):
-        its swarm service, its container, or its pid."""
+        its swarm service, its container, or its pid. None when no ask of this watcher's was ever answered (it
+        started on a stalled server): the stall may predate every descriptor it could name, and a drain that
+        names an innocent task sends its owner looking in the wrong place."""
         try:
             with open(f"{self.mps_dir}/{uuid}/{MPS_LAST_CLIENTS}", encoding="utf-8") as f:
                 entries = [json.loads(line) for line in f if line.strip()]
@@ -172,7 +177,12 @@ class MpsWatchdog:
             return None
         if not entries:
             return None
-        since = self.last_ok.get(uuid, 0.0)
+        since = self.last_ok.get(uuid)
+        if since is None:
+            self.log(f"{uuid}: no ask answered since this watcher started, so no task is named; the last "
+                     f"{min(len(entries), 3)} that got a server descriptor: "
+                     + ", ".join(str(e.get("container") or e.get("pid"))[:12] for e in entries[-3:]))
+            return None
         after = [e for e in entries if e.get("at", 0) >= since]
         entry = after[0] if after else entries[-1]
         if len(after) > 1:

@@ -932,6 +932,10 @@ def test_the_task_named_is_the_first_that_got_a_descriptor_after_the_last_answer
         assert watchdog.culprit(gpu) == "d" * 12  # a container dockerd does not know: its short id
         watchdog.last_ok[gpu] = 0.0
         assert watchdog.culprit(gpu) == "pid_11"  # no container: a host process
+        del watchdog.last_ok[gpu]  # a watcher that started on a stalled server: every descriptor may be innocent
+        assert watchdog.culprit(gpu) is None
+        assert "no ask answered since this watcher started, so no task is named" in logged[-1]
+        assert "d" * 12 in logged[-1]  # the last ones still go to the log, for the operator
     assert health_mps.MpsWatchdog(str(tmp_path / "none"), logged.append).culprit(gpu) is None
 
 
@@ -964,11 +968,13 @@ def test_the_watchdog_asks_a_daemon_after_each_descriptor_it_handed_out_and_once
         utility = tmp_path / "utility"
         utility.write_text(f"#!/bin/sh\necho x >>{calls}\nexec {daemon.script} \"$@\"\n")
         utility.chmod(0o755)
-        watchdog = health_mps.MpsWatchdog(str(root), print, utility=str(utility))
+        logged = []
+        watchdog = health_mps.MpsWatchdog(str(root), logged.append, utility=str(utility))
         tracker = rules.Tracker(300)
         asked = lambda: len(calls.read_text().splitlines()) if calls.exists() else 0  # noqa: E731
         watchdog.check([uuid(0)], tracker, 1000)
         assert asked() == 2 and not watchdog.stuck  # its server, and the server's ceiling
+        assert logged == [f"{uuid(0)}: {health_mps.FIRST_ANSWER}"]  # once, what the benches wait on
         watchdog.check([uuid(0)], tracker, 1002)
         assert asked() == 2  # nothing handed out since: not asked
         (root / uuid(0) / "last-clients").write_text('{"at": 1, "pid": 1}\n')  # the relay handed one out
@@ -977,7 +983,7 @@ def test_the_watchdog_asks_a_daemon_after_each_descriptor_it_handed_out_and_once
         watchdog.check([uuid(0)], tracker, 1006)
         assert asked() == 4
         watchdog.check([uuid(0)], tracker, 1004 + health_mps.BACKSTOP_S)
-        assert asked() == 6
+        assert asked() == 6 and len(logged) == 1
     finally:
         daemon.kill()
         import shutil

@@ -37,6 +37,7 @@ def pools(*entries):
 
 sys.path.insert(0, str(REPO / "node"))
 import gpu_resources  # noqa: E402
+import health_mps  # noqa: E402
 
 
 # ---------------------------------------------------------------- settings
@@ -572,6 +573,10 @@ def test_a_stalled_mps_server_is_found_drained_named_and_started_again(standin_n
         raise AssertionError(f"no {condition} report in {reports}; the watcher said: {''.join(logged)}")
     try:
         assert seen("healthy")["reason"] == "ok"
+        # Its first ask answered: until then it names no task (a stall may predate every descriptor it saw).
+        deadline = time.monotonic() + 30
+        while not any(f"{A}: {health_mps.FIRST_ANSWER}" in line for line in logged) and time.monotonic() < deadline:
+            time.sleep(0.1)
         mps_standin.cuda_client(relayed, drop=True)  # a valid handshake, and the descriptor dropped
         stalled = seen("unhealthy")
         assert (stalled["reason"], stalled["gpu"]) == (f"mps_server_stuck_after_pid_{os.getpid()}_on_{A}", A)
