@@ -361,9 +361,10 @@ sweep() {  # sweep CGROUP: end what a program left running, and the containers o
   ((orphans == 0)) || say "   ended $orphans process(es) of containers whose engine had gone"
 }
 
-unpath() {  # unpath DIR: the checkout's path and $OUT in DIR's text files become <repo> and <out>: results are committed, paths are not
-  grep -rIlF -e "$repo/" -e "$OUT_DIR/" "$1" 2>/dev/null | while IFS= read -r file; do
-    sed -i -e "s|$repo/|<repo>/|g" -e "s|$OUT_DIR/|<out>/|g" "$file"
+unpath() {  # unpath DIR|FILE: the checkout's path and $OUT in its text files become <repo> and <out>: results are committed, paths are not
+  # $OUT also where it ends a word (the summary's "files in $OUT_DIR:"), not only inside a longer path.
+  grep -rIlF -e "$repo/" -e "$OUT_DIR" "$1" 2>/dev/null | while IFS= read -r file; do
+    sed -i -e "s|$repo/|<repo>/|g" -e "s|$OUT_DIR\b|<out>|g" "$file"
   done
 }
 
@@ -483,6 +484,7 @@ finish() {
   say "result: $([ "$ok" = True ] && echo "ALL PASSED" || echo "SOMETHING FAILED")"
   exec >&- 2>&-
   wait "$TEE_PID" 2>/dev/null
+  unpath "$OUT_DIR/session.log"  # the console as it was printed, now closed: committed like the rest
   if [ -n "$SMOKE_TMP" ]; then rm -rf "$SMOKE_TMP"; fi
   if [ "$ok" = True ] && ((rc == 0)); then exit 0; fi
   exit 1

@@ -88,6 +88,10 @@ def test_programs_run_in_their_budgets_and_come_back_in_at_most_eight_files(tmp_
     assert slow == "slow started\n"
     log = (out / "session.log").read_text()
     assert "ok ran" in log and "failing on purpose" in log and "result: SOMETHING FAILED" in log
+    # committed as it is: $OUT is <out> there, at a word's end ("files in <out>:") as inside a path
+    assert str(out) not in log and "files in <out>:" in log and "--out <out>/ok" in log
+    console = tarfile.open(out / "file.tar.gz").extractfile("file/console.log").read().decode()
+    assert console == "wrote <out>/file\n"
 
 
 def test_a_program_the_deadline_leaves_too_little_time_is_not_started(tmp_path):
