@@ -76,7 +76,16 @@ def diagnostics(proc: subprocess.CompletedProcess) -> str:
     lines = proc.stdout.splitlines()
     at = [i for i, line in enumerate(lines) if "error:" in line]
     shown = [line for i in at for line in lines[max(0, i - 2):i + 25]]
-    return "\n".join(shown or lines[-60:])[-10000:] + proc.stderr[-3000:]
+    return "\n".join(shown or lines[-60:])[-10000:] + proc.stderr[-3000:] + machines_named(proc.stdout)
+
+
+def machines_named(said: str) -> str:
+    """Each rehearsal machine whose address a failed run names (a dial that never got through), as it is
+    now: whether it runs, and its console's last lines. The module's `down` removes them before anyone
+    could look, and a port that never answered says nothing of why."""
+    found = [m for m in machines.machines() if f"dial {m.address}:" in said or f"dial {m.address} " in said]
+    return "".join(f"\n--- machine {m.name} ({m.address}): {'running' if machines.running(m) else 'not running'}; "
+                   "its console's last lines:\n" + "\n".join(machines.console(m).splitlines()[-40:]) for m in found)
 
 
 def cli_json(*args: str) -> dict:
