@@ -1,8 +1,7 @@
 """The fast rehearsal changed as `pulumi up` would change it with nothing changed (converge), and one
 node's engine stopped, started or its GPUs re-detected, or a GPU fault or spot notice injected for the
 health watcher. The program's own day 2 (nodes replaced, added, removed, rolled; stacks changed) is
-rehearsed with Pulumi's CLI (tests/test_pulumi_up.py, test_pulumi_changes.py, test_program_day2.py,
-test_pulumi_pool.py).
+rehearsed with Pulumi's CLI (tests/test_pulumi_up.py, tests/test_program_day2.py, tests/test_pulumi_pool.py).
 """
 from __future__ import annotations
 

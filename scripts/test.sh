@@ -11,6 +11,6 @@ export GPU_SWARM_DOCKERD=${GPU_SWARM_DOCKERD:-/opt/gpu-swarm/docker/usr/sbin/doc
 # mostly wait on their machines, so four share this machine's two cores well (docs/reference/development.md
 # has the figures; GPU_SWARM_TEST_WORKERS;
 # 0 runs everything in this process, in lane 0). --dist loadgroup keeps a rehearsal module's tests in one
-# worker (tests/conftest.py); --no-loadscope-reorder starts them in conftest's order, slowest first.
+# worker (tests/conftest.py).
 # -ra: the summary names every skipped test and why (a missing tool, not root).
-exec .venv/bin/python -m pytest -n "${GPU_SWARM_TEST_WORKERS:-4}" --dist loadgroup --no-loadscope-reorder -ra "$@"
+exec .venv/bin/python -m pytest -n "${GPU_SWARM_TEST_WORKERS:-4}" --dist loadgroup -ra "$@"

@@ -341,19 +341,14 @@ def engine():
     return require_engine()
 
 
-# The rehearsal modules whose tests take longest in CI (`pytest --durations`, summed per module), slowest
-# first: they start first, so that no worker is left with a long one at the end while the others idle. The
-# unit tests, each its own unit of work, fill in after them. This order holds only with
-# --no-loadscope-reorder (scripts/test.sh): pytest-xdist otherwise starts the groups of most tests first,
-# by test count, so the day-2 module (7 tests, 16 min in stop 55's CI) started only once a worker was
-# nearly through one of the modules of 9 to 17 tests; test_pulumi_up (17 tests, at least 21 min) was
-# then split in two (test_pulumi_changes is its second half).
+# The rehearsal modules whose tests take longest in CI (`pytest --durations`), slowest first: they start
+# first, so that no worker is left with a long one at the end while the others idle. The unit tests,
+# each its own unit of work, fill in after them.
 # test_pulumi_capacity_block goes last: beside the host-engine group (the GPU benches) the MPS bench's stall
 # drill missed its 30 s in both CIs of stop 53, and passed alone in 173.8 s (stop 53's closing note).
-SLOWEST_FIRST = ("test_program_day2", "test_pulumi_up", "test_elastic_rehearsal", "test_pulumi_changes",
-                 "test_pulumi_pool", "test_benches", "test_gpu_mps_bench", "test_sharing_rehearsal",
-                 "test_pulumi_spot", "test_program_stacks", "test_metrics_rehearsal", "test_localswarm",
-                 "test_pulumi_leader_change", "test_pulumi_capacity_block")
+SLOWEST_FIRST = ("test_pulumi_up", "test_program_day2", "test_elastic_rehearsal", "test_pulumi_pool", "test_benches",
+                 "test_gpu_mps_bench", "test_pulumi_spot", "test_localswarm",
+                 "test_program_stacks", "test_sharing_rehearsal", "test_pulumi_leader_change", "test_pulumi_capacity_block")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -372,28 +367,3 @@ def pytest_collection_modifyitems(config, items):
             return len(SLOWEST_FIRST) + 1
         return SLOWEST_FIRST.index(module) if module in SLOWEST_FIRST else len(SLOWEST_FIRST)
     items.sort(key=rank)  # stable: each module keeps its own order
-
-
-# What each pytest-xdist worker was busy with, summed from its reports in the controller: the 30-minute
-# target is read against the busiest worker (--durations names tests, not which of them shared a worker).
-_BUSY: dict[str, dict] = {}
-
-
-def pytest_runtest_logreport(report):
-    worker = getattr(getattr(report, "node", None), "gateway", None)
-    if worker is None:
-        return  # no workers: this process ran everything
-    lane = _BUSY.setdefault(worker.id, {"seconds": 0.0, "groups": {}})
-    lane["seconds"] += report.duration
-    group = report.nodeid.rpartition("@")[2] if "@" in report.nodeid else "unit tests"
-    lane["groups"][group] = lane["groups"].get(group, 0.0) + report.duration
-
-
-def pytest_terminal_summary(terminalreporter):
-    if not _BUSY:
-        return
-    terminalreporter.section("busy seconds per worker (setup, call and teardown of its tests)")
-    for worker, lane in sorted(_BUSY.items(), key=lambda kv: -kv[1]["seconds"]):
-        groups = sorted(lane["groups"].items(), key=lambda kv: -kv[1])
-        terminalreporter.write_line(f"{worker} {lane['seconds']:7.1f} s: " + ", ".join(
-            f"{name} {seconds:.0f} s" for name, seconds in groups[:8]))

@@ -59,17 +59,6 @@ def pulumi(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
     return cli("pulumi", "--stack", "dev", *args, check=False, timeout=timeout)
 
 
-def config_set_all(settings: dict, secrets: dict | None = None) -> None:
-    """The stack's inputs set as a user sets several at once: `pulumi config set-all --json`, in the shape
-    `pulumi config --json` prints (a string as it is; anything else as JSON, with its object value)."""
-    values = {f"gpu-swarm:{k}": ({"value": v, "secret": False} if isinstance(v, str) else
-                                 {"value": json.dumps(v), "objectValue": v, "secret": False})
-              for k, v in settings.items()}
-    values.update({f"gpu-swarm:{k}": {"value": v, "secret": True} for k, v in (secrets or {}).items()})
-    done = pulumi("config", "set-all", "--json", json.dumps(values))
-    assert done.returncode == 0, done.stderr
-
-
 def diagnostics(proc: subprocess.CompletedProcess) -> str:
     """What a failed CLI run said of its failed steps: each `error:` line of its display and what follows it
     (the display ends with the stack's outputs, which say nothing of what failed)."""
