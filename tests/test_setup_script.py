@@ -295,9 +295,9 @@ def test_test_sh_shows_skip_reasons_and_passes_arguments_on(checkout):
     result = checkout.run("scripts/test.sh", "-ra", "-k", "not slow")  # as .ci/run calls it, plus more
     assert result.returncode == 0, result.stderr
     # Four workers, one rehearsal lane each (localswarm/lane.py), unless GPU_SWARM_TEST_WORKERS says otherwise.
-    assert result.stdout == "-m pytest -n 4 --dist loadgroup --no-loadscope-reorder -ra -ra -k not slow\n"
+    assert result.stdout == "-m pytest -n 4 --dist loadgroup -ra -ra -k not slow\n"
     alone = checkout.run("scripts/test.sh", env={"GPU_SWARM_TEST_WORKERS": "0"})
-    assert alone.stdout == "-m pytest -n 0 --dist loadgroup --no-loadscope-reorder -ra\n", alone.stderr
+    assert alone.stdout == "-m pytest -n 0 --dist loadgroup -ra\n", alone.stderr
 
 
 def test_pytest_accepts_ra_twice(tmp_path):
