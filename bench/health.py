@@ -1,17 +1,19 @@
 """Benchmark: how fast the rehearsal's health watcher and reconciler take a sick node out, and give it back.
 
 Run as root after scripts/setup.sh:  .venv/bin/python bench/health.py [--runs N] [--raw FILE]
---smoke: one round, no pauses, on 3 nodes x 1 GPU with 2 replicas (the smallest rehearsal where a
+--smoke: one round, no pauses, on 2 GPU nodes with 1 replica (the smallest rehearsal where a
 worker surely runs a task, and a drained worker's task has a free GPU to move to), to see that the
 bench still runs.
 
-One `localswarm up` (3 nodes x 2 GPUs, 3 one-GPU replicas, so a drained node's tasks have free
-GPUs to move to), then N rounds of:
+One `pulumi up` of the dev stack by Pulumi's CLI, set as a user sets it: a CPU manager and a spot pool
+of 3 g4dn.xlarge (1 GPU each), the smoke stack's 2 one-GPU replicas (so a drained node's task has a
+free GPU to move to), health.recoverySeconds 5; then N rounds of:
 - gpu fault: `node gpu-fault` on a worker that runs a task. Timed from that command until
   the node's engine shows the watcher's label, a manager sees it, the node is drained, and
   every replica runs again on another node; then `node gpu-heal` until it is active again
   (the watcher waits the rehearsal's recovery time, 5 s, before it calls a GPU healthy);
-- spot notice: `node spot-notice` on a worker, until the node is drained, then heal.
+- spot notice: `node spot-notice` on a worker, until the node is drained, then heal (the rehearsal's
+  AWS announces the reclaim and leaves the instance be).
 Prints the median and the spread (min-max) of each figure. Figures come from polling the
 engines' API every 50 ms, so they are accurate to about that.
 
@@ -36,21 +38,19 @@ import json
 import os
 import platform
 import random
-import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from localswarm import api  # noqa: E402
-from localswarm.nodes import RUN_ROOT  # noqa: E402
+from localswarm import api, machine_health, pulumi_host  # noqa: E402
 from swarm.labels import CONDITION_LABEL as CONDITION  # noqa: E402
-REPLICAS = 3  # --smoke: 2
+REPLICAS = 2  # --smoke: 1
+RECOVERY_S = 5  # health.recoverySeconds (300 by default)
 POLL_S = 0.05
 
 
@@ -58,22 +58,31 @@ def localswarm(*args: str) -> dict | str:
     proc = subprocess.run([sys.executable, "-m", "localswarm", *args], cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"localswarm {' '.join(args)} failed:\n{proc.stderr}")
-    return json.loads(proc.stdout) if "--json" in args else proc.stdout
+    return json.loads(proc.stdout) if "--json" in args and args[0] == "node" else proc.stdout
 
 
 def sock(name: str) -> str:
-    return str(RUN_ROOT / name / "docker.sock")
+    return pulumi_host.docker_socket(machine_health.find(name))
+
+
+MANAGER = "gpu-swarm-dev-manager-0"
 
 
 def swarm_node(name: str) -> dict:
-    for info in api.get(sock("node-1"), "/nodes"):
+    for info in api.get(sock(MANAGER), "/nodes"):
         if info["Description"]["Hostname"] == name:
             return info
     raise KeyError(name)
 
 
 def running_tasks() -> list[dict]:
-    return api.get(sock("node-1"), "/tasks", filters={"desired-state": ["running"]})
+    return [t for t in api.get(sock(MANAGER), "/tasks", filters={"desired-state": ["running"]})
+            if t.get("ServiceID") == smoke_service()]
+
+
+def smoke_service() -> str:
+    (service,) = [s["ID"] for s in api.get(sock(MANAGER), "/services") if s["Spec"]["Name"] == "gpu-smoke_gpu"]
+    return service
 
 
 def wait(what: str, predicate, start: float, timeout: float = 90) -> float:
@@ -131,14 +140,21 @@ def spot_round(victim: str, pause: float) -> dict:
     out = {"spot_drained_s": wait("the spot drain", lambda: swarm_node(victim)["Spec"]["Availability"] == "drain",
                                   start)}
     start = time.monotonic()
-    localswarm("node", "gpu-heal", victim, "--json")  # a rehearsal node survives its notice; the notice goes
+    localswarm("node", "gpu-heal", victim, "--json")  # the instance was left be; its notice goes
     out["spot_heal_to_active_s"] = wait("the node to be active again", lambda: (
         swarm_node(victim)["Spec"]["Availability"] == "active"), start)
     return out
 
 
+def machines_run_scale(replicas: int) -> None:
+    """The smoke stack's service at `replicas`, running, before the first round."""
+    from localswarm import machines
+    machines.run(machine_health.find(MANAGER), f"docker service scale gpu-smoke_gpu={replicas} >/dev/null",
+                 check=True, timeout=180)
+
+
 def worker_with_a_task() -> str:
-    by_id = {info["ID"]: info["Description"]["Hostname"] for info in api.get(sock("node-1"), "/nodes")
+    by_id = {info["ID"]: info["Description"]["Hostname"] for info in api.get(sock(MANAGER), "/nodes")
              if info["Spec"]["Role"] == "worker"}
     for task in running_tasks():
         if task["Status"]["State"] == "running" and task.get("NodeID") in by_id:
@@ -156,18 +172,17 @@ def main() -> int:
                         "bench runs")
     args = parser.parse_args()
     global REPLICAS
-    nodes, gpus, longest_pause = 3, 2, 20
+    nodes, longest_pause = 3, 20
     if args.smoke:
-        args.runs, gpus, longest_pause, REPLICAS = 1, 1, 0, 2
+        args.runs, nodes, longest_pause, REPLICAS = 1, 2, 0, 1
     rng = random.Random(args.seed)
-    stack = (REPO / "stacks" / "gpu-smoke.yml").read_text()
-    with tempfile.TemporaryDirectory() as tmp:
-        compose = Path(tmp) / "smoke.yml"
-        compose.write_text(re.sub(r"replicas: \d+", f"replicas: {REPLICAS}", stack, count=1))
-        if f"replicas: {REPLICAS}" not in compose.read_text():
-            sys.exit("stacks/gpu-smoke.yml has no `replicas:` line; update bench/health.py")
-        localswarm("down")
-        localswarm("up", "--nodes", str(nodes), "--gpus-per-node", str(gpus), "--stack", f"smoke={compose}", "--json")
+    localswarm("down")
+    pools = [{"name": "t4", "instanceType": "g4dn.xlarge", "count": nodes, "marketType": "spot"}]
+    values = {"gpu-swarm:gpuPools": {"value": json.dumps(pools), "objectValue": pools, "secret": False}}
+    localswarm("pulumi", "--stack", "dev", "config", "set-all", "--json", json.dumps(values))
+    localswarm("pulumi", "--stack", "dev", "config", "set", "--path", "gpu-swarm:health.recoverySeconds", str(RECOVERY_S))
+    localswarm("pulumi", "--stack", "dev", "up", "--yes")
+    machines_run_scale(REPLICAS)
     rounds = []
     try:
         for _ in range(args.runs):
@@ -178,8 +193,9 @@ def main() -> int:
         localswarm("down")
     if args.raw:
         args.raw.write_text(json.dumps(rounds, indent=2) + "\n")
-    lines = [f"{len(rounds)} rounds on a rehearsal of {nodes} nodes x {gpus} GPUs, {REPLICAS} one-GPU replicas; "
-             f"watcher every 1 s, reconciler every 1 s, recovery 5 s; seed {args.seed}.", f"Machine: {machine()}.",
+    lines = [f"{len(rounds)} rounds on the rehearsal of Pulumi's CLI: a manager and {nodes} spot GPU nodes of 1 GPU, "
+             f"{REPLICAS} one-GPU replica(s); the watcher's and reconciler's own intervals, recovery {RECOVERY_S} s; "
+             f"seed {args.seed}.", f"Machine: {machine()}.",
              "", side_by_side(rounds), "", "Every figure, seconds, median (min-max):"]
     for key in rounds[0]:
         values = [r[key] for r in rounds]

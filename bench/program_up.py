@@ -1,15 +1,15 @@
-"""Benchmark: the real `pulumi up` of the program (Pulumi's CLI, the rehearsal's machines) beside `localswarm up`.
+"""Benchmark: the real `pulumi up` of the program (Pulumi's CLI, the rehearsal's machines), first and again.
 
 Run as root after scripts/setup.sh:  .venv/bin/python bench/program_up.py [--runs N]
---smoke: one run of each (the shape is already the smallest), to see that the bench still runs.
+--smoke: one run (the shape is already the smallest), to see that the bench still runs.
 
-Both build one manager and one GPU node with one GPU and deploy the smoke stack; the two
-alternate (A B A B ...) so a drift of this machine's speed hits both. For each it prints the
-median and the spread (min-max) over N runs of the whole `up` (wall seconds, from a clean host:
-`down` runs before each, untimed). For `pulumi up` (`localswarm pulumi --stack dev up --yes`) it
-also prints a second `pulumi up` with nothing changed, and a roll of new node software
-(`--bump-node-software`), with the commands each ran a script of (localswarm/pulumi_cli.py
-last_run), and the boot steps of the median first run, as the stack's bootstrapTimings output has them.
+Each run builds the dev stack (one manager, one GPU node with one GPU, the smoke stack) from a
+clean host (`down` runs before it, untimed) with `localswarm pulumi --stack dev up --yes`; then a
+second `pulumi up` with nothing changed, and a roll of new node software (`--bump-node-software`),
+one after the other in the same run, so a drift of this machine's speed hits all three. It prints
+the median and the spread (min-max) over N runs of each, in wall seconds, with the commands each
+ran a script of (localswarm/pulumi_cli.py last_run), and the boot steps of the median first run,
+as the stack's bootstrapTimings output has them.
 """
 from __future__ import annotations
 
@@ -53,10 +53,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.smoke:
         args.runs = 1
-    fast, first, again, roll, boots, commands, ran_again, ran_roll = [], [], [], [], [], [], [], []
+    first, again, roll, boots, commands, ran_again, ran_roll = [], [], [], [], [], [], []
     for _ in range(args.runs):
-        localswarm("down")
-        fast.append(localswarm("up", "--nodes", "2", "--gpus-per-node", "1", "--json"))
         localswarm("down")
         seconds, ran = pulumi_up()
         first.append(seconds)
@@ -71,14 +69,8 @@ def main() -> int:
         roll.append(seconds)
         ran_roll.append(ran)
     localswarm("down")
-    print(f"{args.runs} runs each, alternating, on {subprocess.getoutput('nproc')} cores")
-    print(f"localswarm up --nodes 2 --gpus-per-node 1          {spread(fast)}")
-    print(f"pulumi up --stack dev (first up, Pulumi's CLI)     {spread(first)}   "
-          f"{statistics.median(first) / statistics.median(fast):.2f}x; {commands[0]} commands")
-    # Each first up against the fast up just before it: a drift of this machine's speed hits both.
-    pairs = [p / f for p, f in zip(first, fast)]
-    print(f"  each run's first up / its fast up: {' '.join(f'{r:.2f}' for r in pairs)}; "
-          f"median {statistics.median(pairs):.2f}x")
+    print(f"{args.runs} run(s) on {subprocess.getoutput('nproc')} cores")
+    print(f"pulumi up --stack dev (first up, Pulumi's CLI)     {spread(first)}   {commands[0]} commands")
     print(f"  again, nothing changed                           {spread(again)}   commands run: {ran_again}")
     print(f"  again, new node software (--bump-node-software)  {spread(roll)}   commands run: {ran_roll}")
     median = boots[sorted(range(len(first)), key=first.__getitem__)[len(first) // 2]]

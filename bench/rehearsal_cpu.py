@@ -1,14 +1,16 @@
-"""Benchmark: where the CPU goes while `localswarm up` runs (which processes, how many CPU-seconds).
+"""Benchmark: where the CPU goes while the rehearsal's `pulumi up` runs (which processes, how many CPU-seconds).
 
 Run as root after scripts/setup.sh, with no rehearsal up:
     .venv/bin/python bench/rehearsal_cpu.py [--nodes 8]
-    .venv/bin/python bench/rehearsal_cpu.py --smoke     # 1 node x 1 GPU: that the bench runs
+    .venv/bin/python bench/rehearsal_cpu.py --smoke     # 1 GPU node: that the bench runs
 
-It samples /proc every 0.1 s while one `up` runs, then prints each command name's CPU
-seconds: its own (processes alive at a sample; a process that lived less than 0.1 s is
-missed here) and its waited children's (where those short-lived ones end up: a bash
-script's `docker` calls are its "waited children"). Then it runs `down`. On a 2-core
-machine `up` has 2 CPU-seconds per second; compare the totals with its wall time.
+It sets the dev stack's GPU pool to --nodes g4dn.xlarge (1 GPU each), as a user sets it, and samples
+/proc every 0.1 s while one `localswarm pulumi --stack dev up --yes` runs (Pulumi's CLI, its plugins,
+the machines booting their user data and running the commands), then prints each command name's CPU
+seconds: its own (processes alive at a sample; a process that lived less than 0.1 s is missed here)
+and its waited children's (where those short-lived ones end up: a bash script's `docker` calls are
+its "waited children"). Then it runs `down`. On a 2-core machine `up` has 2 CPU-seconds per second;
+compare the totals with its wall time.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import collections
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,28 +43,32 @@ def sample(into: dict) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=8)
-    parser.add_argument("--gpus-per-node", type=int, default=2)
-    parser.add_argument("--smoke", action="store_true", help="1 node x 1 GPU: that the bench runs")
+    parser.add_argument("--nodes", type=int, default=8, help="GPU nodes of the pool (default %(default)s)")
+    parser.add_argument("--smoke", action="store_true", help="1 GPU node: that the bench runs")
     args = parser.parse_args()
     if args.smoke:
-        args.nodes, args.gpus_per_node = 1, 1
+        args.nodes = 1
+    localswarm = [sys.executable, "-m", "localswarm"]
+    subprocess.run([*localswarm, "down"], cwd=REPO, capture_output=True, check=True)
+    subprocess.run([*localswarm, "pulumi", "--stack", "dev", "config", "set", "--path", "gpu-swarm:gpuPools[0].count",
+                    str(args.nodes)], cwd=REPO, capture_output=True, check=True)
     before: dict = {}
     sample(before)
     seen: dict = {}
     started = time.monotonic()
-    up = subprocess.Popen([sys.executable, "-m", "localswarm", "up", "--nodes", str(args.nodes),
-                           "--gpus-per-node", str(args.gpus_per_node)], cwd=REPO,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    while up.poll() is None:
+    with tempfile.TemporaryFile("w+") as out:  # a pipe nobody reads while it runs would stall it
+        up = subprocess.Popen([*localswarm, "pulumi", "--stack", "dev", "up", "--yes"], cwd=REPO,
+                              stdout=out, stderr=subprocess.STDOUT, text=True)
+        while up.poll() is None:
+            sample(seen)
+            time.sleep(0.1)
+        wall = time.monotonic() - started
         sample(seen)
-        time.sleep(0.1)
-    wall = time.monotonic() - started
-    sample(seen)
-    err = up.stderr.read()
-    subprocess.run([sys.executable, "-m", "localswarm", "down"], cwd=REPO, capture_output=True)
+        out.seek(0)
+        err = out.read()
+    subprocess.run([*localswarm, "down"], cwd=REPO, capture_output=True)
     if up.returncode != 0:
-        sys.exit(f"up failed:\n{err}")
+        sys.exit(f"up failed:\n{err[-5000:]}")
     own, waited = collections.Counter(), collections.Counter()
     for pid, (comm, cpu, children) in seen.items():
         old = before.get(pid)
@@ -69,12 +76,12 @@ def main() -> int:
             cpu, children = cpu - old[1], children - old[2]
         own[comm] += cpu
         waited[comm] += children
-    print(f"`up` of {args.nodes} x {args.gpus_per_node} took {wall:.2f} s wall on {os.cpu_count()} cores "
+    print(f"`pulumi up` of a manager and {args.nodes} GPU node(s) took {wall:.2f} s wall on {os.cpu_count()} cores "
           f"({wall * os.cpu_count():.1f} CPU-seconds available)")
     print("own CPU-seconds by command:   " + ", ".join(f"{c} {v / TICKS:.2f}" for c, v in own.most_common(10)))
     print("waited children's CPU-seconds, by parent:   "
           + ", ".join(f"{c} {v / TICKS:.2f}" for c, v in waited.most_common(8)))
-    print("(`python` as a parent is `up` itself: every script, agent and CLI call it ran, all summed)")
+    print("(a parent's waited children are summed whole: `systemd-nspawn`'s are a machine's, `pulumi`'s its plugins')")
     return 0
 
 

@@ -15,6 +15,8 @@ from localswarm.host import RehearsalError
 from localswarm.standins import hardware
 from swarm.node_contract import NODE_ENV_PATH, SPOT_ENV
 
+DEFAULT_XID = 79  # "GPU has fallen off the bus"
+
 
 def find(hostname: str) -> machines.Machine:
     """The CLI's machine whose node has this hostname."""
@@ -32,7 +34,7 @@ def _watched(m: machines.Machine, hostname: str, action: str) -> None:
                              f"so nothing would act on a {action}")
 
 
-def gpu_fault(hostname: str, gpu: str | None = None, xid: int = 79) -> dict:
+def gpu_fault(hostname: str, gpu: str | None = None, xid: int = DEFAULT_XID) -> dict:
     m = find(hostname)
     gpus = [g["uuid"] for g in hardware.load(str(machines.hardware_file(m)))["gpus"]]
     gpu = gpu or (gpus[0] if gpus else None)
@@ -83,3 +85,30 @@ def maintenance_notice(hostname: str, code: str = "system-reboot", starts_in_s: 
     event = fake_imds.scheduled_event(hostname, code, starts_in_s)
     _notice(m, "maintenance-scheduled", [event])
     return {"node": hostname, **event}
+
+
+def gpu_load(hostname: str, container: str, kind: str, mib: int, utilization: int = 80) -> dict:
+    """A task's container "allocates" mib MiB on its GPU and keeps it busy: its first process appears among
+    its GPU's compute processes in the machine's stand-in hardware, as NVML lists a CUDA process. The pid is
+    the machine's own (its engine's answer): the exporter there maps it to the task through its cgroup."""
+    from localswarm import api, pulumi_host
+    from swarm.gpu_kind import resource_env_name
+    m = find(hostname)
+    try:
+        info = api.get(pulumi_host.docker_socket(m), f"/containers/{container}/json")
+    except (OSError, api.ApiError) as e:
+        raise RehearsalError(f"{hostname}: no container {container} ({e})") from None
+    pid = info["State"]["Pid"]
+    prefix = resource_env_name(kind) + "="
+    held = [v for e in info["Config"]["Env"] or [] if e.startswith(prefix) for v in e[len(prefix):].split(",") if v]
+    if not held or not pid:
+        raise RehearsalError(f"{hostname}: container {container[:12]} holds no {kind} GPU or is not running")
+    file = machines.hardware_file(m)
+    description = hardware.load(str(file))
+    gpu = next((g for g in description["gpus"] if g["uuid"] == held[0]), None)
+    if gpu is None:
+        raise RehearsalError(f"{hostname}: {held[0]} is not among its GPUs")
+    gpu["processes"] = [p for p in gpu.get("processes", []) if p["pid"] != pid] + [{"pid": pid, "used_mib": mib}]
+    gpu["utilization"] = {"gpu": utilization, "memory": utilization // 2}
+    machines.write_hardware(m, description)
+    return {"node": hostname, "container": container[:12], "gpu": held[0], "pid": pid, "mib": mib}

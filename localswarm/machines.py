@@ -342,6 +342,11 @@ def set_gpus(m: Machine, gpus: list[dict]) -> None:
     _write(hardware_file(m), _hardware_json(gpus))
 
 
+def write_hardware(m: Machine, description: dict) -> None:
+    """The machine's stand-in hardware, whole (its NVML stand-in re-reads it as soon as it changes)."""
+    _write(hardware_file(m), json.dumps(description, indent=1) + "\n")
+
+
 def set_gpu_fault(m: Machine, uuid: str, fault: dict | None) -> None:
     """Make one GPU fail ({"xid": 79}, {"ecc": "double"}, {"missing": true}, {"pending_retirement": true}),
     or heal it (None). The stand-ins read the file at once: see localswarm/standins/pynvml.py."""
@@ -349,4 +354,4 @@ def set_gpu_fault(m: Machine, uuid: str, fault: dict | None) -> None:
         description = hardware.with_fault(hardware.load(str(hardware_file(m))), uuid, fault)
     except KeyError:
         raise RehearsalError(f"machine {m.name} has no GPU {uuid}")
-    _write(hardware_file(m), json.dumps(description, indent=1) + "\n")
+    write_hardware(m, description)

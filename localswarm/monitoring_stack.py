@@ -9,11 +9,10 @@ images, pinned by their own digests:
   by service name is the real chain;
 - Grafana: Debian does not package it; the stand-in image takes its place, and the integration
   test runs every dashboard query against Prometheus instead.
-The deploy itself is swarm/monitoring.py's render() and deploy_monitoring(), as the program runs
-them; only the Engine socket Prometheus reads and the scrape interval (2 s) differ.
-`python -m localswarm.monitoring_stack --hub-images` pushes both images under Docker Hub names
-for `localswarm pulumi up`, whose machines use the registry as their Hub mirror, and prints the
-monitoringImages value to --set.
+The program deploys the stack itself, with its own script, as on AWS; the rehearsal sets
+monitoringImages to these (localswarm/pulumi_host.py), pushed under Docker Hub names, because its
+machines use the local registry as their Hub mirror. `python -m localswarm.monitoring_stack
+--hub-images` pushes them and prints the value.
 """
 from __future__ import annotations
 
@@ -33,15 +32,12 @@ from pathlib import Path
 
 from localswarm import api, registry
 from localswarm.host import RehearsalError, find_engine, run
-from localswarm.nodes import REGISTRY, Node, docker, run_script
-from localswarm.state import nodes_of, require_state
+from localswarm.nodes import REGISTRY, docker
 from swarm import monitoring
 from swarm.node_contract import MONITORING_STACK
 
 CACHE = Path("/var/cache/gpu-swarm/prometheus")
-REPOSITORY = "gpu-swarm/prometheus"  # in the local registry, for `localswarm up`
 HUB_NAMES = {"prometheus": "gpu-swarm-rehearsal/prometheus", "grafana": "gpu-swarm-rehearsal/grafana-standin"}
-SCRAPE_INTERVAL = "2s"  # the node's 15 s would make the integration test wait
 _ACCEPT = {"Accept": registry.MANIFEST_V2}
 
 
@@ -128,16 +124,6 @@ def prometheus_config() -> dict:
             "Env": ["PATH=/bin:/usr/bin"], "WorkingDir": "/prometheus", "ExposedPorts": {"9090/tcp": {}}}
 
 
-def images(progress=print) -> dict[str, str]:
-    """{service: image pinned by digest} for `localswarm up`'s nodes, which pull from the registry directly."""
-    deb = prometheus_deb(progress)
-    version = deb.name.split("_")[1].split("+")[0]
-    digest = push_image(REPOSITORY, version, prometheus_rootfs(deb), prometheus_config())
-    standin_repo, standin_tag = registry.STANDIN_IMAGE.removeprefix(f"{REGISTRY}/").rsplit(":", 1)
-    return {"prometheus": f"{REGISTRY}/{REPOSITORY}@{digest}",
-            "grafana": f"{REGISTRY}/{standin_repo}@{manifest_digest(standin_repo, standin_tag)}"}
-
-
 def hub_images(progress=print) -> dict[str, str]:
     """The same, under Docker Hub names, for `localswarm pulumi up` (machines pull through the mirror)."""
     deb = prometheus_deb(progress)
@@ -148,31 +134,7 @@ def hub_images(progress=print) -> dict[str, str]:
     return {"prometheus": f"{HUB_NAMES['prometheus']}@{prometheus}", "grafana": f"{HUB_NAMES['grafana']}@{grafana}"}
 
 
-def deploy(manager: Node, engine, progress=print, timeout: float = 120) -> dict:
-    """Deploy the monitoring stack as the program does, and wait until Prometheus answers.
-
-    Returns {"prometheus": {"node", "container"}, "images"}: query() asks that container. The
-    rehearsal's engines publish no ingress ports to this host (their namespaces have no NAT for
-    it), so the queries go in through `docker exec` and busybox's wget, where an operator's go
-    through the SSH tunnel to the published port."""
-    chosen = images(progress)
-    files = monitoring.render(chosen, docker_socket=manager.sock, scrape_interval=SCRAPE_INTERVAL)
-    text = monitoring.bundle(files)
-    run_script(manager, engine, monitoring.deploy_monitoring(monitoring.bundle_sha256(text)), stdin=text)
-    deadline = time.monotonic() + timeout
-    while True:
-        where = prometheus_task(manager)
-        if where and _wget(where, "/-/ready", check=False) is not None:
-            break
-        if time.monotonic() > deadline:
-            raise RehearsalError(f"Prometheus did not become ready in {timeout:.0f} s; see `docker service ps "
-                                 f"--no-trunc {MONITORING_STACK}_prometheus` on {manager.name}")
-        time.sleep(1)
-    progress(f"monitoring: Prometheus runs on {where['node']} (Grafana is a stand-in here: Debian has no package)")
-    return {"prometheus": where, "images": chosen}
-
-
-def prometheus_task(manager: Node) -> dict | None:
+def prometheus_task(manager) -> dict | None:
     """{"node", "container"} of the running Prometheus task, or None."""
     try:
         tasks = api.get(manager.sock, "/tasks", filters={"service": [f"{MONITORING_STACK}_prometheus"],
@@ -188,8 +150,10 @@ def prometheus_task(manager: Node) -> dict | None:
 
 
 def _wget(where: dict, path: str, check: bool = True, nodes: list | None = None) -> str | None:
-    """Ask Prometheus inside its task; nodes: the rehearsal's (`localswarm up`'s, unless given)."""
-    nodes = nodes_of(require_state()) if nodes is None else nodes
+    """Ask Prometheus inside its task; nodes: the machines of Pulumi's CLI (pulumi_cli.nodes(), unless given)."""
+    if nodes is None:
+        from localswarm import pulumi_cli
+        nodes = pulumi_cli.nodes()
     node = next((n for n in nodes if n.name == where["node"]), None)
     if node is None:
         raise RehearsalError(f"Prometheus runs on {where['node']}, which the rehearsal does not have")
@@ -216,7 +180,7 @@ def program_access(outputs: dict, nodes: list, timeout: float = 90) -> dict | No
     `monitoring` output (the SSH tunnel and the addresses it opens on the operator's machine) and
     where each answers in this rehearsal. Each is asked, so the report says what answers, not what
     should. The stack deploys with --detach=true, so Prometheus gets up to timeout seconds to start;
-    it is asked inside its task, as for `localswarm up --monitoring`, and each published port once
+    it is asked inside its task, and each published port once
     from this host, over the bridge."""
     access = outputs.get("monitoring") or {}
     if not access.get("tunnel"):

@@ -5,24 +5,25 @@ A task's GPUs are read from its container's configuration on its node (`docker i
 task's processes did with their environment since. When the node cannot be asked (its
 engine is down), the manager's record of the assignment is shown and marked as such.
 Tasks that ended are shown too (node/stack_tasks.py decides what counts as settled).
-Everything is read through the engines' API (localswarm.api): `up` and the tests poll this.
+Everything is read through the engines' API (localswarm.api): `status` and the tests poll this.
 """
 from __future__ import annotations
 
 import http.client
 import json
 import threading
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from localswarm import api
 from localswarm.host import Engine, RehearsalError
 from localswarm import task_runs
-from localswarm.nodes import Node
-from localswarm.task_runs import outcome  # noqa: F401 (for the callers of placement)
 from swarm.gpu_kind import resource_env_name, slot_gpu
 from swarm.labels import POOL_LABEL, CONDITION_LABEL, DRAINED_BY_LABEL, HEALTH_LABEL, HEALTH_LAST_LABEL, MAINTENANCE_LABEL
 from swarm.node_contract import AUTOSCALE_STATUS_LABEL, SENTINEL_SERVICE
 from swarm.rollout import advertised_gpus
+
+if TYPE_CHECKING:
+    from localswarm.pulumi_host import ViewNode as Node  # a machine of Pulumi's CLI, as this reads it
 
 
 def _get(node: Node, path: str, **query):

@@ -24,14 +24,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from localswarm.host import Engine, RehearsalError
-from localswarm.nodes import REGISTRY, STATE_ROOT, Node, docker
+from localswarm.host import RehearsalError
+from localswarm.nodes import REGISTRY, STATE_ROOT
 
 REGISTRY_DIR = STATE_ROOT / "registry"
-STANDIN_IMAGE = f"{REGISTRY}/gpu-swarm/standin:1"
 STANDIN_FILES = Path(__file__).resolve().parent / "standin"
 STANDIN_SCRIPTS = ("nvidia-smi", "gpu-standin")
 STANDIN_CMD = ["/usr/bin/gpu-standin"]
@@ -44,10 +42,6 @@ def busybox_applets() -> tuple[str, ...]:
     """Every applet of this machine's busybox: the stand-in links them all, so service commands run."""
     out = subprocess.run([shutil.which("busybox"), "--list"], capture_output=True, text=True, check=True).stdout
     return tuple(sorted(set(out.split()) - set(STANDIN_SCRIPTS) - {"busybox"}))
-
-
-def standin_programs() -> set[str]:
-    return {*busybox_applets(), *STANDIN_SCRIPTS}
 
 
 def start_registry() -> int:
@@ -102,30 +96,6 @@ def _standin_rootfs() -> bytes:
         for script in STANDIN_SCRIPTS:
             tar.add(STANDIN_FILES / script, f"usr/bin/{script}")
     return buf.getvalue()
-
-
-def push_standin(node: Node, engine: Engine) -> str:
-    """Build the stand-in on one node's engine and push it, so every node can pull it."""
-    proc = subprocess.run([engine.docker, "-H", f"unix://{node.sock}", "import",
-                           "--change", f"CMD {json.dumps(STANDIN_CMD)}",
-                           *[arg for env in STANDIN_ENV for arg in ("--change", f"ENV {env}")],
-                           "-", STANDIN_IMAGE], input=_standin_rootfs(), capture_output=True,
-                          env=engine.env(), timeout=60)
-    if proc.returncode != 0:
-        raise RehearsalError(f"could not build the stand-in image: {proc.stderr.decode().strip()}")
-    docker(node, engine, "push", "-q", STANDIN_IMAGE, timeout=60)
-    return STANDIN_IMAGE
-
-
-def pull_standin(nodes: list[Node], engine: Engine) -> None:
-    """Put the pushed stand-in on these nodes, as a GPU node builds its check image at boot.
-
-    The post-join GPU check and the stacks run it; pulled beforehand, while the swarm forms,
-    no admission waits for its download (a second under load), only for a manifest check.
-    """
-    if nodes:
-        with ThreadPoolExecutor(max_workers=min(8, len(nodes))) as pool:
-            list(pool.map(lambda n: docker(n, engine, "pull", "-q", STANDIN_IMAGE, timeout=60), nodes))
 
 
 # --- the stand-in under Docker Hub names, without an engine on this host ------------------------

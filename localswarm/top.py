@@ -3,19 +3,17 @@ and the idle GPUs cost, on the rehearsal; and, where the monitoring stack runs, 
 Prometheus answers it.
 
 The same program an operator runs on a manager: it asks a manager's engine for the nodes and
-scrapes each node's exporter (localswarm/metrics.py runs one on every node, at the node's own
-address), so what the rehearsal shows is what a cluster shows. The panel's PromQL is read from
+scrapes each node's exporter (the unit its user data installed on every GPU node, at the node's
+own address), so what the rehearsal shows is what a cluster shows. The panel's PromQL is read from
 the provisioned dashboard (swarm/monitoring.py), never written here.
 """
 from __future__ import annotations
 
 import re
 import sys
-import time
 
-from localswarm import metrics, monitoring_stack
+from localswarm import monitoring_stack
 from localswarm.host import CLI, REPO, RehearsalError
-from localswarm.state import nodes_of, require_state
 from swarm import monitoring, node_module
 
 
@@ -33,24 +31,21 @@ gpu_top = _gpu_top()
 def top() -> dict:
     """{"gpus": [{node, gpu, index, model, service, task, memory_used_mib, ...}], "errors": [...],
     "dashboard": {title, expr, unit, rows: [{legend, value}]} or {title, expr, absent}}"""
-    state = require_state()
-    nodes = nodes_of(state)
+    from localswarm import pulumi_cli
+    nodes = pulumi_cli.nodes() if pulumi_cli.holds_machines() else []
     manager = next((n for n in nodes if n.role == "manager"), None)
+    if manager is None:
+        raise RehearsalError(f"no rehearsal is up: `{CLI} pulumi up` makes one")
     try:
         swarm = gpu_top.swarm_nodes(manager.sock)
     except gpu_top.DockerUnavailable as e:
         raise RehearsalError(f"{e}; is the rehearsal's first manager up?") from None
-    missing = [n.name for n in nodes if not metrics.exporting(n)]
     view = gpu_top.collect(swarm)
-    if missing:
-        view["errors"] += [{"node": name, "error": f"no exporter running (see {metrics.log_file(n)})"}
-                           for name, n in ((n.name, n) for n in nodes) if name in missing
-                           and not any(e["node"] == name for e in view["errors"])]
-    view["dashboard"] = dashboard_top_panel(manager)
+    view["dashboard"] = dashboard_top_panel(manager, nodes)
     return view
 
 
-def dashboard_top_panel(manager) -> dict:
+def dashboard_top_panel(manager, nodes: list) -> dict:
     """The dashboard's top panel, its first query asked of the rehearsal's Prometheus as Grafana would.
     A Prometheus that runs but refuses the query is an error (it raises); no monitoring stack is not."""
     panel = monitoring.top_panel()
@@ -58,23 +53,11 @@ def dashboard_top_panel(manager) -> dict:
     shown = {"title": panel["title"], "expr": target["expr"], "unit": panel["fieldConfig"]["defaults"].get("unit")}
     where = monitoring_stack.prometheus_task(manager)
     if where is None:
-        return {**shown, "absent": f"the monitoring stack is not running: `{CLI} up --monitoring` deploys it"}
+        return {**shown, "absent": "the monitoring stack is not running: `pulumi config set gpu-swarm:monitoring "
+                                   "true` and an up deploy it"}
     rows = [{"legend": legend(target.get("legendFormat", ""), r["metric"]), "value": float(r["value"][1])}
-            for r in monitoring_stack.query(where, monitoring.as_grafana_sends(target["expr"]))]
+            for r in monitoring_stack.query(where, monitoring.as_grafana_sends(target["expr"]), nodes=nodes)]
     return {**shown, "prometheus_on": where["node"], "rows": sorted(rows, key=lambda r: r["legend"])}
-
-
-def cost_now(timeout: float = 20) -> dict:
-    """What each service and the idle GPUs cost now, as the exporters share their nodes' prices (gpu_top's
-    cost), for `up`'s report: the exporters start last, so they get up to `timeout` seconds to answer."""
-    nodes = nodes_of(require_state())
-    manager = next(n for n in nodes if n.role == "manager")
-    deadline = time.monotonic() + timeout
-    while True:
-        view = gpu_top.collect(gpu_top.swarm_nodes(manager.sock))
-        if not view["errors"] or time.monotonic() > deadline:
-            return {**view["cost"], "errors": view["errors"]}
-        time.sleep(1)
 
 
 def legend(fmt: str, labels: dict) -> str:

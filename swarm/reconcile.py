@@ -11,10 +11,11 @@ of a pool it no longer has go like any other.
 """
 from __future__ import annotations
 
-from swarm.labels import POOL_LABEL, STACK_NAMESPACE_LABEL
+from swarm.labels import POOL_LABEL
 from swarm.rollout import longest_grace_function, manager_ready, wait_tasks_stopped
 from swarm.script import node_id, quote, script, swarm_name, wait_until
-from swarm.stacks import DEFAULT_WAIT_SECONDS, STACK_MARKER_PREFIX, note_moving_stacks, settle_moved_stacks
+from swarm.stacks import (DEFAULT_WAIT_SECONDS, STACK_MARKER_PREFIX, note_moving_stacks, remove_stack_function,
+                          settle_moved_stacks)
 
 
 def reconcile(*, nodes: list[str], stacks: list[str], drain_timeout_s: int = 300,
@@ -31,13 +32,13 @@ def reconcile(*, nodes: list[str], stacks: list[str], drain_timeout_s: int = 300
     stopped_nodes = " ".join(node_id(n) for n in sorted(set(stopped) & set(nodes)))
     keep_stacks = " ".join(swarm_name(s, "stack name") for s in sorted(set(stacks)))
     keep_pools = " ".join(swarm_name(p, "pool name") for p in sorted(set(elastic_pools)))
-    namespace = f'"label={STACK_NAMESPACE_LABEL}=$name"'
     return script(
         *manager_ready(),
         f"keep_nodes=' {keep_nodes} '",
         f"keep_stacks=' {keep_stacks} '",
         "moved=''",
         *longest_grace_function(),
+        *remove_stack_function(),
         f"for id in $(docker node ls -q --filter {quote('node.label=' + POOL_LABEL)}); do",
         '  case "$keep_nodes" in *" $id "*) continue ;; esac',
         *_elastic_kept(keep_pools),
@@ -54,9 +55,7 @@ def reconcile(*, nodes: list[str], stacks: list[str], drain_timeout_s: int = 300
         f'  name=${{marker#"{STACK_MARKER_PREFIX}"}}',
         '  case "$keep_stacks" in *" $name "*) continue ;; esac',
         '  echo "removing stack $name, which the program no longer has"',
-        "  if docker stack ls --format '{{.Name}}' | grep -qx -- \"$name\"; then docker stack rm \"$name\" >/dev/null; fi",
-        *_indent(wait_until(f'[ -z "$(docker service ls -q --filter {namespace})$(docker network ls -q --filter {namespace})" ]',
-                            stack_timeout_s, "stack $name still has services or networks", interval_s=1)),
+        f'  remove_stack "$name" {int(stack_timeout_s)} >/dev/null',
         '  docker config rm "$marker" >/dev/null',
         "done",
         *_kept_nodes_ready(settle_timeout_s, stopped_nodes),

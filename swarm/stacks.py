@@ -107,19 +107,39 @@ def remove_stack(name: str, *, timeout_s: int = 120) -> str:
     `docker stack rm` returns before its services and networks are gone, and a deploy
     of the same name meanwhile fails on the leftover network.
     """
-    return script(*remove_stack_lines(name, timeout_s))
+    return script(*remove_stack_function(), f"remove_stack {quote(swarm_name(name, 'stack name'))} {int(timeout_s)}",
+                  f"docker config rm {quote(marker(name))} >/dev/null 2>&1 || true")
 
 
-def remove_stack_lines(name: str, timeout_s: int) -> list[str]:
-    stack = quote(swarm_name(name, "stack name"))
-    label = quote(f"label={STACK_NAMESPACE_LABEL}={name}")
+def remove_stack_function() -> list[str]:
+    """Lines that define `remove_stack NAME SECONDS`: remove the stack (one that is not there is
+    fine) and wait until none of its services and networks is left, or fail after SECONDS.
+
+    Swarm refuses to remove a network that a task still runs on (moby/swarmkit#2726), and
+    `docker stack rm` removes the networks right after the services, whose tasks may take a moment
+    to stop: it then fails with "... is in use by task" and leaves the network. The wait removes
+    such a network again once the stack's services are gone, so the stack does go."""
     return [
-        f"if docker stack ls --format '{{{{.Name}}}}' | grep -qx {stack}; then",
-        f"  docker stack rm {stack} >/dev/null; echo 'stack {name} removed'",
-        "else",
-        f"  echo 'stack {name} not deployed'",
-        "fi",
-        *wait_until(f'[ -z "$(docker service ls -q --filter {label})$(docker network ls -q --filter {label})" ]',
-                    timeout_s, f"stack {name} still has services or networks", interval_s=1),
-        f"docker config rm {quote(marker(name))} >/dev/null 2>&1 || true",
+        "stack_gone() {",
+        '  [ -z "$(docker service ls -q --filter "$1")" ] || return 1',
+        '  local nets; nets=$(docker network ls -q --filter "$1")',
+        '  [ -n "$nets" ] || return 0',
+        "  # shellcheck disable=SC2086  # one ID a word",
+        "  docker network rm $nets >/dev/null 2>&1 || true",
+        '  [ -z "$(docker network ls -q --filter "$1")" ]',
+        "}",
+        "remove_stack() {",
+        f'  local name=$1 limit=$2 label="label={STACK_NAMESPACE_LABEL}=$1" err',
+        "  if docker stack ls --format '{{.Name}}' | grep -qx -- \"$name\"; then",
+        '    err=$(docker stack rm "$name" 2>&1 >/dev/null) || case "$err" in',
+        '      *"is in use by task"*) ;;',
+        '      *) printf \'%s\\n\' "$err" >&2; return 1 ;;',
+        "    esac",
+        '    echo "stack $name removed"',
+        "  else",
+        '    echo "stack $name not deployed"',
+        "  fi",
+        *["  " + line for line in wait_until('stack_gone "$label"', "limit", "stack $name still has services or networks",
+                                          interval_s=1)],
+        "}",
     ]

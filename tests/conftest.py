@@ -347,7 +347,7 @@ def engine():
 # test_pulumi_capacity_block goes last: beside the host-engine group (the GPU benches) the MPS bench's stall
 # drill missed its 30 s in both CIs of stop 53, and passed alone in 173.8 s (stop 53's closing note).
 SLOWEST_FIRST = ("test_pulumi_up", "test_program_day2", "test_elastic_rehearsal", "test_pulumi_pool", "test_benches",
-                 "test_gpu_mps_bench", "test_pulumi_spot", "test_localswarm",
+                 "test_gpu_mps_bench", "test_pulumi_spot", "test_metrics_rehearsal",
                  "test_program_stacks", "test_sharing_rehearsal", "test_pulumi_leader_change", "test_pulumi_capacity_block")
 
 

@@ -3,22 +3,19 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
+import re
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import pytest
 
 from localswarm import machines, pulumi_cli, pulumi_host
 from localswarm.host import REPO, RehearsalError, find_engine, run
-from localswarm.nodes import Node, docker, run_script
-from localswarm.registry import STANDIN_IMAGE
-from localswarm.state import find_node, nodes_of, require_state
 from swarm.node_contract import DOCKER_TASK_ID
-from swarm.script import RETRY_TRANSIENT_SWARM_ERRORS, script
 
 KIND = "NVIDIA-GPU"
 CLI_MANAGER = "gpu-swarm-dev-manager-0"  # the first manager of the dev stack that Pulumi's CLI makes
@@ -38,14 +35,6 @@ def require_engine():
     pytest.skip(missing)
 
 
-def rehearsal_up(*args: str):
-    """A module's rehearsal, for `yield from` in a fixture: what an interrupted run left is
-    removed first (it must not fail the suite), and `down` runs when the module is done."""
-    cli("down")
-    yield cli_json("up", *args)
-    cli("down")
-
-
 def cli(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "localswarm", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout)
@@ -57,6 +46,17 @@ def cli(*args: str, check: bool = True, timeout: float = 600) -> subprocess.Comp
 def pulumi(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
     """Pulumi's CLI on the rehearsal's dev stack (`localswarm pulumi --stack dev ARGS`), as it ended."""
     return cli("pulumi", "--stack", "dev", *args, check=False, timeout=timeout)
+
+
+def config_set_all(settings: dict, secrets: dict | None = None) -> None:
+    """The project's inputs set as a user sets them, `pulumi config set-all --json` on the dev stack: a string
+    as a plain value, anything else as an object (the shape `pulumi config --json` prints)."""
+    values = {f"gpu-swarm:{k}": ({"value": v, "secret": False} if isinstance(v, str) else
+                                 {"value": json.dumps(v), "objectValue": v, "secret": False})
+              for k, v in settings.items()}
+    values.update({f"gpu-swarm:{k}": {"value": v, "secret": True} for k, v in (secrets or {}).items()})
+    done = pulumi("config", "set-all", "--json", json.dumps(values))
+    assert done.returncode == 0, done.stderr
 
 
 def diagnostics(proc: subprocess.CompletedProcess) -> str:
@@ -82,6 +82,7 @@ def cli_json(*args: str) -> dict:
 
 
 def status() -> dict:
+    """The swarm of the CLI's machines (the dev stack's), as `localswarm status --json` shows it."""
     return cli_json("status")
 
 
@@ -118,21 +119,6 @@ def node_of(view: dict, name: str) -> dict:
     return next(n for n in view["nodes"] if n["name"] == name)
 
 
-def advertised(view: dict) -> dict[str, set[str]]:
-    return {n["name"]: set(n["gpus"]) for n in view["nodes"]}
-
-
-def manager() -> Node:
-    return next(n for n in nodes_of(require_state()) if n.role == "manager")
-
-
-def node_update(engine, node: str, *args: str) -> None:
-    """An operator's `docker node update`, through the retry every manager-side script of the program
-    uses (swarm/script.py): swarm answers "update out of sequence" when the node changed between the
-    CLI's read and its write, as it does when its agent registers again after its labels changed."""
-    run_script(manager(), engine, script(RETRY_TRANSIENT_SWARM_ERRORS, shlex.join(["docker", "node", "update", *args, node])))
-
-
 @dataclass(frozen=True)
 class Engines:
     """How a test reaches the engines of a rehearsal's nodes: docker(hostname, *args) on one, the hostname
@@ -141,13 +127,6 @@ class Engines:
     lead: str
     docker: Callable[..., subprocess.CompletedProcess]
     image: str
-
-
-def fast_engines(engine) -> Engines:
-    """The nodes of `localswarm up`'s rehearsal, each through its engine's socket on this host."""
-    def on(host: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return docker(find_node(require_state(), host), engine, *args, check=check)
-    return Engines(manager().name, on, STANDIN_IMAGE)
 
 
 def cli_engines() -> Engines:
@@ -215,3 +194,26 @@ def ami_of(hostname: str) -> str:
     cloud-init read at boot)."""
     out = machines.run(machine(hostname), ["cloud-init", "query", "ds.meta_data"], check=True).stdout
     return json.loads(out)["ami-id"]
+
+
+def our_processes() -> list[str]:
+    """Live (non-zombie) processes whose command line or environment points into this lane's rehearsal
+    folders: its machines', and localswarm's own (another lane's rehearsal may run beside it:
+    localswarm/lane.py)."""
+    from localswarm import lane
+    roots = (lane.MACHINES_STATE, lane.NAMESPACED_STATE, lane.NAMESPACED_RUN)
+    ours = re.compile("|".join(rf"{re.escape(str(root))}(?=[/\s=:]|$)" for root in roots))
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environ = (proc / "environ").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if (ours.search(cmdline) or ours.search(environ)) and "pytest" not in cmdline:
+            found.append(f"{proc.name}: {cmdline}")
+    return found

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from localswarm import api, elastic_cloud, machines, network, pulumi_cli, pulumi_host
-from tests.rehearsal_tools import cli, diagnostics, pulumi, require_engine
+from tests.rehearsal_tools import cli, config_set_all, diagnostics, pulumi, require_engine
 
 pytestmark = pytest.mark.integration
 POOLS = [{"name": "t4", "instanceType": "g4dn.xlarge", "autoscale": {"max": 2, "idleMinutes": 1}}]
@@ -73,8 +73,7 @@ def life():
     cli("down")
     facts: dict = {}
     try:
-        _pulumi("config", "set-all", "--json", json.dumps(
-            {"gpu-swarm:gpuPools": {"value": json.dumps(POOLS), "objectValue": POOLS, "secret": False}}))
+        config_set_all({"gpuPools": POOLS})
         _pulumi("up", "--yes")
         facts["first_up_nodes"] = [n["name"] for n in pulumi_cli.status("dev")["nodes"]]
         nodes, tasks = _until("two running replicas", lambda n, t: len(_gpu_tasks(t)) == 2, 420)

@@ -1,4 +1,4 @@
-"""The rehearsal's checks that run before anything is created: arguments, root, engine, stacks."""
+"""The rehearsal's checks that run before anything is created: root, the engine, the hints it prints."""
 from __future__ import annotations
 
 import os
@@ -9,27 +9,11 @@ from pathlib import Path
 import pytest
 
 from to_node.software import min_versions
-import yaml
 
-from localswarm import host, rehearsal
+from localswarm import host
 from localswarm.host import RehearsalError
-from localswarm.stacks import _missing_programs, prepare_stack
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.mark.parametrize("kwargs, message", [
-    ({"n_nodes": 0}, "--nodes must be between 1 and 32"),
-    ({"n_nodes": 40}, "--nodes must be between 1 and 32"),
-    ({"gpus": -1}, "--gpus-per-node must be between 0 and 16"),
-    ({"managers": 2}, "--managers must be 1, 3, 5 or 7"),
-    ({"n_nodes": 2, "managers": 3}, "at most --nodes"),
-    ({"kind": "NVIDIA GPU"}, "--kind: invalid GPU resource kind"),
-])
-def test_bad_arguments_are_refused(kwargs, message):
-    args = {"n_nodes": 3, "gpus": 2, "managers": 1, "kind": "NVIDIA-GPU", **kwargs}
-    with pytest.raises(RehearsalError, match=message):
-        rehearsal._check_args(**args)
 
 
 @pytest.mark.parametrize("sudo, how", [("/usr/bin/sudo", "(sudo before the command, or a root shell)"),
@@ -59,47 +43,6 @@ def test_an_engine_of_another_release_names_the_pin_and_the_fix(monkeypatch, tmp
     assert "DOCKER_VERSION" in text and "scripts/setup.sh" in text
 
 
-def test_a_misindented_stack_is_refused_before_deploy(tmp_path):
-    bad = tmp_path / "bad.yml"
-    bad.write_text(
-        "services:\n  gpu:\n    image: x\n    deploy:\n      resources:\n        reservations:\n"
-        "          generic_resources:\n            - discrete_resource_spec:\n"
-        "              kind: NVIDIA-GPU\n              value: 1\n")
-    with pytest.raises(RehearsalError, match="discrete_resource_spec"):
-        prepare_stack(bad, "bad", "NVIDIA-GPU", 2, 6, scale=False, say=lambda m: None)
-
-
-def test_the_default_stack_keeps_its_own_command_on_the_stand_in():
-    said = []
-    out = prepare_stack(REPO / "stacks" / "gpu-smoke.yml", "smoke", "NVIDIA-GPU", 2, 6, scale=True, say=said.append)
-    svc = yaml.safe_load(out["text"])["services"]["gpu"]
-    original = yaml.safe_load((REPO / "stacks" / "gpu-smoke.yml").read_text())["services"]["gpu"]
-    assert svc["image"].endswith("/gpu-swarm/standin:1")
-    assert svc["command"] == original["command"]  # sh -c 'nvidia-smi -L; exec sleep infinity' runs as written
-    assert svc["deploy"]["replicas"] == 7
-    assert any("not available offline" in m for m in said)
-
-
-@pytest.mark.parametrize("service, missing", [
-    ({"command": ["sh", "-c", "nvidia-smi -L; exec sleep infinity"]}, []),
-    ({"command": "python3 train.py"}, ["python3"]),
-    ({"entrypoint": ["/opt/conda/bin/python"], "command": ["x"]}, ["python"]),
-    ({"command": ["bash", "-c", "FOO=1 torchrun --nproc 1 t.py && echo done"]}, ["bash", "torchrun"]),
-    ({}, []),
-])
-def test_commands_the_stand_in_cannot_run_are_found(service, missing):
-    assert _missing_programs(service) == missing
-
-
-def test_a_command_the_stand_in_cannot_run_is_replaced_and_said(tmp_path):
-    stack = tmp_path / "train.yml"
-    stack.write_text("services:\n  train:\n    image: pytorch/pytorch\n    command: python3 train.py\n")
-    said = []
-    svc = yaml.safe_load(prepare_stack(stack, "train", "NVIDIA-GPU", 2, 6, scale=False, say=said.append)["text"])
-    assert "command" not in svc["services"]["train"]
-    assert any("needs python3, which the stand-in lacks" in m for m in said)
-
-
 def test_hints_name_the_command_as_the_readme_shows_it():
     readme = (REPO / "README.md").read_text()
     assert host.COMMAND == ".venv/bin/python -m localswarm" and host.COMMAND in readme
@@ -112,14 +55,9 @@ def test_hints_name_the_command_as_the_readme_shows_it():
 
 
 def test_cli_reports_errors_without_a_traceback():
-    proc = subprocess.run([sys.executable, "-m", "localswarm", "up", "--nodes", "0"], cwd=REPO,
-                          capture_output=True, text=True)
+    env = {**os.environ, "GPU_SWARM_PULUMI_ROOT": "/nonexistent"}  # no rehearsal's machines
+    proc = subprocess.run([sys.executable, "-m", "localswarm", "node", "gpu-fault", "gpu-swarm-dev-nowhere-0"],
+                          cwd=REPO, capture_output=True, text=True, env=env)
     assert proc.returncode == 1
-    assert proc.stderr.startswith("localswarm: --nodes must be between 1 and 32")
+    assert proc.stderr.startswith("localswarm: no machine of Pulumi's CLI is gpu-swarm-dev-nowhere-0")
     assert "Traceback" not in proc.stderr
-
-
-def test_stack_names_from_files():
-    assert rehearsal.stack_name(Path("stacks/gpu-smoke.yml")) == "smoke"
-    assert rehearsal.stack_name(Path("My Train.yaml")) == "my-train"
-    assert rehearsal.stack_name(Path("gpu-.yml")) == "gpu-"

@@ -226,11 +226,11 @@ def test_the_top_panel_is_the_dashboards_top_left_one_and_top_reads_its_query_fr
     moved = tmp_path / "dashboard.json"
     moved.write_text(json.dumps(changed))
     monkeypatch.setattr(monitoring, "DASHBOARD", moved)
-    shown = top.dashboard_top_panel(manager=type("Gone", (), {"sock": str(tmp_path / "no.sock")})())
+    shown = top.dashboard_top_panel(type("Gone", (), {"sock": str(tmp_path / "no.sock")})(), nodes=[])
     assert shown["title"] == changed["panels"][3]["title"] and shown["expr"] == changed["panels"][3]["targets"][0]["expr"]
-    assert "up --monitoring" in shown["absent"]
+    assert "pulumi config set gpu-swarm:monitoring true" in shown["absent"]
     text = top.render({"gpus": [], "errors": [], "dashboard": shown})
-    assert f"Dashboard's top panel: {shown['title']}" in text and "up --monitoring" in text
+    assert f"Dashboard's top panel: {shown['title']}" in text and "gpu-swarm:monitoring true" in text
 
 
 @pytest.mark.parametrize("fmt, labels, shown", [

@@ -34,7 +34,7 @@ from localswarm.fake_aws import CUSTOM_AMI, CUSTOM_AMI_NEXT
 from localswarm.local_cloud import EC2_SUBNET, INSTANCE
 from node.contract import CLOUD_INIT_STATUS
 from swarm.node_contract import MONITORING_STACK, MPS_DIR
-from tests.rehearsal_tools import ami_of, cli, diagnostics, pulumi, require_engine, tasks_of, until
+from tests.rehearsal_tools import ami_of, cli, config_set_all, diagnostics, pulumi, require_engine, tasks_of, until
 
 pytestmark = pytest.mark.integration
 
@@ -56,12 +56,7 @@ MANAGERS = ["gpu-swarm-dev-manager-0", "gpu-swarm-dev-manager-1", "gpu-swarm-dev
 def up(settings: dict, *extra: str, secrets: dict | None = None, check: bool = True):
     """The inputs set (`pulumi config set-all --json`), then `pulumi up --yes`; the swarm's view after it,
     with the run's commands and drains (pulumi_cli.last_run()) and each node's GPU check (the inventory)."""
-    values = {f"gpu-swarm:{k}": ({"value": v, "secret": False} if isinstance(v, str) else
-                                 {"value": json.dumps(v), "objectValue": v, "secret": False})
-              for k, v in settings.items()}
-    values.update({f"gpu-swarm:{k}": {"value": v, "secret": True} for k, v in (secrets or {}).items()})
-    set_all = pulumi("config", "set-all", "--json", json.dumps(values))
-    assert set_all.returncode == 0, set_all.stderr
+    config_set_all(settings, secrets)
     proc = pulumi("up", "--yes", *extra)
     if not check:
         return proc

@@ -13,11 +13,12 @@ import json
 import re
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
-from localswarm import fake_prices, monitoring_stack, pulumi_cli
-from tests.rehearsal_tools import cli, diagnostics, pulumi, require_engine, tasks_of
+from localswarm import fake_prices, lane, machines, monitoring_stack, network, pulumi_cli
+from tests.rehearsal_tools import cli, diagnostics, our_processes, pulumi, require_engine, tasks_of
 
 pytestmark = pytest.mark.integration
 
@@ -104,6 +105,61 @@ def test_with_monitoring_on_up_says_where_to_look_and_prometheus_answers_there(d
     assert "\n".join(dev["cost"]["table"]) in out
 
 
+def test_stacks_whose_tasks_end_settle_and_each_task_is_reported_with_its_end(dev):
+    """The dev stack swapped for two: Compose's `nvidia-smi -L` job (7 one-GPU replicas on the one GPU, the
+    default restart policy) and tasks that end under restart_policy none, on-failure and as a replicated job.
+    Each deploy settles on them; the swarm's view reports each one's last run, exit code and GPU."""
+    config_set("stacks[0].name", "job")
+    config_set("stacks[0].file", "stacks/examples/gpu-job.yml")
+    config_set("stacks[1].name", "ends")
+    config_set("stacks[1].file", "tests/data/stacks/tasks-that-end.yml")
+    done = pulumi("up", "--yes")
+    assert done.returncode == 0, diagnostics(done)
+    view = pulumi_cli.status("dev")
+    assert not tasks_of(view, "gpu-smoke_gpu")  # the stack the program no longer has is gone
+    smi = tasks_of(view, "job_smi")
+    assert len(smi) == 7
+    ran = [t for t in smi if t["last_run"]]
+    assert ran, smi
+    offered = {n["name"]: set(n["gpus"]) for n in view["nodes"]}
+    for t in ran:
+        assert t["exit_code"] == 0 and t["last_run"]["state"] == "complete"
+        (gpu,) = t["last_run"]["gpus"]
+        assert gpu in offered[t["last_run"]["node"]]
+    assert all(t["last_run"] or "insufficient resources" in t["reason"] for t in smi)
+    (once,) = tasks_of(view, "ends_once")
+    assert (once["state"], once["ended"], once["exit_code"]) == ("complete", True, 0)
+    (fails,) = tasks_of(view, "ends_fails-once")
+    assert (fails["state"], fails["ended"], fails["exit_code"]) == ("failed", True, 3)
+    (until_ok,) = tasks_of(view, "ends_until-ok")
+    assert (until_ok["state"], until_ok["ended"], until_ok["exit_code"]) == ("complete", True, 0)
+    batch = tasks_of(view, "ends_batch")
+    assert len(batch) == 3 and all(t["state"] == "complete" and t["ended"] for t in batch)
+    assert set(outputs()["stackTasks"]) == {"job", "ends"}
+    table = cli("pulumi", "--stack", "dev", "--status").stdout
+    assert "LAST RUN" in table and "EXIT" in table
+
+
+def test_compose_gpu_requests_run_as_the_rewritten_stack(dev):
+    """Ollama as its guides write it (`gpus: all`), in place of the stacks above: the preview rewrites it for
+    swarm and says so, and its task holds every GPU of its node; the web UI holds none."""
+    done = pulumi("config", "rm", "--path", "gpu-swarm:stacks[1]")
+    assert done.returncode == 0, done.stderr
+    config_set("stacks[0].name", "ollama")
+    config_set("stacks[0].file", "stacks/examples/ollama.yml")
+    done = pulumi("up", "--yes")
+    assert done.returncode == 0, diagnostics(done)
+    assert "services.ollama.gpus: count all" in " ".join(outputs()["stacks"]["ollama"]["rewrites"])
+    view = pulumi_cli.status("dev")
+    (ollama,) = tasks_of(view, "ollama_ollama")
+    (gpu_node,) = [n for n in view["nodes"] if n["gpus"]]
+    assert ollama["state"] == "running" and ollama["gpus_from"] == "container" and ollama["node"] == gpu_node["name"]
+    assert set(ollama["gpus"]) == set(gpu_node["gpus"])
+    (webui,) = tasks_of(view, "ollama_open-webui")
+    assert webui["state"] == "running" and webui["gpus"] == []
+    assert not tasks_of(view, "job_smi") and not tasks_of(view, "ends_once")
+
+
 def test_a_second_up_that_swaps_in_a_stack_swarm_rejects_fails_with_swarms_reason(dev):
     swap_in_the_rejected_stack()
     started = time.monotonic()
@@ -113,10 +169,24 @@ def test_a_second_up_that_swaps_in_a_stack_swarm_rejects_fails_with_swarms_reaso
     failed_as_swarm_said(proc)
     assert took < 240, "a rejection should be seen long before the stack's 300 s wait"
     view = pulumi_cli.status("dev")  # the old stack is gone: the reconcile ran before the deploy
-    assert not tasks_of(view, "gpu-smoke_gpu") and tasks_of(view, "models_server")
+    assert not tasks_of(view, "ollama_ollama") and tasks_of(view, "models_server")
 
 
 def test_a_first_up_with_a_stack_swarm_rejects_fails_with_swarms_reason(dev):
     cli("down")
     swap_in_the_rejected_stack()
     failed_as_swarm_said(pulumi("up", "--yes"))
+
+
+def test_down_removes_every_machine_and_everything_the_rehearsal_made():
+    """Last: `localswarm down` of a rehearsal whose up failed, with its machines running; a second is harmless."""
+    assert machines.machines() and our_processes()
+    assert cli("down").returncode == 0
+    assert machines.machines() == [] and not pulumi_cli.holds_machines()
+    assert network.our_netns() == [] and network.our_rules() == []
+    assert network.BRIDGE not in subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
+    assert our_processes() == []
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert not [root for root in (lane.MACHINES_STATE, lane.NAMESPACED_STATE, lane.NAMESPACED_RUN)
+                if f" {root}/" in mounts or f" {root} " in mounts]
+    assert cli("down").returncode == 0

@@ -70,6 +70,30 @@ def _running_gpus() -> list[str]:
     return sorted(gpus)
 
 
+def test_a_two_gpu_task_waits_until_two_gpus_are_free_then_gets_two_its_node_advertises(four_gpus):
+    """Before any leader change: the dev stack's one-GPU replicas, scaled to 3, hold 3 of the node's 4 GPUs,
+    so a task that reserves 2 waits for resources; with one replica fewer it runs, on 2 free GPUs."""
+    (node_doc,) = json.loads(docker(MANAGER, "node", "inspect", WORKER).stdout)
+    offered = {g["NamedResourceSpec"]["Value"] for g in node_doc["Description"]["Resources"]["GenericResources"]
+               if g.get("NamedResourceSpec", {}).get("Kind") == KIND}
+    docker(MANAGER, "service", "scale", "--detach", "gpu-smoke_gpu=3")
+    until(lambda: sorted(t["state"] for t in _tasks("gpu-smoke_gpu")) == ["running"] * 3, 90, "3 one-GPU tasks")
+    docker(MANAGER, "service", "create", "--detach", "--name", "two", "--generic-resource", f"{KIND}=2",
+           IMAGE, "sleep", "infinity")
+    try:
+        (waiting,) = until(lambda: [t for t in _tasks("two") if t["state"] == "pending" and t["error"]] or None, 60,
+                           "the 2-GPU task to wait")
+        assert "insufficient resources" in waiting["error"] and not waiting["gpus"]
+        docker(MANAGER, "service", "scale", "--detach", "gpu-smoke_gpu=2")
+        (task,) = until(lambda: [t for t in _tasks("two") if t["state"] == "running"] or None, 90,
+                        "the 2-GPU task to run")
+        one_gpu = {g for t in _tasks("gpu-smoke_gpu") if t["state"] == "running" for g in t["gpus"]}
+        assert len(task["gpus"]) == 2 and set(task["gpus"]) <= offered and not set(task["gpus"]) & one_gpu
+    finally:
+        docker(MANAGER, "service", "rm", "two")
+    until(lambda: len(_running_gpus()) == 2, 60, "the dev stack's two replicas alone again")
+
+
 def test_after_a_leader_change_swarm_gives_a_held_gpu_again_and_the_guard_refuses_it(four_gpus):
     (node_doc,) = json.loads(docker(MANAGER, "node", "inspect", WORKER).stdout)
     gpus = [g["NamedResourceSpec"]["Value"] for g in node_doc["Description"]["Resources"]["GenericResources"]

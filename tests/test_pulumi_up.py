@@ -477,6 +477,19 @@ def test_routine_changes_reach_only_what_they_must(first):
     machines.run(machine("gpu-swarm-dev-manager-0"), ["docker", "stack", "rm", "handmade"], check=True)
 
 
+def test_with_the_health_read_off_a_second_up_reports_no_changes(first):
+    """The health read is the one command that runs each up (its script carries the time); with
+    health.inventoryEachUp off, the stack's next `pulumi up` with nothing changed is Pulumi's own "no
+    changes": the CLI's --expect-no-changes fails a preview or an up that would change anything, after
+    the refresh Pulumi.yaml asks for, so every Read of the rehearsal's providers matched the state too."""
+    config_set("health.inventoryEachUp", "false")
+    up()  # the read's script loses its time stamp: one update, once
+    preview = pulumi("preview", "--expect-no-changes")
+    assert preview.returncode == 0, diagnostics(preview)
+    again = up("--expect-no-changes")
+    assert set(summary(again.stdout)) == {"unchanged"} and ran() == []
+
+
 # ---------------------------------------------------------------- a boot that fails, loudly
 
 

@@ -21,8 +21,8 @@ import pytest
 from localswarm import machines
 from swarm.labels import VERIFIED_LABEL
 from tests import rehearsal_tools
-from tests.rehearsal_tools import (cli, cli_engines, diagnostics, machine, node_of, one_off, pulumi, require_engine,
-                                   task_output, tasks_of)
+from tests.rehearsal_tools import (cli, cli_engines, config_set_all, diagnostics, machine, node_of, one_off, pulumi,
+                                   require_engine, task_output, tasks_of)
 from tests.test_pulumi_up import outputs, status
 
 pytestmark = pytest.mark.integration
@@ -40,10 +40,7 @@ BYPASS = '#!/bin/sh\nexec nvidia-container-runtime "$@"\n'
 def swarm():
     require_engine()
     cli("down")
-    values = {f"gpu-swarm:{k}": {"value": json.dumps(v), "objectValue": v, "secret": False}
-              for k, v in {"gpuPools": POOLS, "stacks": STACKS}.items()}
-    set_all = pulumi("config", "set-all", "--json", json.dumps(values))
-    assert set_all.returncode == 0, set_all.stderr
+    config_set_all({"gpuPools": POOLS, "stacks": STACKS})
     done = pulumi("up", "--yes")
     assert done.returncode == 0, diagnostics(done)
     yield cli_engines()

@@ -4,7 +4,7 @@ the waiter of the node software (node/stack_settle.py) against an Engine API on 
 The docker CLI is a stub that answers `stack deploy` and `config` as the real one does (exit codes
 and messages); the engine is a stub that serves, read after read, the documents a real manager
 returned in each phase of a scenario (services, tasks with the `_up-to-date` filter, nodes).
-The rehearsal runs the same command against real engines (tests/test_pulumi_up.py, test_stacks_ending.py).
+The rehearsal runs the same command against real engines (tests/test_pulumi_up.py, test_program_stacks.py).
 """
 from __future__ import annotations
 
