@@ -71,7 +71,11 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             print(json.dumps(view, indent=2) if args.json else render_table(view))
             return 0
-        done = pulumi_cli.run(args.args, args.stack, args.stack_file, bump_software=args.bump_node_software)
+        try:
+            done = pulumi_cli.run(args.args, args.stack, args.stack_file, bump_software=args.bump_node_software)
+        except RehearsalError as e:  # what the rehearsal could not prepare, before the CLI ran
+            print(f"localswarm: {e}", file=sys.stderr)
+            return 1
         if done.returncode == 0 and args.report and args.args[:1] == ["up"]:
             print("\n".join(["", *pulumi_cli.report(args.stack)]))
         return done.returncode

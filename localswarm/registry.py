@@ -111,7 +111,9 @@ def hub_repository(name: str) -> tuple[str, str]:
     repo, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
     first = repo.split("/", 1)[0]
     if "/" in repo and ("." in first or ":" in first or first == "localhost"):
-        raise RehearsalError(f"{name}: only Docker Hub images can be mirrored; {first} is another registry")
+        raise RehearsalError(f"{name}: only Docker Hub images can be mirrored; {first} is another registry (the "
+                             "rehearsal's machines pull through a Docker Hub mirror: rehearse the stack with a Docker "
+                             "Hub image in its place)")
     return (repo if "/" in repo else f"library/{repo}"), tag
 
 

@@ -141,22 +141,22 @@ def test_stacks_whose_tasks_end_settle_and_each_task_is_reported_with_its_end(de
 
 
 def test_compose_gpu_requests_run_as_the_rewritten_stack(dev):
-    """Ollama as its guides write it (`gpus: all`), in place of the stacks above: the preview rewrites it for
-    swarm and says so, and its task holds every GPU of its node; the web UI holds none."""
+    """A model server as Compose guides write it (`gpus: all`), in place of the stacks above: the preview
+    rewrites it for swarm and says so, and its task holds every GPU of its node; the web front end none."""
     done = pulumi("config", "rm", "--path", "gpu-swarm:stacks[1]")
     assert done.returncode == 0, done.stderr
     config_set("stacks[0].name", "ollama")
-    config_set("stacks[0].file", "stacks/examples/ollama.yml")
+    config_set("stacks[0].file", "tests/data/stacks/gpus-all.yml")
     done = pulumi("up", "--yes")
     assert done.returncode == 0, diagnostics(done)
-    assert "services.ollama.gpus: count all" in " ".join(outputs()["stacks"]["ollama"]["rewrites"])
+    assert "services.server.gpus: count all" in " ".join(outputs()["stacks"]["ollama"]["rewrites"])
     view = pulumi_cli.status("dev")
-    (ollama,) = tasks_of(view, "ollama_ollama")
+    (server,) = tasks_of(view, "ollama_server")
     (gpu_node,) = [n for n in view["nodes"] if n["gpus"]]
-    assert ollama["state"] == "running" and ollama["gpus_from"] == "container" and ollama["node"] == gpu_node["name"]
-    assert set(ollama["gpus"]) == set(gpu_node["gpus"])
-    (webui,) = tasks_of(view, "ollama_open-webui")
-    assert webui["state"] == "running" and webui["gpus"] == []
+    assert server["state"] == "running" and server["gpus_from"] == "container" and server["node"] == gpu_node["name"]
+    assert set(server["gpus"]) == set(gpu_node["gpus"])
+    (web,) = tasks_of(view, "ollama_web")
+    assert web["state"] == "running" and web["gpus"] == []
     assert not tasks_of(view, "job_smi") and not tasks_of(view, "ends_once")
 
 
@@ -169,7 +169,7 @@ def test_a_second_up_that_swaps_in_a_stack_swarm_rejects_fails_with_swarms_reaso
     failed_as_swarm_said(proc)
     assert took < 240, "a rejection should be seen long before the stack's 300 s wait"
     view = pulumi_cli.status("dev")  # the old stack is gone: the reconcile ran before the deploy
-    assert not tasks_of(view, "ollama_ollama") and tasks_of(view, "models_server")
+    assert not tasks_of(view, "ollama_server") and tasks_of(view, "models_server")
 
 
 def test_a_first_up_with_a_stack_swarm_rejects_fails_with_swarms_reason(dev):
