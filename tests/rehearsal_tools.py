@@ -69,12 +69,28 @@ def diagnostics(proc: subprocess.CompletedProcess) -> str:
 
 
 def machines_named(said: str) -> str:
-    """Each rehearsal machine whose address a failed run names (a dial that never got through), as it is
-    now: whether it runs, and its console's last lines. The module's `down` removes them before anyone
-    could look, and a port that never answered says nothing of why."""
-    found = [m for m in machines.machines() if f"dial {m.address}:" in said or f"dial {m.address} " in said]
-    return "".join(f"\n--- machine {m.name} ({m.address}): {'running' if machines.running(m) else 'not running'}; "
-                   "its console's last lines:\n" + "\n".join(machines.console(m).splitlines()[-40:]) for m in found)
+    """Each rehearsal machine at an address a failed run names (a dial that never got through), as it is now:
+    every address its interface holds (its own, and an Elastic IP's), whether it runs, what answers on its
+    port 22, and its console's last lines. The module's `down` removes them before anyone could look, and a
+    port that never answered says nothing of why."""
+    dialled = set(re.findall(r"dial (\d+\.\d+\.\d+\.\d+)[: ]", said))
+    shown, held_somewhere = [], set()
+    for m in machines.machines():
+        held = set(re.findall(r"inet (\d+\.\d+\.\d+\.\d+)/", run(
+            ["ip", "-n", m.netns, "-o", "-4", "addr", "show"], check=False).stdout)) | {m.address}
+        if not held & dialled:
+            continue
+        held_somewhere |= held & dialled
+        listening = machines.run(m, "ss -Hltn 'sport = :22' || true", check=False).stdout.strip() \
+            if machines.running(m) else ""
+        shown.append(f"\n--- machine {m.name} ({', '.join(sorted(held))}, dialled at "
+                     f"{', '.join(sorted(held & dialled))}): {'running' if machines.running(m) else 'not running'}; "
+                     f"listening on 22: {listening or 'nothing'}; its console's last lines:\n"
+                     + "\n".join(machines.console(m).splitlines()[-40:]))
+    missing = dialled - held_somewhere
+    if missing:
+        shown.append(f"\n--- no machine holds {', '.join(sorted(missing))} now")
+    return "".join(shown)
 
 
 def cli_json(*args: str) -> dict:

@@ -109,3 +109,13 @@ def test_the_drain_watcher_counts_only_nodes_the_run_took_out_of_service(monkeyp
     monkeypatch.setattr(watcher._done, "wait", lambda s: watcher._done.is_set())
     watcher.run()
     assert watcher.peak == {"t4": 1}, watcher.peak
+
+
+def test_a_failed_runs_diagnostics_say_when_no_machine_holds_the_address_it_dialled(monkeypatch):
+    """tests/rehearsal_tools.machines_named: an Elastic IP's address is no machine's own, so each machine's
+    interface is read; an address that none holds is said as such, not passed over."""
+    from tests import rehearsal_tools
+    monkeypatch.setattr(rehearsal_tools.machines, "machines", lambda: [])
+    said = rehearsal_tools.machines_named("error: dial 192.168.215.201: failed 121 times: ... port 22: "
+                                          "Connection refused\nssh: dial 192.168.215.15:22 again")
+    assert said == "\n--- no machine holds 192.168.215.15, 192.168.215.201 now"
