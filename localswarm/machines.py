@@ -184,6 +184,20 @@ def start(m: Machine) -> None:
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RehearsalError(f"machine {m.name} did not start (exit {proc.poll()}); its console:\n{_tail(m)}")
         time.sleep(0.005)
+    # Then for its systemd to have made its manager (its private bus socket): one that cannot, for a limit of
+    # this host's ("Failed to allocate manager object: Too many open files", at 128 inotify instances per
+    # user), exits at once, and the machine would otherwise be a port 22 that never answers. Slow is not dead:
+    # after 30 s the boot waits tell the rest.
+    deadline = time.monotonic() + 30
+    while not _manager_up(m) and time.monotonic() < deadline:
+        if not running(m):
+            raise RehearsalError(f"machine {m.name}'s systemd exited as it started; its console:\n{_tail(m)}")
+        time.sleep(0.02)
+
+
+def _manager_up(m: Machine) -> bool:
+    pid = nspawn.init_pid(m)
+    return bool(pid) and Path(f"/proc/{pid}/root/run/systemd/private").exists()
 
 
 def running(m: Machine) -> bool:

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 . scripts/steps.sh
 # shellcheck source=../node/versions.env
 . node/versions.env
-STEP_PREFIX=setup STEP_COUNT=5
+STEP_PREFIX=setup STEP_COUNT=6
 setup_t0=$(now_us)
 
 export DEBIAN_FRONTEND=noninteractive
@@ -95,6 +95,27 @@ else
     -o ../../.tools/bin/pulumi github.com/pulumi/pulumi/pkg/v3/cmd/pulumi)
   say "  .tools/bin/pulumi: $(.tools/bin/pulumi version), $(du -h .tools/bin/pulumi | cut -f1)"
   step_done
+fi
+
+step_begin "kernel limits for the rehearsal's machines (fs.inotify)"
+# Each machine's systemd, journald, containerd and dockerd take inotify instances, all as root, and Linux
+# allows 128 per user by default: a machine that boots beside a dozen others finds none left, its PID 1
+# exits at once ("Failed to allocate manager object: Too many open files"), and its port 22 never answers.
+# The values are those kind's known issues give; a limit already higher is left as it is.
+sysctl_dir=${GPU_SWARM_SYSCTL_DIR:-/etc/sysctl.d}
+low=()
+for limit in fs.inotify.max_user_instances=1024 fs.inotify.max_user_watches=524288; do
+  [ "$(sysctl -n "${limit%%=*}")" -ge "${limit#*=}" ] || low+=("$limit")
+done
+if [ "${#low[@]}" -gt 0 ]; then
+  say "  raising ${low[*]} (kept across reboots in $sysctl_dir/90-gpu-swarm-rehearsal.conf)"
+  mkdir -p "$sysctl_dir"
+  { echo "# scripts/setup.sh of gpu-swarm: the rehearsal's machines (remove this file to undo at the next boot)"
+    printf '%s\n' "${low[@]}"; } > "$sysctl_dir/90-gpu-swarm-rehearsal.conf"
+  quietly sysctl -w "${low[@]}"
+  step_done
+else
+  step_skipped "fs.inotify.max_user_instances $(sysctl -n fs.inotify.max_user_instances), max_user_watches $(sysctl -n fs.inotify.max_user_watches)"
 fi
 STEP_T0=$setup_t0
 say "done in $(step_seconds) s"

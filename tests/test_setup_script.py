@@ -38,6 +38,12 @@ class Checkout:
         self.fake("dpkg-query", "echo 'install ok installed'")
         self.fake("dockerd", 'echo "Docker version 20.10.24+dfsg1, build 297e128"')  # too old
         self.fake("pulumi", f'echo "v{PULUMI}"')  # the user's own CLI, of the pinned version
+        # The kernel's limits, as `sysctl -n` prints them (high enough unless a test says otherwise); a write is
+        # only recorded. Its file goes under the checkout, not /etc.
+        self.fake("sysctl", f"""if [ "$1" = -n ]; then case "$2" in
+    *instances) echo "${{FAKE_INOTIFY_INSTANCES:-8192}}" ;; *) echo "${{FAKE_INOTIFY_WATCHES:-1048576}}" ;; esac
+  else echo "sysctl $*" >> "{root}/sysctl.calls"; fi""")
+        self.env["GPU_SWARM_SYSCTL_DIR"] = str(root / "sysctl.d")
 
     def fake(self, command: str, body: str, folder: Path | None = None) -> None:
         path = (folder or self.bin) / command
@@ -133,11 +139,12 @@ echo "Successfully installed grpcio iniconfig pulumi_aws"
     assert "setup:   downloaded 2 files, 13.0 MB (and 1 files, 7.4 MB, from pip's cache)" in lines
     assert "Unpacking" not in result.stdout and "Reading package lists" not in result.stdout
     assert [(title, status) for _, title, status, _ in step_ends(result.stdout)] == [
-        ("[1/5] Debian packages", "done"),
-        ("[2/5] Python packages (requirements.txt) into .venv", "done"),
-        (f"[3/5] Docker Engine {PINNED}", "skipped"),
-        ("[4/5] rehearsal node image (Debian trixie, mmdebstrap)", "skipped"),
-        (f"[5/5] Pulumi CLI {PULUMI} (its Go module, tools/pulumi/go.mod) into .tools/bin", "skipped")]
+        ("[1/6] Debian packages", "done"),
+        ("[2/6] Python packages (requirements.txt) into .venv", "done"),
+        (f"[3/6] Docker Engine {PINNED}", "skipped"),
+        ("[4/6] rehearsal node image (Debian trixie, mmdebstrap)", "skipped"),
+        (f"[5/6] Pulumi CLI {PULUMI} (its Go module, tools/pulumi/go.mod) into .tools/bin", "skipped"),
+        ("[6/6] kernel limits for the rehearsal's machines (fs.inotify)", "skipped")]
     assert f"{checkout.bin}/pulumi is {PULUMI}" in result.stdout
     assert re.fullmatch(r"setup: done in \d+\.\d s", lines[-1])
 
@@ -150,7 +157,8 @@ def test_setup_says_what_it_skips(checkout):
     result = checkout.run("scripts/setup.sh")
 
     assert result.returncode == 0, result.stdout + result.stderr
-    assert [status for _, _, status, _ in step_ends(result.stdout)] == ["skipped"] * 5
+    assert [status for _, _, status, _ in step_ends(result.stdout)] == ["skipped"] * 6
+    assert "fs.inotify.max_user_instances 8192, max_user_watches 1048576" in result.stdout
     assert f"{checkout.prefix}/usr/sbin/dockerd is Docker version {PINNED}+dfsg4" in result.stdout
 
 
@@ -174,7 +182,7 @@ esac""", checkout.root / ".venv" / "bin")
     lines = result.stdout.splitlines()
     assert "setup:   base: done in 26.9 s, 475 MB in /var/cache/gpu-swarm/node-image/base-1" in lines
     assert "I: downloading" not in result.stdout
-    assert step_ends(result.stdout)[-2][1:3] == ("[4/5] rehearsal node image (Debian trixie, mmdebstrap)", "done")
+    assert step_ends(result.stdout)[-3][1:3] == ("[4/6] rehearsal node image (Debian trixie, mmdebstrap)", "done")
 
 
 def test_setup_shows_why_the_node_image_failed(checkout):
@@ -188,7 +196,19 @@ esac""", checkout.root / ".venv" / "bin")
     result = checkout.run("scripts/setup.sh")
     assert result.returncode == 1
     assert "    E: Release file expired" in result.stderr
-    assert re.search(r"\[4/5\] rehearsal node image .*: failed in", result.stderr)
+    assert re.search(r"\[4/6\] rehearsal node image .*: failed in", result.stderr)
+
+
+def test_setup_raises_the_inotify_limits_a_machine_boots_with_and_keeps_them(checkout):
+    """At Linux's default 128 inotify instances per user, a rehearsal machine's PID 1 found none left in CI
+    and exited; setup raises the low limit only, at once and in sysctl.d for the next boot."""
+    _ready(checkout)
+    result = checkout.run("scripts/setup.sh", env={"FAKE_INOTIFY_INSTANCES": "128"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert step_ends(result.stdout)[-1][1:3] == ("[6/6] kernel limits for the rehearsal's machines (fs.inotify)", "done")
+    assert (checkout.root / "sysctl.calls").read_text() == "sysctl -w fs.inotify.max_user_instances=1024\n"
+    kept = (checkout.root / "sysctl.d" / "90-gpu-swarm-rehearsal.conf").read_text().splitlines()
+    assert kept[1:] == ["fs.inotify.max_user_instances=1024"] and kept[0].startswith("# scripts/setup.sh")
 
 
 def _ready(checkout: Checkout) -> None:
@@ -211,8 +231,8 @@ printf '#!/bin/sh\necho %s\n' "$version" > "$out"; chmod +x "$out"
 """)
     first = checkout.run("scripts/setup.sh")
     assert first.returncode == 0, first.stdout + first.stderr
-    assert step_ends(first.stdout)[-1][1:3] == (
-        f"[5/5] Pulumi CLI {PULUMI} (its Go module, tools/pulumi/go.mod) into .tools/bin", "done")
+    assert step_ends(first.stdout)[-2][1:3] == (
+        f"[5/6] Pulumi CLI {PULUMI} (its Go module, tools/pulumi/go.mod) into .tools/bin", "done")
     assert re.search(rf"setup:   .tools/bin/pulumi: v{re.escape(PULUMI)}, \S+", first.stdout)
     calls = (checkout.root / "go.calls").read_text().splitlines()
     assert calls[0].startswith("go build -trimpath") and calls[0].endswith("github.com/pulumi/pulumi/pkg/v3/cmd/pulumi")
@@ -231,7 +251,7 @@ def test_setup_shows_why_the_cli_build_failed(checkout):
     result = checkout.run("scripts/setup.sh")
     assert result.returncode == 1
     assert "403 Forbidden" in result.stderr
-    assert re.search(r"\[5/5\] Pulumi CLI .*: failed in", result.stderr)
+    assert re.search(r"\[5/6\] Pulumi CLI .*: failed in", result.stderr)
 
 
 def test_setup_stops_with_pips_output_when_pip_fails(checkout):
