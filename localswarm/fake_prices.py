@@ -32,9 +32,19 @@ _VARIANTS = [("Used", "OnDemand"), ("UnusedCapacityReservation", "OnDemand"),
              ("AllocatedCapacityReservation", "OnDemand")]
 _CAPACITY_BLOCK_TYPES = {"p5.48xlarge", "p4d.24xlarge"}
 # (instance type, zone) -> days since its spot price was set, for a test to make one old. Every other price was
-# set two hours before this process first asked for one: the runs of one test see the same answer.
+# set at the last 12-hour mark of UTC, less two hours: 2 to 14 hours ago, the same in every process that asks
+# within those 12 hours. EC2 sets spot prices rarely, by long-term supply and demand (EC2 User Guide, "Spot
+# Instance pricing history"), so two `pulumi` runs a minute apart read one price set at one time; a time that
+# moved with each process made a node's price file change between a preview and the up after it.
 SPOT_AGE_DAYS: dict[tuple[str, str], float] = {}
-_SPOT_SET: list[datetime] = []
+SPOT_SET_EVERY = timedelta(hours=12)
+
+
+def spot_set_at(now: datetime | None = None) -> datetime:
+    """When the spot prices in effect now were set (before SPOT_AGE_DAYS's)."""
+    now = now or datetime.now(timezone.utc)
+    epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
+    return epoch + (now - epoch) // SPOT_SET_EVERY * SPOT_SET_EVERY - timedelta(hours=2)
 
 
 def _sku(*parts: str) -> str:
@@ -109,9 +119,7 @@ def spot_price(a: dict, offered: dict[str, set[str]], zones: tuple[str, ...]) ->
         raise Exception("multiple EC2 Spot Price History results found matching criteria; try different search")
     # A third to a half of on-demand, different in each zone.
     share = 0.3 + int(hashlib.sha1(zone.encode()).hexdigest(), 16) % 20 / 100
-    if not _SPOT_SET:
-        _SPOT_SET.append(datetime.now(timezone.utc).replace(second=0, microsecond=0) - timedelta(hours=2))
-    set_at = _SPOT_SET[0] - timedelta(days=SPOT_AGE_DAYS.get((instance_type, zone), 0))
+    set_at = spot_set_at() - timedelta(days=SPOT_AGE_DAYS.get((instance_type, zone), 0))
     return {"id": REGION, "instanceType": instance_type, "availabilityZone": zone, "filters": a.get("filters"),
             "spotPrice": f"{float(ON_DEMAND[instance_type]) * share:.6f}",
             "spotPriceTimestamp": set_at.strftime("%Y-%m-%dT%H:%M:%SZ")}

@@ -280,3 +280,16 @@ def test_an_elastic_pool_of_min_0_whose_type_has_no_price_is_named_not_priced_at
     assert t4["elastic"]["perHourAtMin"] == 0 and t4["elastic"]["perHourAtMax"] is None
     assert out["complete"] is False and out["notPriced"] == [
         "t4 (g4dn.xlarge): the Price List has no Linux on-demand price for g4dn.xlarge in us-east-1"]
+
+
+def test_the_spot_price_in_effect_was_set_at_one_time_whenever_a_run_asks():
+    """Two runs minutes apart (two processes of the aws plugin) read one spot price, set at one time: the node's
+    price file, and so its health command, must not change between a preview and the up after it (a time that
+    moved with each process did, and `pulumi up --expect-no-changes` failed after a passing preview)."""
+    from datetime import datetime, timedelta, timezone
+    at = datetime(2026, 12, 4, 23, 50, 30, tzinfo=timezone.utc)
+    assert fake_prices.spot_set_at(at) == fake_prices.spot_set_at(at + timedelta(minutes=5)) \
+        == datetime(2026, 12, 4, 10, 0, tzinfo=timezone.utc)
+    for hours in range(0, 48):  # never stale (STALE_AFTER is a day), never in the future
+        now = at + timedelta(hours=hours)
+        assert timedelta(hours=2) <= now - fake_prices.spot_set_at(now) < timedelta(hours=14)
