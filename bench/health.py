@@ -22,8 +22,8 @@ anywhere in the swarm agent's 20 s cycle (below); rounds of a fixed length would
 at the same point of it and measure one case five times.
 
 "tasks running elsewhere" includes the task's own stop: the smoke stack's task is `sleep`
-as PID 1, which ignores SIGTERM, so the swarm waits its stop grace period (10 s by default)
-before it starts the replacement.
+as PID 1, which ignores SIGTERM, so the swarm waits its stop grace period before it starts the
+replacement: on this spot pool the program's 90 s (swarm/compose_spot.py), 10 s on an on-demand one.
 
 Why the manager sees a label late: dockerd reloads its labels on the watcher's SIGHUP at
 once, but the swarm agent sends its node description to the managers only when it checks
@@ -48,10 +48,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from localswarm import api, machine_health, pulumi_host  # noqa: E402
+from swarm.compose_spot import SPOT_STOP_GRACE  # noqa: E402
 from swarm.labels import CONDITION_LABEL as CONDITION  # noqa: E402
 REPLICAS = 2  # --smoke: 1
 RECOVERY_S = 5  # health.recoverySeconds (300 by default)
 POLL_S = 0.05
+# The pool is spot, so its tasks get the program's stop grace to checkpoint (swarm/compose_spot.py): a drained
+# node's task, `sleep` as PID 1 that ignores SIGTERM, stops only when the grace is out, then starts elsewhere.
+MOVE_TIMEOUT_S = int(SPOT_STOP_GRACE.rstrip("s")) + 60
 
 
 def localswarm(*args: str) -> dict | str:
@@ -125,7 +129,7 @@ def fault_round(victim: str, pause: float) -> dict:
             swarm_node(victim)["Description"]["Engine"].get("Labels") or {}).get(CONDITION) == "unhealthy"),
         "drained_s": ("the drain", lambda: swarm_node(victim)["Spec"]["Availability"] == "drain"),
         "tasks_running_elsewhere_s": ("the tasks to run elsewhere", moved),
-    }, start))
+    }, start, timeout=MOVE_TIMEOUT_S))
     start = time.monotonic()
     localswarm("node", "gpu-heal", victim, "--json")
     out["heal_to_active_s"] = wait("the node to be active again", lambda: (
