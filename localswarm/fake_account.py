@@ -248,6 +248,12 @@ def launch(name: str, inputs: dict, *, legacy_request: bool = False) -> tuple[st
     if inputs.get("associatePublicIpAddress") and interfaces == 1:
         state["publicIp"] = f"54.{n // 65536 % 256}.{n // 256 % 256}.{n % 256}"
     state["primaryNetworkInterfaceId"] = f"eni-{_digest(instance_id)}"
+    # DescribeInstances' InstanceLifecycle, which the provider's instance_lifecycle reads: "spot" for any spot
+    # instance, "capacity-block" for one in a Capacity Block, none on demand (EC2 API reference, Instance and
+    # InstanceLifecycleType: spot, scheduled, capacity-block).
+    market = (inputs.get("instanceMarketOptions") or {}).get("marketType")
+    if legacy_request or market in ("spot", "capacity-block"):
+        state["instanceLifecycle"] = "spot" if legacy_request else market
     known = ACCOUNT.instances.get(instance_id, {})
     record = _record(instance_id, inputs, known.get("state", "running"))
     record.update(
@@ -267,7 +273,7 @@ def launch(name: str, inputs: dict, *, legacy_request: bool = False) -> tuple[st
         ACCOUNT.spot_requests.setdefault(request_id, {"state": "active", "type": "persistent", "instance": instance_id,
                                                       "validUntil": made["validUntil"], "status": ""})
         record["spotRequest"] = request_id
-        state["spotInstanceRequestId"], state["instanceLifecycle"] = request_id, "spot"
+        state["spotInstanceRequestId"] = request_id
     return instance_id, state
 
 

@@ -5,7 +5,7 @@ hand each create and update here, one resource at a time, in the shape of Pulumi
 - an aws.ec2.Instance becomes a machine (localswarm/machines.py) that boots its user data;
 - a command.remote.Command runs its script over SSH (localswarm/ssh.py);
 - the node software's bundle goes to the S3 stand-in (localswarm/object_store.py);
-- a tls.PrivateKey is a real key, so the machines take the program's key.
+- a tls.PrivateKey is a real key of its algorithm (localswarm/tls_keys.py), so the machines take the program's key.
 Given the resource as the state held it, a handler does what the provider does with the change: an
 unchanged command runs nothing, a changed one runs its update (or its create when it has no update);
 an in-place change that AWS makes with a stop (a new type, user data) stops the machine, changes it
@@ -20,7 +20,6 @@ import base64
 import hashlib
 import json
 import subprocess
-import tempfile
 import threading
 import time
 import uuid
@@ -31,7 +30,7 @@ from typing import Callable
 from pulumi.runtime import mocks as pulumi_mocks, rpc
 
 from components.provider_facts import replaced_by
-from localswarm import elastic_cloud, fake_account, fake_aws, fake_imds, machines, network, object_store, ssh
+from localswarm import elastic_cloud, fake_account, fake_aws, fake_imds, machines, network, object_store, ssh, tls_keys
 from localswarm.network import BRIDGE_ADDR, SUBNET
 
 INSTANCE = "aws:ec2/instance:Instance"
@@ -321,11 +320,7 @@ class LocalCloud(pulumi_mocks.Mocks):
     def _private_key(self, name: str, inputs: dict, before: dict | None):
         if before and before["inputs"] == inputs:
             return before["id"], before["outputs"]
-        with tempfile.TemporaryDirectory() as tmp:
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpu-swarm", "-f", f"{tmp}/k"],
-                           check=True, capture_output=True)
-            private, public = Path(f"{tmp}/k").read_text(), Path(f"{tmp}/k.pub").read_text()
-        return f"{name}-{uuid.uuid4().hex[:8]}", {**inputs, "privateKeyOpenssh": private, "publicKeyOpenssh": public}
+        return f"{name}-{uuid.uuid4().hex[:8]}", tls_keys.make(inputs)
 
     def _key_pair(self, name: str, inputs: dict, before: dict | None):
         if before and before["inputs"] == inputs:

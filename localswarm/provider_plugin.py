@@ -7,7 +7,8 @@ plugin/plugin.go reads it so). It reports the version the program pins, so the e
 provider the program asked for.
 
 What they answer is the rehearsal's fake AWS (localswarm/fake_aws.py), the same answers the
-tests' mocks give: lookups (Invoke), inputs as given (Check), and the real provider's replace
+tests' mocks give: lookups (Invoke), the inputs with what the real provider's validators refuse
+(Check, localswarm/schema_checks.py), and the real provider's replace
 rules (Diff, components/provider_facts.py). Outside a preview, Create, Update, Delete and Read
 (the refresh of `refresh: always`) act on the rehearsal's machines through
 localswarm/plugin_cloud.py.
@@ -83,7 +84,11 @@ class Provider(provider_pb2_grpc.ResourceProviderServicer):
         return provider_pb2.ConfigureResponse(acceptSecrets=True, acceptResources=True, supportsPreview=False)
 
     def Check(self, request, context):
-        return provider_pb2.CheckResponse(inputs=request.news)
+        """The inputs as given, or what the real provider's validators refuse in them (schema_checks.py)."""
+        from localswarm import schema_checks
+        failures = schema_checks.check(resource_type(request.urn), plain(_dict(request.news)))
+        return provider_pb2.CheckResponse(inputs=request.news, failures=[
+            provider_pb2.CheckFailure(property=prop, reason=reason) for prop, reason in failures])
 
     def Diff(self, request, context):
         from components.provider_facts import KNOWN_TYPES, replaced_by

@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 # The node programs import their siblings (gpu_agent imports gpu_detect), as they do on a node.
 sys.path.insert(0, str(REPO / "node"))
 from components import collector
-from localswarm import fake_aws, fake_groups, fake_iam
+from localswarm import fake_aws, fake_groups, fake_iam, schema_checks
 from settings import image_registry
 from localswarm.fake_aws import (  # noqa: F401  (the tests import these from here)
     ACCOUNT, AMIS, ARM_AMI, BLOCK_RESERVATION, CUSTOM_AMI, CUSTOM_AMI_NEXT, DEEP_LEARNING_AMI, INSTANCE_TYPES,
@@ -78,6 +78,8 @@ class AwsMocks(pulumi_mocks.Mocks):
             if args.typ == "aws:ec2/capacityReservation:CapacityReservation":
                 return args.resource_id, fake_aws.capacity_reservation_state(args.resource_id)
             raise Exception(f"no fake AWS state to read for {args.typ} {args.resource_id}")
+        if failures := schema_checks.check(args.typ, state):  # the provider's Check, before any call
+            raise Exception(f"{args.typ} {args.name}: " + "; ".join(f"{p}: {why}" for p, why in failures))
         if args.typ in ("aws:ec2/instance:Instance", "aws:ec2/spotInstanceRequest:SpotInstanceRequest"):
             # What the instance will boot, for its boot wait to print (command_stdout).
             booted = re.search(r"GPU_SWARM_RELEASE=([0-9a-f]{64})", str(state.get("userData") or ""))

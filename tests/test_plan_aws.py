@@ -150,6 +150,20 @@ STOP_EFA = {"name": "train", "instanceType": "p4d.24xlarge", "count": 2, "market
 TWELVE_TAGS = {f"team-{k}": f"value-{k}" for k in "abcdefghijkl"}
 
 
+def test_the_fake_account_reports_each_instances_lifecycle_as_ec2_does():
+    """DescribeInstances' InstanceLifecycle (EC2 API reference, InstanceLifecycleType): spot for any spot
+    instance, a Capacity Block's for one in a block, none on demand."""
+    fake_aws.reset_account()
+    spot = lambda options: {"instanceMarketOptions": {"marketType": "spot", "spotOptions": options}}  # noqa: E731
+    assert "instanceLifecycle" not in fake_aws.launch("od", {})[1]
+    assert fake_aws.launch("one", spot({"spotInstanceType": "one-time"}))[1]["instanceLifecycle"] == "spot"
+    assert fake_aws.launch("stop", spot({"spotInstanceType": "persistent", "instanceInterruptionBehavior": "stop"})
+                           )[1]["instanceLifecycle"] == "spot"
+    assert fake_aws.launch("cb", {"instanceMarketOptions": {"marketType": "capacity-block"}}
+                           )[1]["instanceLifecycle"] == "capacity-block"
+    assert fake_aws.request_spot("legacy", {"spotType": "one-time"})[1]["instanceLifecycle"] == "spot"
+
+
 @pytest.mark.parametrize("config", [PROD, stack_config("prod", gpuPools=[INFERENCE, STOP_EFA], tags=TWELVE_TAGS)],
                          ids=["prod", "spot-stop-efa-12-tags"])
 def test_every_node_reaches_aws_as_the_program_meant(config):

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from google.protobuf import struct_pb2
+from google.protobuf import json_format, struct_pb2
 
 from conftest import REPO, run_program, stack_config
 from localswarm import provider_plugin, pulumi_cli
@@ -151,3 +151,17 @@ def test_secrets_reach_the_fake_aws_as_plain_values():
     wrapped = {provider_plugin.SECRET_SIG: provider_plugin.SECRET_VALUE, "value": {"k": [1, "x"]}}
     assert provider_plugin.plain({"a": wrapped, "b": [wrapped]}) == {"a": {"k": [1, "x"]}, "b": [{"k": [1, "x"]}]}
     assert provider_plugin.resource_type(INSTANCE_URN) == "aws:ec2/instance:Instance"
+
+
+def test_the_plugins_check_refuses_what_the_real_providers_validators_refuse():
+    aws_plugin, tls_plugin = provider_plugin.Provider("aws"), provider_plugin.Provider("tls")
+    good = {"ami": "ami-1", "metadataOptions": {"httpTokens": "required", "httpPutResponseHopLimit": 1}}
+    passed = aws_plugin.Check(provider_pb2.CheckRequest(urn=INSTANCE_URN, news=_struct(good)), None)
+    assert not passed.failures and json_format.MessageToDict(passed.inputs) == json_format.MessageToDict(_struct(good))
+    refused = aws_plugin.Check(provider_pb2.CheckRequest(urn=INSTANCE_URN, news=_struct(
+        {**good, "metadataOptions": {"httpTokens": "none"}})), None)
+    assert [(f.property, f.reason) for f in refused.failures] == [
+        ("metadataOptions.httpTokens", 'expected http_tokens to be one of ["optional" "required"], got none')]
+    key_urn = "urn:pulumi:prod::gpu-swarm::tls:index/privateKey:PrivateKey::gpu-swarm-key"
+    refused = tls_plugin.Check(provider_pb2.CheckRequest(urn=key_urn, news=_struct({"algorithm": "DSA"})), None)
+    assert refused.failures[0].property == "algorithm" and 'got: "DSA"' in refused.failures[0].reason
