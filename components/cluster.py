@@ -295,12 +295,24 @@ class Cluster(pulumi.ComponentResource):
             price_env=self._price_env(node, pool) if pool else None,
         ), opts=self._child)
 
-    def _price_env(self, node: Node, pool: GpuPool) -> dict[str, str]:
-        """A GPU node's price, its zone's for spot, for the metrics exporter to share between its GPUs."""
-        cost, price = self._cost.node_price(pool.name, node_zone(pool, self._s.network.availability_zones, node.index)
-                                            if pool.spot else "")
-        return node_software.price_env(price.per_hour, market=cost.market, date=price.date,
-                                       instance_type=pool.instance_type, gpus=pool.gpus_per_node)
+    def _price_env(self, node: Node, pool: GpuPool) -> pulumi.Output[dict[str, str]]:
+        """A GPU node's price, its zone's for spot, for the metrics exporter to share between its GPUs: on the
+        market its instance was launched on, which a running node keeps when its pool's marketType changes."""
+        zone = node_zone(pool, self._s.network.availability_zones, node.index)
+        envs = {lifecycle: node_software.price_env(price.per_hour, market=market, date=price.date,
+                                                   instance_type=pool.instance_type, gpus=pool.gpus_per_node)
+                for lifecycle, (market, price) in self._cost.launched_prices(pool, zone).items()}
+        pool_market = envs["spot" if pool.spot else ""][node_software.PRICE_MARKET_ENV]
+
+        def env(lifecycle: str | None) -> dict[str, str]:
+            chosen = envs.get(lifecycle or "", envs[""])
+            if chosen[node_software.PRICE_MARKET_ENV] != pool_market:
+                pulumi.log.warn(f"{node.name} runs {chosen[node_software.PRICE_MARKET_ENV]}, as it was launched: "
+                                f"pool {pool.name}'s marketType reaches new and replaced nodes only, so its price "
+                                f"file says {chosen[node_software.PRICE_MARKET_ENV]} and the cost table, which "
+                                f"prices the pool's setting, does not count it so (pulumi up --replace moves it)")
+            return chosen
+        return node.instance.instance_lifecycle.apply(env)
 
     def _pool_image(self, name: str, pool: GpuPool) -> pulumi.Input[str]:
         """The image a GPU pool's nodes launch from: the "latest" its first `up` found, kept in an SSM parameter of

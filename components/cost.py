@@ -192,6 +192,7 @@ class ClusterCost:
     cluster: str
     region: str
     pools: tuple[PoolCost, ...]  # the managers first
+    prices: PriceReader | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def per_hour(self) -> float:
@@ -215,6 +216,24 @@ class ClusterCost:
             return cost, cost.parts[0].price
         part = next((p for p in cost.parts if p.zone == zone), None)
         return cost, part.price if part else Price(None, why=f"{zone} is none of pool {pool}'s zones now")
+
+    def launched_prices(self, pool: GpuPool, zone: str) -> dict[str, tuple[str, Price]]:
+        """A node's market and price by the instance's lifecycle ("spot", "capacity-block" or "" for on demand,
+        as DescribeInstances reports it): a running node keeps the market it was launched on when its pool's
+        marketType changes (components/provider_facts.py), and is priced on it. Read now, for the node's
+        price to follow its instance's output: a spot pool's node launched on demand costs the Price List's
+        price (read for the managers anyway); an on-demand pool's node launched as spot is not priced (its
+        spot price is not read for a pool that has no spot nodes otherwise, and asks another permission)."""
+        cost, price = self.node_price(pool.name, zone if pool.spot else "")
+        by = {"": (cost.market, price), "spot": (cost.market, price), "capacity-block": (cost.market, price)}
+        if cost.market == "spot" and self.prices:
+            by[""] = ("on-demand", self.prices.on_demand(pool.instance_type))
+        elif cost.market != "spot":
+            by["spot"] = ("spot", Price(None, why=f"launched as spot before pool {pool.name}'s marketType changed; "
+                                                 "an on-demand pool's spot price is not read"))
+        if cost.market != "capacity-block":
+            by["capacity-block"] = ("capacity-block", Price(None, why=BLOCK_PRICE))
+        return by
 
     def table(self) -> list[str]:
         return render_table(self)
@@ -248,7 +267,8 @@ def cluster_cost(s: Settings, region: str, provider: pulumi.ProviderResource | N
     managers = PoolCost("managers", s.managers.instance_type, "on-demand", "",
                         (Part("", s.managers.count, prices.on_demand(s.managers.instance_type)),))
     zones = tuple(s.network.availability_zones)
-    return ClusterCost(s.cluster_name, region, (managers, *(pool_cost(p, zones, prices) for p in s.gpu_pools)))
+    return ClusterCost(s.cluster_name, region, (managers, *(pool_cost(p, zones, prices) for p in s.gpu_pools)),
+                       prices)
 
 
 def _rounded(value: float | None) -> float | None:

@@ -28,7 +28,7 @@ class NodeBootArgs:
     access_script: pulumi.Input[str]  # node_commands.authorize_keys() for the cluster's keys, as root
     health_env: dict[str, str]  # health.env: Health.node_env(), apart so that a change drains nothing
     # cost.env on a GPU node (to_node/software.py price_env), beside health.env: a new price drains nothing either
-    price_env: dict[str, str] | None = None
+    price_env: pulumi.Input[dict[str, str]] | None = None
 
 
 class NodeBoot(pulumi.ComponentResource):
@@ -55,7 +55,8 @@ class NodeBoot(pulumi.ComponentResource):
         # The health services read it when they start; a later change restarts them and nothing else. A GPU
         # node's price goes with it (one command, one connection): the exporter reads it again when it changes.
         command.remote.Command(f"{name}-health", connection=args.node_live,
-                               create=as_root(node_commands.health_settings(args.health_env, price=args.price_env)),
+                               create=pulumi.Output.from_input(args.price_env).apply(
+                                   lambda price: as_root(node_commands.health_settings(args.health_env, price=price))),
                                triggers=fresh, opts=after_boot)
         self.timings = self.booted.stdout.apply(parse_timings)
         self.ran_release = self.booted.stdout.apply(node_commands.ran_release)

@@ -185,6 +185,14 @@ def _spot(inputs: dict) -> dict:
     return (market.get("spotOptions") or {}) if market.get("marketType") == "spot" else {}
 
 
+def instance_lifecycle(inputs: dict, *, legacy_request: bool = False) -> str | None:
+    """DescribeInstances' InstanceLifecycle, which the provider's instance_lifecycle reads: "spot" for any spot
+    instance, "capacity-block" for one in a Capacity Block, none on demand (EC2 API reference, Instance and
+    InstanceLifecycleType: spot, scheduled, capacity-block)."""
+    market = (inputs.get("instanceMarketOptions") or {}).get("marketType")
+    return "spot" if legacy_request else market if market in ("spot", "capacity-block") else None
+
+
 def as_launched(name: str, inputs: dict, *, legacy_request: bool = False) -> dict:
     """What EC2 makes of a launch's arguments, or its refusal: the instance's metadata options, root volume
     tags, placement group, template, subnet and groups, and its spot request's type and end.
@@ -248,12 +256,8 @@ def launch(name: str, inputs: dict, *, legacy_request: bool = False) -> tuple[st
     if inputs.get("associatePublicIpAddress") and interfaces == 1:
         state["publicIp"] = f"54.{n // 65536 % 256}.{n // 256 % 256}.{n % 256}"
     state["primaryNetworkInterfaceId"] = f"eni-{_digest(instance_id)}"
-    # DescribeInstances' InstanceLifecycle, which the provider's instance_lifecycle reads: "spot" for any spot
-    # instance, "capacity-block" for one in a Capacity Block, none on demand (EC2 API reference, Instance and
-    # InstanceLifecycleType: spot, scheduled, capacity-block).
-    market = (inputs.get("instanceMarketOptions") or {}).get("marketType")
-    if legacy_request or market in ("spot", "capacity-block"):
-        state["instanceLifecycle"] = "spot" if legacy_request else market
+    if lifecycle := instance_lifecycle(inputs, legacy_request=legacy_request):
+        state["instanceLifecycle"] = lifecycle
     known = ACCOUNT.instances.get(instance_id, {})
     record = _record(instance_id, inputs, known.get("state", "running"))
     record.update(

@@ -221,7 +221,7 @@ class LocalCloud(pulumi_mocks.Mocks):
         self._record(name, typ, change, host=machine.address)
         self.say(f"{name}: machine {machine.name} ({hostname}, {len(gpus)} GPU) booting at {machine.address}")
         outputs = {**inputs, "privateIp": machine.address, "publicIp": machine.address, "instanceState": "running",
-                   "primaryNetworkInterfaceId": eni}
+                   "primaryNetworkInterfaceId": eni, "instanceLifecycle": fake_account.instance_lifecycle(inputs) or ""}
         return instance_id, outputs
 
     def _stop_change_start(self, name: str, before: dict, inputs: dict) -> None:

@@ -174,6 +174,32 @@ def test_each_gpu_node_is_told_its_price_and_managers_are_not():
     assert "COST_ENV" not in health_command(run, "managers-0")
 
 
+def test_a_running_node_is_priced_on_the_market_it_was_launched_on_when_its_pool_moved(monkeypatch, logged):
+    """A pool's marketType reaches new and replaced nodes only (components/provider_facts.py): a node launched
+    before the pool moved keeps its market, its instance says which (instanceLifecycle), and its price file
+    follows the instance, with a warning; the table still prices the pool's setting."""
+    from localswarm import fake_account
+    real = fake_account.instance_lifecycle
+    moved_from = {"inference-1": None, "training-0": "spot"}  # launched before their pools' markets moved
+
+    def lifecycle(inputs, **kw):
+        name = (inputs.get("tags") or {}).get("Name", "")
+        node = next((n for n in moved_from if name.endswith(f"-{n}")), None)
+        return moved_from[node] if node else real(inputs, **kw)
+    monkeypatch.setattr(fake_account, "instance_lifecycle", lifecycle)
+    run = run_program(PROD, stack="prod")
+    out = {p["pool"]: p for p in run.exports["cost"]["pools"]}
+    kept = cost_env(health_command(run, "inference-1"))
+    assert (kept[PRICE_MARKET_ENV], kept[PRICE_ENV]) == ("on-demand", repr(float(fake_prices.ON_DEMAND[SPOT_TYPE])))
+    assert cost_env(health_command(run, "inference-0"))[PRICE_MARKET_ENV] == "spot"  # launched as its pool says
+    assert out["inference"]["market"] == "spot"  # the table: the pool's setting
+    spot_node = cost_env(health_command(run, "training-0"))
+    assert (spot_node[PRICE_MARKET_ENV], spot_node[PRICE_ENV]) == ("spot", "")
+    assert any("inference-1 runs on-demand, as it was launched" in w for w in logged["warn"]), logged["warn"]
+    assert any("training-0 runs spot" in w for w in logged["warn"])
+    assert not any("inference-0 runs" in w for w in logged["warn"])
+
+
 def test_a_capacity_block_is_named_without_a_price_and_its_nodes_get_none():
     config = stack_config("prod", stacks=[], gpuPools=[{"name": "block", "instanceType": "p5.48xlarge", "count": 1,
                                                         "marketType": "capacity-block",
