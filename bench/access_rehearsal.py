@@ -76,7 +76,9 @@ def check_pins(state: dict, out: dict) -> None:
         m = machines.Machine(record["machine"], record["index"])
         on_disk = machines.run(m, "ls /etc/ssh/ | grep '^ssh_host_.*_key$'; cat /etc/ssh/ssh_host_ed25519_key.pub",
                                timeout=30).stdout.split()
-        keys[record["hostname"]] = " ".join(on_disk[-3:-1])  # "ssh-ed25519 AAAA..."
+        # "ssh-ed25519 AAAA...", and no comment: pulumi-tls's public_key_openssh has none.
+        at = on_disk.index("ssh-ed25519") if "ssh-ed25519" in on_disk else len(on_disk)
+        keys[record["hostname"]] = " ".join(on_disk[at:at + 2])
         out.setdefault("host_key_files", {})[record["hostname"]] = [w for w in on_disk if w.startswith("ssh_host_")]
     pinned = {c["hostKey"] for c in conns.values()}
     out["distinct_pinned_keys"] = len(pinned)

@@ -264,7 +264,7 @@ class Cluster(pulumi.ComponentResource):
         instance_type = pool.instance_type if gpu else s.managers.instance_type
         env = node_software.node_env(gpu=gpu, gpu_kind=s.gpu_kind, instance_type=instance_type,
                                      image=s.image if gpu else "ubuntu", slots_per_gpu=pool.slots_per_gpu if gpu else 0,
-                                     shared_kind=s.shared_gpu_kind, spot=gpu and pool.spot,
+                                     shared_kind=s.shared_gpu_kind,
                                      sharing_mode=pool.sharing_mode if gpu else "time-slicing")
         env.update(node_software.efa_env(pool.efa_interfaces if gpu else 0))
         elastic = bool(gpu and pool.autoscale)
@@ -358,7 +358,9 @@ class Cluster(pulumi.ComponentResource):
         return NodeRollout(f"{self._name}-rollout-{node.pool}-{node.index}", NodeRolloutArgs(
             pool=node.pool, release=kind.release, release_id=kind.release_id, node=self._connection(node),
             manager=self._first_live, node_id=member.node_id, ran_release=boot.ran_release,
-            labels={POOL_LABEL: "managers"} if pool is None else pool_labels(pool),
+            # gpu-swarm.spot as the instance runs (instanceLifecycle), which a pool's move does not change.
+            labels={POOL_LABEL: "managers"} if pool is None else node.instance.instance_lifecycle.apply(
+                lambda lifecycle, p=pool: pool_labels(p, spot=lifecycle == "spot")),
             expected_gpus=kind.expected_gpus, kind=self._s.gpu_kind,
             slots_per_gpu=pool.slots_per_gpu if pool else 0, shared_kind=self._s.shared_gpu_kind,
             check=GpuCheck() if pool else None, after=after,

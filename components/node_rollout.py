@@ -46,7 +46,7 @@ class NodeRolloutArgs:
     manager: pulumi.Input[command.remote.ConnectionArgs]  # to the first manager
     node_id: pulumi.Input[str]  # as joined
     ran_release: pulumi.Input[str | None]  # the release the node ran when its boot wait last looked (NodeBoot)
-    labels: Mapping[str, str]
+    labels: pulumi.Input[Mapping[str, str]]
     expected_gpus: int
     kind: str
     slots_per_gpu: int  # 0: whole GPUs
@@ -85,8 +85,8 @@ class NodeRollout(pulumi.ComponentResource):
         self.admitted = command.remote.Command(
             f"{name}-admit",
             connection=args.manager,
-            create=pulumi.Output.from_input(args.node_id).apply(lambda node: as_root(admit_node(
-                node, dict(args.labels), expected_gpus=args.expected_gpus, kind=args.kind, software=release,
+            create=pulumi.Output.all(args.node_id, args.labels).apply(lambda v: as_root(admit_node(
+                v[0], dict(v[1]), expected_gpus=args.expected_gpus, kind=args.kind, software=release,
                 slots_per_gpu=args.slots_per_gpu, shared_kind=args.shared_kind, check=args.check))),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[after(upgrade)]),
         )

@@ -17,7 +17,7 @@ import re
 import secrets
 import uuid
 
-from localswarm import fake_aws, fake_groups, fake_imds, machines, network
+from localswarm import fake_account, fake_aws, fake_groups, fake_imds, machines, network
 from localswarm.fake_account import ACCOUNT_ID, DEFAULT_METADATA, AwsError
 from localswarm.fake_aws_api import Store
 
@@ -82,6 +82,7 @@ def launch_template(name: str, inputs: dict, before: dict | None, public_key: st
             "version": version, "userData": inputs.get("userData", ""), "imageId": inputs.get("imageId"),
             "instanceType": inputs.get("instanceType"), "publicKey": public_key, "profile": profile,
             "metadataOptions": inputs.get("metadataOptions") or {},
+            "lifecycle": fake_account.instance_lifecycle(inputs) or "on-demand",  # its instanceMarketOptions
             "tags": next((t["tags"] for t in inputs.get("tagSpecifications") or [] if t.get("resourceType") == "instance"),
                          {})}
     return template_id, {"latestVersion": version}
@@ -139,7 +140,8 @@ def launch_instance(state: dict, grp: dict, instance_id: str) -> None:
     hosts = {host: network.BRIDGE_ADDR for host in [*([bucket[1]] if bucket else []), *api_hosts(region)]}
     hostname = f"ip-{address.replace('.', '-')}"
     record = {"instance-id": instance_id, "ami-id": template["imageId"], "user-data": user_data,
-              "local-ipv4": address, "metadataOptions": {**DEFAULT_METADATA, **template["metadataOptions"]}}
+              "local-ipv4": address, "metadataOptions": {**DEFAULT_METADATA, **template["metadataOptions"]},
+              "instance-life-cycle": template.get("lifecycle", "on-demand")}
     role_name = state["profiles"].get(template["profile"])
     if role_name:
         record["iam"] = credentials(state, role_name, instance_id)

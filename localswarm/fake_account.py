@@ -256,15 +256,18 @@ def launch(name: str, inputs: dict, *, legacy_request: bool = False) -> tuple[st
     if inputs.get("associatePublicIpAddress") and interfaces == 1:
         state["publicIp"] = f"54.{n // 65536 % 256}.{n // 256 % 256}.{n % 256}"
     state["primaryNetworkInterfaceId"] = f"eni-{_digest(instance_id)}"
-    if lifecycle := instance_lifecycle(inputs, legacy_request=legacy_request):
-        state["instanceLifecycle"] = lifecycle
     known = ACCOUNT.instances.get(instance_id, {})
+    # An instance that exists keeps the market it was launched on (instanceMarketOptions is kept by running
+    # nodes: the engine's update never relaunches it); a new one takes its launch's.
+    lifecycle = known["lifecycle"] if "lifecycle" in known else instance_lifecycle(inputs, legacy_request=legacy_request)
+    if lifecycle:
+        state["instanceLifecycle"] = lifecycle
     record = _record(instance_id, inputs, known.get("state", "running"))
     record.update(
         tags={} if legacy_request else dict(inputs.get("tags") or {}),
         privateIp=state["privateIp"], publicIp=state.get("publicIp"), interfaces=interfaces,
         eni=state["primaryNetworkInterfaceId"], elasticIp=known.get("elasticIp"),
-        lostPublicIp=known.get("lostPublicIp", False),
+        lostPublicIp=known.get("lostPublicIp", False), lifecycle=lifecycle,
         **{k: made[k] for k in ("metadataOptions", "rootVolumeTags", "placementGroup", "launchTemplate", "subnetId",
                                 "securityGroupIds")})
     if record["elasticIp"]:

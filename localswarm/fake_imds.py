@@ -100,16 +100,26 @@ def make_handler(root: Path, token: str):
 # Beside the machines (machines.STATE): the records of the program's rehearsal, one per machine address.
 RECORDS = lane.MACHINES_STATE / "imds"
 INSTANCE_PATHS = {"/latest/meta-data/instance-id": "instance-id", "/latest/meta-data/ami-id": "ami-id",
-                  "/latest/user-data": "user-data", "/latest/meta-data/local-ipv4": "local-ipv4"}
+                  "/latest/user-data": "user-data", "/latest/meta-data/local-ipv4": "local-ipv4",
+                  # spot, on-demand, scheduled or capacity-block (EC2 User Guide, "Instance metadata categories")
+                  "/latest/meta-data/instance-life-cycle": "instance-life-cycle"}
 # An instance with an instance profile: its role's name, and its temporary credentials as JSON (EC2 User Guide,
 # "Retrieve security credentials from instance metadata"). The record's "iam": {"role", "AccessKeyId",
 # "SecretAccessKey", "Token", "Expiration"}; localswarm/fake_aws_api.py accepts requests signed with them.
 CREDENTIALS_PATH = "/latest/meta-data/iam/security-credentials/"
 
 
+def instance_record(records: Path, address: str) -> dict:
+    """The record of the instance at `address`, {} when none."""
+    try:
+        return json.loads((records / f"{address}.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def register(records: Path, address: str, record: dict) -> None:
     """What the instance at `address` is to IMDS: {"instance-id", "ami-id", "user-data", "metadataOptions"},
-    and "local-ipv4" and "iam" (see CREDENTIALS_PATH) where it has them."""
+    and "local-ipv4", "instance-life-cycle" and "iam" (see CREDENTIALS_PATH) where it has them."""
     records.mkdir(parents=True, exist_ok=True)
     try:
         before = json.loads((records / f"{address}.json").read_text()).get("instance-id")

@@ -207,6 +207,7 @@ class LocalCloud(pulumi_mocks.Mocks):
         fake_imds.register(fake_imds.RECORDS, network.node_addr(index), {
             "instance-id": instance_id, "ami-id": inputs["ami"], "user-data": inputs["userData"],
             "local-ipv4": network.node_addr(index), "metadataOptions": launched["metadataOptions"],
+            "instance-life-cycle": fake_account.instance_lifecycle(inputs) or "on-demand",
             **({"iam": iam} if iam else {})})
         machine = machines.launch(
             f"{network.NETNS_PREFIX}{index}", index, user_data=inputs["userData"],

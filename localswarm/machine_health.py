@@ -13,7 +13,6 @@ import json
 from localswarm import fake_imds, machines, pulumi_cli
 from localswarm.host import RehearsalError
 from localswarm.standins import hardware
-from swarm.node_contract import NODE_ENV_PATH, SPOT_ENV
 
 DEFAULT_XID = 79  # "GPU has fallen off the bus"
 
@@ -68,11 +67,11 @@ def _notice(m: machines.Machine, kind: str, body) -> None:
 
 def spot_notice(hostname: str, action: str = "terminate") -> dict:
     m = find(hostname)
-    said = machines.run(m, f". {NODE_ENV_PATH} 2>/dev/null; echo \"${{{SPOT_ENV}:-}}\"").stdout.strip()
-    if said != "true":  # read as the watcher's unit and the steps read it
-        raise RehearsalError(f"{hostname} is not in a spot pool (its node.env has no {SPOT_ENV}=true): EC2 sends "
-                             f"it no spot notice and its watcher asks for none; `maintenance-notice` is what any "
-                             f"instance can get")
+    said = fake_imds.instance_record(fake_imds.RECORDS, m.address).get("instance-life-cycle", "")
+    if said != "spot":  # as its watcher asks IMDS
+        raise RehearsalError(f"{hostname} is no spot instance (IMDS's instance-life-cycle says {said or 'nothing'}): "
+                             f"EC2 sends it no spot notice and its watcher asks for none; `maintenance-notice` is "
+                             f"what any instance can get")
     _watched(m, hostname, "spot-notice")
     notice = fake_imds.spot_action(action)
     _notice(m, "spot-instance-action", notice)

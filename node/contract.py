@@ -118,7 +118,8 @@ SLOTS_PER_GPU_ENV = "GPU_SWARM_SLOTS_PER_GPU"  # tasks per shared GPU (pools tha
 SHARED_KIND_ENV = "GPU_SWARM_SHARED_KIND"  # the shared slots' kind (with the above): the agent and the watcher read
 SHARING_MODE_ENV = "GPU_SWARM_SHARING_MODE"  # "mps" on pools that share by MPS (unset: time-slicing): install-mps.sh,
 # the agent and the watcher read
-SPOT_ENV = "GPU_SWARM_SPOT"  # "true" on spot nodes: the watcher then watches for reclaim notices
+SPOT_ENV = "GPU_SWARM_SPOT"  # an override the program never writes: true or false; unset, the watcher watches
+# for reclaim notices when IMDS's instance-life-cycle says spot (a node keeps its market when its pool's changes)
 EFA_ENV = "GPU_SWARM_EFA_INTERFACES"  # EFA interfaces the instance type has (EFA pools): install-efa.sh checks the
 # node shows that many
 AGENT_ARGS_ENV = "GPU_SWARM_AGENT_ARGS"  # extra agent flags: an operator's unit drop-in sets it; the agent's unit reads

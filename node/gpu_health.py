@@ -84,7 +84,7 @@ def publish(args, tracker: Tracker, uuids: list[str], imds: tuple[str, str], now
         report = {"condition": condition, "reason": labels[CONDITION_REASON_LABEL], "gpu": labels[CONDITION_GPU_LABEL],
                   "since": int(labels[CONDITION_SINCE_LABEL]), "changed": labels != old, "labels": labels,
                   "gpus": {uuid: {"condition": c, "reason": r} for uuid, (c, r) in states.items()},
-                  "imds": {"condition": imds[0], "reason": imds[1]} if args.spot or args.maintenance else None,
+                  "imds": {"condition": imds[0], "reason": imds[1]} if args.spot is not False or args.maintenance else None,
                   "dockerd": "not told"}
         if report["changed"]:  # compared as labels, so a restart in the same condition writes nothing
             write_atomic(args.daemon_json, (json.dumps(merge_labels(config, labels), indent=2) + "\n").encode())
@@ -113,14 +113,16 @@ def run(args, log, clock=time.time) -> int:
     tracker.load(args.state_file)
     tracker.events = {uuid: event for uuid, event in tracker.events.items() if uuid in uuids}  # GPUs since replaced
     source = Simulation(args.inventory, args.faults, log) if args.inventory else Nvml(uuids, log)
-    watch_imds = args.spot or args.maintenance or args.capacity_block_end is not None
+    watch_imds = args.spot is not False or args.maintenance or args.capacity_block_end is not None
     imds = Imds(args.imds, log, args.spot, args.maintenance, block_end=args.capacity_block_end) if watch_imds else None
     watchdog = MpsWatchdog(args.mps_dir, log, args.docker_socket, args.mps_probe_timeout, args.mps_hold,
                            shlex.split(args.mps_restart)) if args.sharing_mode == "mps" else None
     imds_state, next_check, error, changes = OK, 0.0, None, 0
     next_probe = 0.0  # MPS: a stuck server is found within seconds, not at the next --interval
     next_poll = 0.0  # IMDS: a notice gives two minutes, so it is asked more often than the GPUs are checked
-    asked = [what for what, on in (("scheduled maintenance", args.maintenance), ("spot notices", args.spot),
+    asked = [what for what, on in (("scheduled maintenance", args.maintenance),
+                                   ("spot notices" if args.spot else "spot notices if IMDS says it is spot",
+                                    args.spot is not False),
                                    ("its Capacity Block's end", args.capacity_block_end is not None)) if on]
     log(f"watching {len(uuids)} GPU(s) of {args.kind} and {args.shared_kind}{''.join(', ' + a for a in asked)}; "
         f"ignoring XIDs {','.join(map(str, sorted(ignored)))}")
@@ -215,8 +217,10 @@ def parse_args(argv, env=os.environ) -> argparse.Namespace:
         help="mps: a GPU found stuck stays unhealthy at least this long, so that the node is drained (default 60)")
     add("--mps-restart", default=" ".join(RESTART), metavar="COMMAND",
         help=f"mps: what starts a killed daemon again, in gpu-swarm-mps's own unit (default {' '.join(RESTART)})")
-    add("--spot", action=argparse.BooleanOptionalAction, default=spot_env in ("1", "true", "yes"),
-        help=f"watch IMDS for spot interruption and rebalance notices (${SPOT_ENV}=true)")
+    add("--spot", action=argparse.BooleanOptionalAction,
+        default=None if not spot_env else spot_env in ("1", "true", "yes"),
+        help=f"watch IMDS for spot interruption and rebalance notices (${SPOT_ENV}); default: when IMDS's "
+             "instance-life-cycle says spot")
     add("--maintenance", action=argparse.BooleanOptionalAction, default=True,
         help="watch IMDS for scheduled maintenance events, on every node: one that begins within "
              f"{MAINTENANCE_LEAD_S // 60} minutes drains the node as a spot reclaim does (default on)")

@@ -22,6 +22,10 @@ from nvml_reader import Nvml as Nvml_, NvmlFailed, NvmlMissing, PynvmlMissing
 
 DEFAULT_IMDS = "http://169.254.169.254"
 SPOT_PATHS = ("/latest/meta-data/spot/instance-action", "/latest/meta-data/events/recommendations/rebalance")
+# The instance's purchasing option: spot, on-demand, scheduled or capacity-block (EC2 User Guide, "Instance
+# metadata categories"). A node asks it, not its node.env: a running node keeps the market it was launched on
+# when its pool's marketType changes, and the program no longer writes one (a pool's move rolled every node).
+LIFECYCLE_PATH = "/latest/meta-data/instance-life-cycle"
 # AWS schedules maintenance for on-demand and reserved instances too, so every node asks for it.
 MAINTENANCE_PATH = "/latest/meta-data/events/maintenance/scheduled"
 # A scheduled maintenance event (a reboot, a stop, a retirement) drains its node this long before it
@@ -171,10 +175,12 @@ class Imds:
     """Scheduled maintenance events and, on a spot node, interruption and rebalance notices, from IMDSv2;
     an IMDS that does not answer is logged and changes nothing."""
 
-    def __init__(self, imds: str, log, spot: bool = True, maintenance: bool = True, timeout: float = 2,
+    def __init__(self, imds: str, log, spot: bool | None = True, maintenance: bool = True, timeout: float = 2,
                  block_end: float | None = None):
+        """spot None: as the instance's lifecycle says (LIFECYCLE_PATH), asked until IMDS answers it; until
+        then the spot notices are asked too, so that a spot node never misses its two minutes."""
         self.base, self.log, self.timeout, self.block_end = imds.rstrip("/"), log, timeout, block_end
-        self.paths = (SPOT_PATHS if spot else ()) + ((MAINTENANCE_PATH,) if maintenance else ())
+        self.spot, self.maintenance = spot, maintenance
         self.state, self.token, self.token_until, self.error = OK, None, 0.0, None
         self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
 
@@ -202,8 +208,20 @@ class Imds:
                 if status != 200:
                     raise OSError(f"the token request answered HTTP {status}")
                 self.token, self.token_until = body.strip(), now + 21600 - 600
+            if self.spot is None:
+                status, body = self._ask("GET", LIFECYCLE_PATH, {"X-aws-ec2-metadata-token": self.token})
+                if status == 401:
+                    self.token = None
+                    raise OSError(f"{LIFECYCLE_PATH} answered HTTP {status}")
+                if status in (200, 404):
+                    self.spot = status == 200 and body.strip() == "spot"
+                    self.log(f"IMDS says this instance is {body.strip() or 'not spot'}: "
+                             f"{'its spot notices are watched' if self.spot else 'no spot notice can come to it'}")
+                else:  # asked again next time; its notices meanwhile
+                    self.log(f"IMDS did not answer {LIFECYCLE_PATH} (HTTP {status}); spot notices are asked until it does")
             notices = []
-            for path in self.paths:
+            for path in (SPOT_PATHS if self.spot is not False else ()) + ((MAINTENANCE_PATH,) if self.maintenance
+                                                                           else ()):
                 status, body = self._ask("GET", path, {"X-aws-ec2-metadata-token": self.token})
                 if status not in (200, 404):
                     self.token = None if status == 401 else self.token  # expired: a new one next time

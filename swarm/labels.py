@@ -18,15 +18,17 @@ def node_label_function() -> str:
     return "node_label() { docker node inspect --format \"{{index .Spec.Labels \\\"$2\\\"}}\" \"$1\"; }"
 
 
-def pool_labels(pool) -> dict[str, str]:
+def pool_labels(pool, spot: bool | None = None) -> dict[str, str]:
     """The node labels of a GPU pool's nodes (settings' GpuPool), set when a node is admitted. Named after what
     they describe, so placement constraints read naturally: node.labels.gpu-swarm.pool == training,
-    node.labels.gpu-swarm.gpu-model == H100. The stack files' spot rule reads them too (swarm/compose_spot.py)."""
+    node.labels.gpu-swarm.gpu-model == H100. The stack files' spot rule reads them too (swarm/compose_spot.py).
+    spot: whether the node's instance runs as spot, when known (a running node keeps the market it was launched
+    on when its pool's marketType changes); else the pool's setting."""
     return {
         POOL_LABEL: pool.name,
         POOL_INSTANCE_TYPE_LABEL: pool.instance_type,
         POOL_GPU_MODEL_LABEL: pool.gpu_model,
         POOL_GPU_COUNT_LABEL: str(pool.gpus_per_node),
-        POOL_SPOT_LABEL: "true" if pool.spot else "false",
+        POOL_SPOT_LABEL: "true" if (pool.spot if spot is None else spot) else "false",
         POOL_SLOTS_PER_GPU_LABEL: str(pool.slots_per_gpu),
     }

@@ -82,7 +82,10 @@ def test_an_instance_gets_its_own_notices_and_a_new_instance_at_its_address_none
 
     from localswarm import fake_imds
     records = tmp_path / "records"
-    fake_imds.register(records, "127.0.0.1", {"instance-id": "i-0abc", "metadataOptions": {"httpTokens": "required"}})
+    fake_imds.register(records, "127.0.0.1", {"instance-id": "i-0abc", "metadataOptions": {"httpTokens": "required"},
+                                              "instance-life-cycle": "spot"})
+    assert fake_imds.instance_record(records, "127.0.0.1")["instance-life-cycle"] == "spot"
+    assert fake_imds.instance_record(records, "127.0.0.2") == {}
     server = ThreadingHTTPServer(("127.0.0.1", 0), fake_imds.make_instance_handler(records))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -90,6 +93,9 @@ def test_an_instance_gets_its_own_notices_and_a_new_instance_at_its_address_none
         token = ask("PUT", f"{url}/latest/api/token", {"X-aws-ec2-metadata-token-ttl-seconds": "60"})[1]
         spot, scheduled = f"{url}/latest/meta-data/spot/instance-action", f"{url}/latest/meta-data/events/maintenance/scheduled"
         assert ask("GET", spot, {})[0] == 401  # httpTokens required: no token, no answer
+        # The purchasing option the watcher asks (EC2 User Guide, "Instance metadata categories").
+        assert ask("GET", f"{url}/latest/meta-data/instance-life-cycle", {"X-aws-ec2-metadata-token": token}) == (
+            200, "spot")
         assert ask("GET", spot, {"X-aws-ec2-metadata-token": token})[0] == 404  # nothing announced
         notice = fake_imds.spot_action("stop")
         file = fake_imds.instance_notice_file(records, "127.0.0.1")

@@ -440,7 +440,8 @@ def test_environment_defaults():
     assert (args.ignore_xids, args.critical_xids, args.spot) == ({94, 95}, {13}, True)
     defaults = health.parse_args([], env={})
     assert (defaults.kind, defaults.shared_kind, defaults.interval, defaults.recovery_seconds, defaults.spot) == (
-        "NVIDIA-GPU", None, 10, 300, False)
+        "NVIDIA-GPU", None, 10, 300, None)  # None: as IMDS's instance-life-cycle says
+    assert health.parse_args([], env={"GPU_SWARM_SPOT": "false"}).spot is False
     assert defaults.maintenance is True and args.maintenance is True  # on-demand and spot nodes alike
     assert health.parse_args(["--no-spot", "--interval", "1"], env={"GPU_SWARM_SPOT": "true"}).spot is False
 
@@ -505,7 +506,8 @@ class FakeImds(http.server.BaseHTTPRequestHandler):
         if self.headers.get("X-aws-ec2-metadata-token") != self.token:
             return self._answer(401, "")
         body = self.answers.get(self.path)
-        self._answer(404 if body is None else 200, json.dumps(body) if body is not None else "")
+        self._answer(404 if body is None else 200, "" if body is None else body if isinstance(body, str)
+                     else json.dumps(body))  # a JSON notice, or a plain value (instance-life-cycle)
 
     def _answer(self, status, body):
         data = body.encode()
@@ -574,10 +576,50 @@ def test_an_on_demand_node_asks_imds_for_scheduled_maintenance_only(node, imds):
     assert "scheduled maintenance;" in log and "spot notices" not in log
 
 
+LIFECYCLE = "/latest/meta-data/instance-life-cycle"
+
+
+@pytest.mark.parametrize("lifecycle, spot_asked", [("spot", True), ("on-demand", False), ("capacity-block", False),
+                                                   (None, False)])
+def test_a_node_watches_spot_notices_when_imds_says_it_is_spot(node, imds, lifecycle, spot_asked):
+    """The program writes no market into node.env: a running node keeps the market it was launched on when its
+    pool's marketType changes, and the instance knows which (IMDS's instance-life-cycle; 404: not spot)."""
+    url, fake = imds
+    if lifecycle:
+        fake.answers[LIFECYCLE] = lifecycle
+    fake.answers[ACTION] = {"action": "terminate", "time": "2026-11-22T23:59:00Z"}
+    report, log = node.once("--imds", url, env={})
+    assert report["condition"] == ("reclaim" if spot_asked else "healthy"), report
+    asked = [p for m, p, _ in fake.requests if m == "GET"]
+    assert asked == [LIFECYCLE, *([ACTION, REBALANCE] if spot_asked else []), MAINTENANCE]
+    assert f"IMDS says this instance is {lifecycle or 'not spot'}" in log
+
+
+def test_until_imds_says_the_lifecycle_a_node_asks_for_spot_notices_too(imds):
+    """A spot node must not miss its two minutes because IMDS failed once: unknown, the notices are asked."""
+    url, fake = imds
+    said = []
+    watcher = health.Imds(url, said.append, spot=None)
+    real = watcher._ask
+    failing = {"n": 1}
+
+    def ask(method, path, headers):
+        if path == LIFECYCLE and failing["n"]:
+            failing["n"] -= 1
+            return 500, ""
+        return real(method, path, headers)
+    watcher._ask = ask
+    fake.answers[ACTION] = {"action": "stop", "time": "2026-11-22T23:59:00Z"}
+    assert watcher.poll(0)[0] == "reclaim" and watcher.spot is None and "did not answer" in said[-1]
+    fake.answers[LIFECYCLE] = "spot"
+    assert watcher.poll(1)[0] == "reclaim" and watcher.spot is True
+    assert [p for m, p, _ in fake.requests if m == "GET"].count(LIFECYCLE) == 1  # the failed ask was not the fake's
+
+
 def test_no_maintenance_and_no_spot_ask_imds_nothing(node, imds):
     url, fake = imds
     fake.answers[MAINTENANCE] = [_event("instance-stop", 120)]
-    report, _ = node.once("--no-maintenance", "--imds", url)
+    report, _ = node.once("--no-maintenance", "--no-spot", "--imds", url)
     assert report["condition"] == "healthy" and report["imds"] is None and fake.requests == []
     report, _ = node.once("--no-maintenance", "--spot", "--imds", url)  # spot notices still asked, events not
     assert report["condition"] == "healthy"

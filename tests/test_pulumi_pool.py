@@ -135,7 +135,7 @@ def test_a_reboot_aws_scheduled_drains_the_node_and_a_spot_notice_is_refused_on_
     instance never gets a spot notice, so the rehearsal refuses to fake one."""
     _, victim = _serving()
     refused = cli("node", "spot-notice", victim, check=False)
-    assert refused.returncode == 1 and f"{victim} is not in a spot pool" in refused.stderr, refused.stderr
+    assert refused.returncode == 1 and f"{victim} is no spot instance (IMDS's instance-life-cycle says on-demand)" in refused.stderr, refused.stderr
     event = cli_json("node", "maintenance-notice", victim)
     assert event["Code"] == "system-reboot" and event["State"] == "active"
     view = _wait(lambda v: node_of(v, victim)["availability"] == "drain", LABEL_WAIT_S, f"{victim} drained")

@@ -716,12 +716,14 @@ def test_inventory_shows_each_nodes_health_as_read_at_this_up(prod):
 
 
 def test_gpu_nodes_run_the_health_watcher_and_managers_the_reconciler(prod):
-    """Every node gets the health settings apart from its release; spot nodes watch for reclaims."""
+    """Every node gets the health settings apart from its release."""
     for name in ("training-0", "inference-0", "managers-0"):
         upgrade = prod.plain(f"gpu-swarm-rollout-{name}-upgrade")["update"]
         gpu = not name.startswith("managers")
         assert ("install-health-watcher" in upgrade) is gpu and ("install-reconciler" in upgrade) is not gpu, name
-        assert ("GPU_SWARM_SPOT=true" in upgrade) is name.startswith("inference"), name  # the spot pool
+        # No market in the release: the watcher asks IMDS whether its instance is spot, so a pool's move to
+        # or from spot rolls no running node (which keeps the market it was launched on).
+        assert "GPU_SWARM_SPOT" not in upgrade, name
         assert "HEALTH_" not in upgrade  # a health setting must not roll the node
         health = prod.plain(f"gpu-swarm-boot-{name}-health")["create"]
         assert "HEALTH_INTERVAL_SECONDS=10" in health and "try-restart" in health

@@ -32,7 +32,7 @@ from swarm.node_contract import (  # noqa: E402,F401
     AGENT_PATH, AGENT_VENV, APPLIED, BOOTSTRAP_DONE, BOOTSTRAP_FAILED, BOOTSTRAP_LOG, BOOTSTRAP_TIMINGS,
     BUNDLE_SHA256_ENV, BUNDLE_URL_ENV, COST_ENV_PATH, HEALTH_ENV_PATH, HEALTH_UNIT, IMAGE_ENV, INSTALL_TIMINGS,
     INSTALLER_PATH, KERNEL_MODULES_ENV, KIND_ENV, NODE_DIR, NODE_ENV_PATH, NODE_VERSIONS_ENV, RECONCILER_UNIT, RELEASE_ENV,
-    RELEASE_ENV_PATH, SHARED_KIND_ENV, SHARING_MODE_ENV, SLOTS_PER_GPU_ENV, SOFTWARE_DIR, SPOT_ENV, SSHD_CONFIG, STATE_DIR,
+    RELEASE_ENV_PATH, SHARED_KIND_ENV, SHARING_MODE_ENV, SLOTS_PER_GPU_ENV, SOFTWARE_DIR, SSHD_CONFIG, STATE_DIR,
     STEPS_ENV,
     UNATTENDED_CONFIG,
 )
@@ -181,7 +181,7 @@ def bootstrap_steps(*, gpu: bool, instance_type: str, efa: bool = False, elastic
 
 
 def node_env(*, gpu: bool, gpu_kind: str, instance_type: str, image: str, slots_per_gpu: int = 0,
-             shared_kind: str = "", spot: bool = False, sharing_mode: str = "time-slicing") -> dict[str, str]:
+             shared_kind: str = "", sharing_mode: str = "time-slicing") -> dict[str, str]:
     """The node's settings, written to /etc/gpu-swarm/node.env, which every step and unit sources."""
     if image not in IMAGES:
         raise ValueError(f"image: expected one of {', '.join(IMAGES)}, found {image!r}")
@@ -197,8 +197,6 @@ def node_env(*, gpu: bool, gpu_kind: str, instance_type: str, image: str, slots_
         env[SHARED_KIND_ENV] = validate_kind(shared_kind)
         if sharing_mode == "mps":  # install-mps.sh, the agent and the watcher read it; unset: time-slicing
             env[SHARING_MODE_ENV] = sharing_mode
-    if gpu and spot:  # read by the health watcher: it watches for AWS's reclaim notices
-        env[SPOT_ENV] = "true"
     return env
 
 
