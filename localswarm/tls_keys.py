@@ -66,8 +66,7 @@ def make(inputs: dict) -> dict:
             if not (algorithm == "ECDSA" and state["ecdsaCurve"] == "P224"):
                 key.write_text(private_pem)
                 os.chmod(key, 0o600)
-                public_openssh = _run("ssh-keygen", "-y", "-f", str(key)).split()[:2]
-                public_openssh = " ".join(public_openssh) + "\n"
+                public_openssh = " ".join(_run("ssh-keygen", "-y", "-f", str(key)).split()[:2]) + "\n"
                 _run("ssh-keygen", "-q", "-p", "-P", "", "-N", "", "-f", str(key))  # to the OpenSSH format
                 private_openssh = key.read_text()
         md5 = sha256 = ""
